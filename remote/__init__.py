@@ -1,0 +1,1 @@
+"""gpuwatch.remote: everything that knows about boxes. No Textual here."""

@@ -1,0 +1,1 @@
+"""gpuwatch.themes: Textual themes registered at start."""

@@ -1,0 +1,1 @@
+"""gpuwatch.tui: everything that faces a person."""

@@ -1,0 +1,221 @@
+"""The `gpuwatch` command: parse the command line, then hand over to the right part.
+
+This module stays light: `--once`, `check`, `init` and the action verbs must not import Textual
+(a cron job pays for every import), so the TUI is imported only when it is about to run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import NoReturn
+
+EXIT_OK, EXIT_FINDING, EXIT_UNPOLLED = 0, 1, 2
+EXIT_SOFTWARE = 70  # sysexits EX_SOFTWARE: a part that is not built yet
+EXIT_CANTCREAT = 73
+EXIT_USAGE, EXIT_CONFIG = 64, 78
+
+VERBS = ("init", "check", "kill", "reap", "relaunch", "scalars")
+# Common options that take a value, so the verb scan does not mistake the value for a verb.
+_VALUED = {"--config", "--interval", "--theme", "--fail-on"}
+
+SURFACE = """\
+gpuwatch [HOST ...]                   full-screen TUI (HOST: an ssh alias, user@host, host:port,
+                                      or `local`; none: the config's hosts, else `local`)
+gpuwatch --demo                       the TUI on a simulated fleet served over SSH on loopback
+gpuwatch --once [--json|--prometheus] [HOST ...]
+                                      poll every host once, print, exit with the health code
+gpuwatch init [HOST ...]              write a starter config (never overwrites without --force)
+gpuwatch check [HOST ...]             validate the config, poll each host, explain each failure
+gpuwatch kill HOST PID [--signal TERM|KILL] [--yes]
+                                      signal one process after re-checking its identity
+gpuwatch reap HOST [--yes]            end the processes that hold VRAM as zombies
+gpuwatch relaunch HOST RUN [--yes]    start a dead run again from its latest checkpoint
+gpuwatch scalars PATH ... [--tag T] [--json]
+                                      print the scalars of TensorBoard event files
+
+exit codes of --once: 0 healthy; 1 a finding at or above --fail-on; 2 a host could not be
+polled; 64 usage error; 78 config error"""
+
+
+def package_version() -> str:
+    try:
+        return version("gpuwatch")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0+unknown"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the sysexits usage code (64) instead of its default 2, which is ours for
+    'a host could not be polled'."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n"
+                              f"Try `{self.prog} --help`.\n")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("common options")
+    group.add_argument("--config", metavar="PATH",
+                       help="config file (default: $GPUWATCH_CONFIG, else "
+                            "$XDG_CONFIG_HOME/gpuwatch/config.toml)")
+    group.add_argument("--interval", metavar="S", type=_positive_float,
+                       help="seconds between two polls of one host (default 10)")
+    group.add_argument("--theme", metavar="NAME", help="TUI theme")
+    group.add_argument("--readonly", action="store_true",
+                       help="turn every action (kill, reap, relaunch) off")
+    group.add_argument("--accept-new-host-keys", action="store_true",
+                       help="accept and record unknown host keys, like OpenSSH's accept-new "
+                            "(a changed key is always refused)")
+    group.add_argument("--version", action="version", version=f"gpuwatch {package_version()}")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def build_parser(verb: str | None) -> argparse.ArgumentParser:
+    """The parser for the main command (verb None) or one verb."""
+    if verb is None:
+        parser = _Parser(prog="gpuwatch", usage=SURFACE, add_help=True,
+                         description="Watch training runs on remote GPU boxes over short, bounded "
+                                     "SSH polls.",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.add_argument("hosts", nargs="*", metavar="HOST", help=argparse.SUPPRESS)
+        mode = parser.add_mutually_exclusive_group()
+        mode.add_argument("--demo", action="store_true", help="run the TUI on a simulated fleet")
+        mode.add_argument("--once", action="store_true",
+                          help="poll every host once, print a report, exit with the health code")
+        fmt = parser.add_mutually_exclusive_group()
+        fmt.add_argument("--json", action="store_true",
+                         help="with --once: JSON (schema gpuwatch/1)")
+        fmt.add_argument("--prometheus", action="store_true",
+                         help="with --once: Prometheus text exposition format")
+        parser.add_argument("--fail-on", choices=("info", "warning", "critical"),
+                            default="critical",
+                            help="with --once: the lowest finding severity that exits 1 "
+                                 "(default critical)")
+        _common(parser)
+        return parser
+
+    parser = _Parser(prog=f"gpuwatch {verb}")
+    if verb == "init":
+        parser.description = "Write a starter config with a [hosts.X] table per HOST."
+        parser.add_argument("hosts", nargs="*", metavar="HOST")
+        parser.add_argument("--force", action="store_true", help="overwrite an existing file")
+    elif verb == "check":
+        parser.description = "Validate the config, poll each host once, explain each failure."
+        parser.add_argument("hosts", nargs="*", metavar="HOST")
+    elif verb == "kill":
+        parser.description = "Signal one process on HOST after re-checking its identity."
+        parser.add_argument("host", metavar="HOST")
+        parser.add_argument("pid", metavar="PID", type=int)
+        parser.add_argument("--signal", choices=("TERM", "KILL"), default="TERM")
+        parser.add_argument("--yes", action="store_true", help="do not ask")
+    elif verb == "reap":
+        parser.description = "End the processes that hold VRAM as zombies on HOST."
+        parser.add_argument("host", metavar="HOST")
+        parser.add_argument("--yes", action="store_true", help="do not ask")
+    elif verb == "relaunch":
+        parser.description = "Start a dead run again from its latest checkpoint."
+        parser.add_argument("host", metavar="HOST")
+        parser.add_argument("run", metavar="RUN")
+        parser.add_argument("--yes", action="store_true", help="do not ask")
+    elif verb == "scalars":
+        parser.description = ("Print the scalars of TensorBoard event files (a file, or a folder "
+                              "searched recursively); no TensorBoard needed.")
+        parser.add_argument("paths", nargs="+", metavar="PATH")
+        parser.add_argument("--tag", action="append", metavar="T",
+                            help="only this tag (repeatable)")
+        parser.add_argument("--json", action="store_true", help="one JSON object")
+    _common(parser)
+    return parser
+
+
+def split_verb(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    """Find the verb (the first bare word that is one) and return it with the other arguments."""
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg == "--":
+            break
+        if arg.startswith("-"):
+            skip = arg in _VALUED
+            continue
+        if arg in VERBS:
+            return arg, [*argv[:i], *argv[i + 1:]]
+        break
+    return None, list(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    sys.exit(run(sys.argv[1:] if argv is None else argv))
+
+
+def run(argv: Sequence[str]) -> int:
+    verb, rest = split_verb(argv)
+    args = build_parser(verb).parse_args(rest)
+    from gpuwatch.remote.config import ConfigError
+
+    try:
+        if verb == "init":
+            return _init(args)
+        if verb == "check":
+            return _check(args)
+        if verb is None and (args.json or args.prometheus) and not args.once:
+            build_parser(None).error("--json and --prometheus go with --once")
+        return _not_built(verb or ("--once" if args.once else "--demo" if args.demo else "tui"))
+    except ConfigError as exc:
+        print(f"gpuwatch: config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+def _not_built(what: str) -> int:
+    print(f"gpuwatch: {what} is not built yet in this version.", file=sys.stderr)
+    return EXIT_SOFTWARE
+
+
+def _init(args: argparse.Namespace) -> int:
+    from gpuwatch.remote.config import find_config, load_file
+    from gpuwatch.remote.starter import write_starter
+
+    path, _ = find_config(args.config)
+    try:
+        write_starter(path, list(args.hosts), force=args.force)
+    except FileExistsError as exc:
+        print(f"gpuwatch: {exc}", file=sys.stderr)
+        return EXIT_CANTCREAT
+    except OSError as exc:
+        print(f"gpuwatch: cannot write {path}: {exc}", file=sys.stderr)
+        return EXIT_CANTCREAT
+    config = load_file(path)  # what we wrote must load back: fail loudly here if not
+    print(f"wrote {path} ({len(config.hosts)} host{'s' * (len(config.hosts) != 1)}); "
+          f"edit it, then run `gpuwatch check`")
+    return EXIT_OK
+
+
+def _check(args: argparse.Namespace) -> int:
+    from gpuwatch.remote.config import load_config, select_hosts
+
+    config = select_hosts(load_config(args.config), list(args.hosts))
+    where = str(config.path) if config.path else "no config file (defaults)"
+    print(f"config OK: {where}")
+    for host in config.hosts:
+        runs = ", ".join(r.name for r in host.runs) or "no runs"
+        print(f"  {host.name}: ssh {host.ssh}, python {host.python}, disks "
+              f"{' '.join(host.disks)}; {runs}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    main()
