@@ -1,0 +1,143 @@
+"""The scheduler: at most one poll in flight per host, a jittered interval, backoff when down.
+
+Polls never pile up (U16, U17): each host has one loop that awaits its poll before arming the next
+one, so a slow box only makes its own polls later. Connections being *opened* are bounded per sshd
+and per jump host as well as overall: OpenSSH's default `MaxStartups 10:30:100` starts dropping
+unauthenticated connections past 10, which is what a fleet behind one bastion runs into.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+BACKOFF_CAP_S = 300.0
+JITTER = 0.1
+PER_SSHD_OPENING = 8
+"""Below sshd's default MaxStartups start (10), so no connection of ours is ever dropped."""
+OVERALL_OPENING = 64
+
+H = TypeVar("H")
+R = TypeVar("R")
+
+
+class OpeningLimiter:
+    """Bounds how many SSH connections are in their opening phase (TCP + handshake + auth) at
+    once, per key (an sshd's host:port, a jump host) and overall."""
+
+    def __init__(self, per_key: int = PER_SSHD_OPENING, overall: int = OVERALL_OPENING) -> None:
+        self.per_key = per_key
+        self._overall = asyncio.Semaphore(overall)
+        self._keys: dict[str, asyncio.Semaphore] = {}
+        self.peak: dict[str, int] = {}
+        """Highest number of openings seen at once per key (for tests and benchmarks)."""
+        self._now: dict[str, int] = {}
+
+    @contextlib.asynccontextmanager
+    async def opening(self, keys: Iterable[str]) -> AsyncIterator[None]:
+        ordered = sorted(set(keys))  # a fixed order, so two openings never deadlock
+        async with contextlib.AsyncExitStack() as stack:
+            for key in ordered:
+                sem = self._keys.setdefault(key, asyncio.Semaphore(self.per_key))
+                await stack.enter_async_context(sem)
+            await stack.enter_async_context(self._overall)
+            for key in ordered:
+                self._now[key] = self._now.get(key, 0) + 1
+                self.peak[key] = max(self.peak.get(key, 0), self._now[key])
+            try:
+                yield
+            finally:
+                for key in ordered:
+                    self._now[key] -= 1
+
+
+def next_delay(interval: float, failures: int, *, rng: random.Random | None = None,
+               jitter: float = JITTER, cap: float = BACKOFF_CAP_S) -> float:
+    """Seconds until a host's next poll: the interval, doubled per consecutive failure up to the
+    cap, spread by ±jitter so a fleet does not poll in lockstep."""
+    base = interval if failures == 0 else min(cap, interval * 2 ** min(failures, 30))
+    spread = (rng or random).uniform(1 - jitter, 1 + jitter)
+    return min(cap * (1 + jitter), base * spread)
+
+
+@dataclass
+class _HostLoop(Generic[H]):
+    host: H
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    failures: int = 0
+    in_flight: bool = False
+    task: asyncio.Task[None] | None = None
+
+
+class Poller(Generic[H, R]):
+    """Polls every host forever on its own loop; results go to `on_result` as they land.
+
+    `poll` must bound itself (the SSH layer's deadlines); `ok(result)` says whether it succeeded,
+    which drives the backoff.
+    """
+
+    def __init__(self, hosts: Sequence[H], poll: Callable[[H], Awaitable[R]],
+                 on_result: Callable[[H, R], None], ok: Callable[[R], bool], *,
+                 interval: float | Callable[[H], float], rng: random.Random | None = None) -> None:
+        self._poll, self._on_result, self._ok = poll, on_result, ok
+        self._interval = interval if callable(interval) else (lambda _h: float(interval))
+        self._rng = rng or random.Random()
+        self._loops = [_HostLoop(h) for h in hosts]
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._resumed.is_set()
+
+    def start(self) -> None:
+        for i, loop in enumerate(self._loops):
+            # Spread the first polls over a fraction of a second rather than all at t=0.
+            first = min(0.5, 0.01 * i)
+            loop.task = asyncio.create_task(self._run(loop, first), name=f"poll:{i}")
+
+    async def stop(self) -> None:
+        tasks = [loop.task for loop in self._loops if loop.task]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def pause(self) -> None:
+        self._resumed.clear()
+
+    def resume(self) -> None:
+        self._resumed.set()
+
+    def poll_now(self, host: H | None = None) -> None:
+        """Poll a host (or every host) as soon as its current poll, if any, has finished."""
+        for loop in self._loops:
+            if host is None or loop.host == host:
+                loop.wake.set()
+
+    def in_flight(self) -> list[H]:
+        return [loop.host for loop in self._loops if loop.in_flight]
+
+    async def _run(self, loop: _HostLoop[H], delay: float) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(loop.wake.wait(), timeout=delay)
+            loop.wake.clear()
+            await self._resumed.wait()
+            loop.in_flight = True
+            try:
+                result = await self._poll(loop.host)
+            finally:
+                loop.in_flight = False
+            loop.failures = 0 if self._ok(result) else loop.failures + 1
+            self._on_result(loop.host, result)
+            delay = next_delay(self._interval(loop.host), loop.failures, rng=self._rng)
+
+
+async def poll_all_once(hosts: Sequence[H], poll: Callable[[H], Awaitable[R]]) -> list[R]:
+    """One poll of every host at once (for --once and check); results in the hosts' order.
+    Concurrency is bounded where it matters, in the opening of connections."""
+    return list(await asyncio.gather(*(poll(h) for h in hosts)))

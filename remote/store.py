@@ -1,0 +1,230 @@
+"""The local store: SQLite (WAL) under $XDG_STATE_HOME/gpuwatch/.
+
+It is what makes a cron `--once` stateful (a boot id that changed since the last run, a run that
+was alive and is now dead) and lets the TUI show what happened overnight. Every write is one
+transaction, so a writer killed mid-way leaves the previous state intact; a file that is not a
+database any more is moved aside and rebuilt, never fatal (DESIGN §5).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+GPU_SAMPLES_PER_HOST = 20_000
+"""History bound: at one poll per 10 s and 8 GPUs, about 7 hours; pruned as it grows."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS host_state (
+    host TEXT PRIMARY KEY,
+    taken_at REAL NOT NULL,      -- when the last poll ended (epoch s, this machine's clock)
+    ok INTEGER NOT NULL,
+    error TEXT,                  -- JSON {kind, message} of the last poll, if it failed
+    last_ok_at REAL,             -- when the last good poll ended
+    boot_id TEXT,                -- of the last good poll
+    doc BLOB,                    -- the probe's document of the last good poll, zlib-compressed
+    counters TEXT NOT NULL DEFAULT '{}'   -- JSON: state findings compare across polls
+);
+CREATE TABLE IF NOT EXISTS gpu_samples (
+    host TEXT NOT NULL, t REAL NOT NULL, gpu INTEGER NOT NULL,
+    util_pct REAL, sm_clock_mhz REAL, sm_clock_max_mhz REAL, power_w REAL, power_limit_w REAL,
+    temp_c REAL, mem_used_mib REAL, throttle TEXT
+);
+CREATE INDEX IF NOT EXISTS gpu_samples_host_t ON gpu_samples (host, t);
+"""
+
+
+def default_store_path(env: Mapping[str, str] | None = None) -> Path:
+    """$XDG_STATE_HOME/gpuwatch/gpuwatch.sqlite3 (XDG's default ~/.local/state when unset)."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gpuwatch" / "gpuwatch.sqlite3"
+
+
+@dataclass(frozen=True, slots=True)
+class HostState:
+    """What the store remembers of a host between polls (and between gpuwatch runs)."""
+
+    host: str
+    taken_at: float
+    ok: bool
+    error: Mapping[str, str] | None
+    last_ok_at: float | None
+    boot_id: str | None
+    doc: bytes | None
+    """The probe's JSON document of the last good poll, as it came off the wire."""
+    counters: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRow:
+    """One GPU sample for the history table."""
+
+    t: float
+    gpu: int
+    util_pct: float | None
+    sm_clock_mhz: float | None
+    sm_clock_max_mhz: float | None
+    power_w: float | None
+    power_limit_w: float | None
+    temp_c: float | None
+    mem_used_mib: float | None
+    throttle: tuple[str, ...] = ()
+
+
+class Store:
+    """One SQLite file shared by the TUI and cron runs (WAL lets them read while one writes)."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path | None, *,
+                 warning: str | None = None) -> None:
+        self._conn = conn
+        self.path = path
+        self.warning = warning
+        """Said once to the person when the file had to be rebuilt or could not be used."""
+
+    @classmethod
+    def open(cls, path: Path | str | None = None) -> Store:
+        """Open (creating or rebuilding as needed). `":memory:"` gives a throwaway store."""
+        if path == ":memory:":
+            return cls(_memory(), None)
+        target = Path(path) if path is not None else default_store_path()
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            return cls(_connect(target), target)
+        except StoreTooNew as exc:  # not ours to rebuild: keep it, work from memory this time
+            return cls(_memory(), None, warning=f"{target}: {exc}; history is not kept this run")
+        except (sqlite3.DatabaseError, OSError) as exc:
+            aside = target.with_name(f"{target.name}.corrupt-{int(time.time())}")
+            for suffix in ("", "-wal", "-shm"):
+                src = Path(f"{target}{suffix}")
+                if src.exists():
+                    os.replace(src, f"{aside}{suffix}")
+            return cls(_connect(target), target,
+                       warning=f"{target} was unreadable ({exc}); moved to {aside}, started anew")
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- host state ----------------------------------------------------------------------
+    def host_state(self, host: str) -> HostState | None:
+        row = self._conn.execute(
+            "SELECT host, taken_at, ok, error, last_ok_at, boot_id, doc, counters "
+            "FROM host_state WHERE host = ?", (host,)).fetchone()
+        if row is None:
+            return None
+        return HostState(
+            host=row[0], taken_at=row[1], ok=bool(row[2]),
+            error=json.loads(row[3]) if row[3] else None, last_ok_at=row[4], boot_id=row[5],
+            doc=zlib.decompress(row[6]) if row[6] else None, counters=json.loads(row[7]))
+
+    def hosts(self) -> list[str]:
+        return [r[0] for r in self._conn.execute("SELECT host FROM host_state ORDER BY host")]
+
+    def record_poll(self, host: str, *, taken_at: float, ok: bool,
+                    error: Mapping[str, str] | None = None, boot_id: str | None = None,
+                    doc: bytes | None = None, counters: Mapping[str, Any] | None = None,
+                    gpu_rows: Iterable[GpuRow] = ()) -> None:
+        """Remember one poll. A failed poll keeps the last good document, boot id and counters
+        (its data is stale, not gone)."""
+        with self._conn:  # one transaction: a killed writer leaves the previous state whole
+            if ok:
+                self._conn.execute(
+                    "INSERT INTO host_state (host, taken_at, ok, error, last_ok_at, boot_id, doc, "
+                    "counters) VALUES (?, ?, 1, NULL, ?, ?, ?, ?) ON CONFLICT(host) DO UPDATE SET "
+                    "taken_at = excluded.taken_at, ok = 1, error = NULL, "
+                    "last_ok_at = excluded.last_ok_at, boot_id = excluded.boot_id, "
+                    "doc = excluded.doc, counters = excluded.counters",
+                    (host, taken_at, taken_at, boot_id,
+                     zlib.compress(doc) if doc is not None else None,
+                     json.dumps(dict(counters or {}), sort_keys=True)))
+            else:
+                self._conn.execute(
+                    "INSERT INTO host_state (host, taken_at, ok, error) VALUES (?, ?, 0, ?) "
+                    "ON CONFLICT(host) DO UPDATE SET taken_at = excluded.taken_at, ok = 0, "
+                    "error = excluded.error",
+                    (host, taken_at, json.dumps(dict(error or {}), sort_keys=True)))
+            rows = [(host, r.t, r.gpu, r.util_pct, r.sm_clock_mhz, r.sm_clock_max_mhz, r.power_w,
+                     r.power_limit_w, r.temp_c, r.mem_used_mib, ",".join(r.throttle))
+                    for r in gpu_rows]
+            if rows:
+                self._conn.executemany(
+                    "INSERT INTO gpu_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                self._prune_gpu_samples(host)
+
+    def _prune_gpu_samples(self, host: str) -> None:
+        # Keep the newest GPU_SAMPLES_PER_HOST rows; prune in slack-sized steps so the delete
+        # does not run on every poll.
+        (count,) = self._conn.execute(
+            "SELECT COUNT(*) FROM gpu_samples WHERE host = ?", (host,)).fetchone()
+        if count > GPU_SAMPLES_PER_HOST * 1.1:
+            self._conn.execute(
+                "DELETE FROM gpu_samples WHERE host = ? AND t < (SELECT t FROM gpu_samples "
+                "WHERE host = ? ORDER BY t DESC LIMIT 1 OFFSET ?)",
+                (host, host, GPU_SAMPLES_PER_HOST - 1))
+
+    def gpu_history(self, host: str, *, since: float = 0.0,
+                    limit: int = GPU_SAMPLES_PER_HOST) -> list[GpuRow]:
+        """GPU samples of a host, oldest first."""
+        rows = self._conn.execute(
+            "SELECT t, gpu, util_pct, sm_clock_mhz, sm_clock_max_mhz, power_w, power_limit_w, "
+            "temp_c, mem_used_mib, throttle FROM (SELECT * FROM gpu_samples WHERE host = ? AND "
+            "t >= ? ORDER BY t DESC, gpu DESC LIMIT ?) ORDER BY t, gpu",
+            (host, since, limit)).fetchall()
+        return [GpuRow(t=r[0], gpu=r[1], util_pct=r[2], sm_clock_mhz=r[3], sm_clock_max_mhz=r[4],
+                       power_w=r[5], power_limit_w=r[6], temp_c=r[7], mem_used_mib=r[8],
+                       throttle=tuple(filter(None, (r[9] or "").split(","))))
+                for r in rows]
+
+
+class StoreTooNew(Exception):
+    """The store was written by a newer gpuwatch."""
+
+
+def _memory() -> sqlite3.Connection:
+    conn = sqlite3.connect(":memory:")
+    _init(conn)
+    return conn
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    fresh = not path.exists()
+    if fresh:  # issue 8: the store may hold how runs were started; keep it private
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    conn = sqlite3.connect(path, timeout=5.0, isolation_level="DEFERRED")
+    try:
+        conn.execute("PRAGMA busy_timeout = 5000")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        (status,) = conn.execute("PRAGMA quick_check").fetchone()
+        if status != "ok":
+            raise sqlite3.DatabaseError(f"quick_check: {status}")
+        _init(conn)
+    except (sqlite3.DatabaseError, StoreTooNew):
+        conn.close()
+        raise
+    return conn
+
+
+def _init(conn: sqlite3.Connection) -> None:
+    with conn:
+        conn.executescript(_SCHEMA)
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+        if row is None:
+            conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) > SCHEMA_VERSION:
+            raise StoreTooNew(f"store schema {row[0]} is newer than this gpuwatch knows")
