@@ -1,0 +1,67 @@
+"""Kernel log lines in the formats real kernels print, for the simulated box's dmesg.log.
+
+Shapes follow captured logs (NVIDIA's NVRM Xid reports, the OOM killer's summary, the memory
+cgroup OOM); every number and name comes from the caller, so tests state what they mean.
+"""
+
+from __future__ import annotations
+
+# Xid codes a reader of dmesg most needs (U22): 48 and 79 mean the GPU needs a reset or a
+# replacement; 13/31/43 are usually the application's fault.
+XID_MEANING = {
+    13: "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
+    31: "Ch 00000008, intr 10000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ "
+        "0x7f_00000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ",
+    43: "Ch 00000008",
+    48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer "
+        "at physAddr 0x12bac1c3e0 partition 2, subpartition 1.",
+    63: "Row Remapper: New row (0x00000012bac1c3e0) marked for remapping, reset gpu to activate.",
+    79: "GPU has fallen off the bus.",
+    94: "Contained: SM (0x1). RST: No, D-RST: No",
+    119: "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 "
+         "(GSP_RM_CONTROL) (0x20801813 0x4c).",
+}
+
+
+def stamp(uptime_s: float) -> str:
+    """The kernel's own prefix: seconds since boot, microseconds, right-aligned in 5+7."""
+    return f"[{uptime_s:12.6f}]"
+
+
+def pci_of(bus_id: str) -> str:
+    """NVRM's short PCI name, "0000:3b:00", from nvidia-smi's "00000000:3B:00.0"."""
+    domain, bus, rest = bus_id.split(":")
+    return "{:04x}:{}:{}".format(int(domain, 16), bus.lower(), rest.split(".")[0].lower())
+
+
+def xid(uptime_s: float, bus_id: str, code: int, *, pid: int | None = None,
+        name: str | None = None, detail: str | None = None) -> str:
+    """An NVRM Xid report; pid/name unknown print as the driver does ('<unknown>')."""
+    who = "pid={}, name={}".format(pid if pid is not None else "'<unknown>'",
+                                name if name is not None else "<unknown>")
+    text = detail if detail is not None else XID_MEANING.get(code, "")
+    return f"{stamp(uptime_s)} NVRM: Xid (PCI:{pci_of(bus_id)}): {code}, {who}, {text}"
+
+
+def oom_kill(uptime_s: float, pid: int, comm: str, *, uid: int = 1000,
+             total_vm_kb: int = 98765432, anon_rss_kb: int = 61234567, cgroup: bool = False,
+             memcg: str = "/") -> list[str]:
+    """The OOM killer's lines: the constraint, then the kill (kernel 5.x+ wording).
+
+    cgroup=True is a memory cgroup OOM (the limit of memcg was hit, U41), else the kernel's.
+    """
+    ts = stamp(uptime_s)
+    if cgroup:
+        constraint = ("oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,"
+                      f"mems_allowed=0,oom_memcg={memcg},task_memcg={memcg},task={comm},"
+                      f"pid={pid},uid={uid}")
+        verb = "Memory cgroup out of memory"
+    else:
+        constraint = ("oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,"
+                      f"mems_allowed=0,global_oom,task_memcg={memcg},task={comm},pid={pid},"
+                      f"uid={uid}")
+        verb = "Out of memory"
+    kill = (f"{verb}: Killed process {pid} ({comm}) total-vm:{total_vm_kb}kB, "
+            f"anon-rss:{anon_rss_kb}kB, file-rss:0kB, shmem-rss:0kB, UID:{uid} "
+            "pgtables:123456kB oom_score_adj:0")
+    return [f"{ts} {constraint}", f"{ts} {kill}"]
