@@ -1,0 +1,517 @@
+"""One poll of one host as plain data: frozen dataclasses built from the probe's document.
+
+Units live in field names; None means the box did not say (N/A, Not Supported, a section
+that failed). `parse_probe_output` trusts nothing: a garbage document or one from another
+probe version is a ProbeError naming the place; keys it does not know are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+PROBE_VERSION = 1
+
+T = TypeVar("T")
+
+
+class ProbeError(Exception):
+    """The probe's output cannot be read; the message names the host and the place."""
+
+    def __init__(self, host: str, where: str, problem: str) -> None:
+        super().__init__(f"{host}: probe output {where}: {problem}")
+        self.host, self.where, self.problem = host, where, problem
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    index: int
+    uuid: str | None
+    name: str | None
+    util_pct: float | None  # U21: "a kernel ran", not "the SMs were busy"
+    mem_used_mib: int | None
+    mem_total_mib: int | None
+    sm_clock_mhz: int | None
+    sm_clock_max_mhz: int | None
+    power_w: float | None
+    power_limit_w: float | None
+    temp_c: int | None
+    throttle_reasons: tuple[str, ...] | None  # U23; () = none active, None = unknown
+    mig: bool | None
+
+    def to_json(self) -> dict[str, Any]:
+        reasons = None if self.throttle_reasons is None else list(self.throttle_reasons)
+        return {
+            "index": self.index, "uuid": self.uuid, "name": self.name,
+            "util_pct": self.util_pct, "mem_used_mib": self.mem_used_mib,
+            "mem_total_mib": self.mem_total_mib, "sm_clock_mhz": self.sm_clock_mhz,
+            "sm_clock_max_mhz": self.sm_clock_max_mhz, "power_w": self.power_w,
+            "power_limit_w": self.power_limit_w, "temp_c": self.temp_c,
+            "throttle_reasons": reasons, "mig": self.mig,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A compute process as the driver lists it; its pid may be missing from the box's
+    /proc (another PID namespace: a container), which is itself a finding (U11)."""
+
+    gpu_index: int | None
+    uuid: str | None
+    pid: int
+    gpu_mem_mib: int | None
+    process_name: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    pid: int
+    ppid: int
+    user: str
+    state: str
+    comm: str
+    cmd: str
+    start_ticks: int  # with the boot id, what makes a pid an identity (DESIGN §4)
+    started_at: float | None  # epoch, ±1 s (btime is whole seconds)
+    tty_nr: int
+    session: int
+    pgrp: int
+    sighup_ignored: bool  # seed 000: nohup sets SIG_IGN
+    sighup_caught: bool
+    threads: int  # U40: against the cgroup's CPU quota
+    cgroup: str | None
+    cwd: str | None
+    exe: str | None
+    nvidia_devs: tuple[int, ...] | None  # /dev/nvidiaN minors held open; None = fds unread
+    run: str | None
+    gpu_index: int | None  # the GPU where the driver shows it holding the most memory
+    gpu_mem_mib: int | None  # summed over GPUs
+
+    @property
+    def holds_nvidia_dev(self) -> bool | None:
+        return None if self.nvidia_devs is None else bool(self.nvidia_devs)
+
+    @property
+    def has_tty(self) -> bool:
+        return self.tty_nr != 0
+
+    @property
+    def zombie(self) -> bool:
+        return self.state == "Z"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid, "ppid": self.ppid, "user": self.user, "state": self.state,
+            "started_at": self.started_at, "gpu_index": self.gpu_index,
+            "gpu_mem_mib": self.gpu_mem_mib, "cmd": self.cmd, "run": self.run,
+            "zombie": "defunct" if self.zombie else None,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessCounts:
+    """The processes the probe counted but did not list in full."""
+
+    total: int
+    kernel_threads: int
+    zombies: int
+    not_listed: int
+    fd_unreadable: int  # other users' fds, when the probe is not root
+    fd_skipped: tuple[int, ...]  # pids with too many fds to scan for /dev/nvidia*
+
+
+@dataclass(frozen=True, slots=True)
+class DiskUsage:
+    path: str
+    mount: str | None
+    bytes_total: int | None
+    bytes_free: int | None  # what a non-root writer can still use (U6)
+    inodes_total: int | None  # None: the filesystem does not count inodes (U7)
+    inodes_free: int | None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path, "mount": self.mount, "bytes_total": self.bytes_total,
+            "bytes_free": self.bytes_free, "inodes_total": self.inodes_total,
+            "inodes_free": self.inodes_free,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupInfo:
+    version: int
+    path: str | None
+    memory_current_bytes: int | None
+    memory_max_bytes: int | None  # None: "max", no limit
+    memory_events: Mapping[str, int]
+    cpu_quota_us: int | None  # None: "max", no quota
+    cpu_period_us: int | None
+    cpu_stat: Mapping[str, int]
+
+    @property
+    def oom_kill(self) -> int | None:
+        """U41: the authoritative "was I OOM-killed" counter."""
+        return self.memory_events.get("oom_kill")
+
+    @property
+    def cpus(self) -> float | None:
+        """U40: the vCPUs the quota allows, not the host's core count."""
+        if self.cpu_quota_us is None or not self.cpu_period_us:
+            return None
+        return self.cpu_quota_us / self.cpu_period_us
+
+
+@dataclass(frozen=True, slots=True)
+class KernelEvent:
+    kind: str  # "xid" | "oom"
+    at: float | None  # epoch; from the boot time for plain dmesg stamps
+    since_boot_s: float | None
+    pid: int | None
+    name: str | None
+    xid: int | None = None  # U22: 48 and 79 mean a dead GPU
+    pci: str | None = None
+    message: str | None = None
+    memcg: bool | None = None  # U9, U41: a cgroup OOM rather than the whole host's
+
+
+@dataclass(frozen=True, slots=True)
+class HostSnapshot:
+    host: str
+    taken_at: float | None  # the box's clock
+    hostname: str | None
+    boot_id: str | None
+    uptime_s: float | None
+    loadavg: tuple[float, ...] | None  # U41: the whole machine's, not this container's
+    ncpu: int | None
+    gpus: tuple[GpuSample, ...]
+    gpu_processes: tuple[GpuProcess, ...]
+    gpu_source: str | None  # "nvml" | "nvidia-smi"
+    nvidia_smi_reasons: str | None  # send back as the request's hint next poll
+    processes: tuple[ProcessInfo, ...]
+    process_counts: ProcessCounts | None
+    disks: tuple[DiskUsage, ...]
+    cgroup: CgroupInfo | None
+    kill_user_processes: bool | None  # logind; seed 000: kills even tmux at logout
+    kernel_events: tuple[KernelEvent, ...]
+    xid_counts: Mapping[int, int]
+    section_errors: Mapping[str, str]
+    probe_s: float | None
+    probe_cpu_s: float | None
+    poll_s: float | None = None  # set by the poller, which alone sees the whole round trip
+
+
+# ---------------------------------------------------------------- validating reader
+
+class _Bad(Exception):
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(where, problem)
+        self.where, self.problem = where, problem
+
+
+def _kind(value: object) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
+        type(value), "null" if value is None else "a number")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_str(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class _Node:
+    """A JSON object being read, with its place in the document for error messages."""
+
+    __slots__ = ("data", "where")
+
+    def __init__(self, data: Mapping[str, Any], where: str) -> None:
+        self.data, self.where = data, where
+
+    def child(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def _get(self, key: str, test: Callable[[Any], bool], kind: str, optional: bool) -> Any:
+        value = self.data.get(key)
+        if value is None and optional:
+            return None
+        if not test(value):
+            raise _Bad(self.child(key), f"expected {kind}, got {_kind(value)}")
+        return value
+
+    def get_int(self, key: str) -> int:
+        return int(self._get(key, _is_int, "an integer", False))
+
+    def opt_int(self, key: str) -> int | None:
+        value = self._get(key, _is_int, "an integer or null", True)
+        return None if value is None else int(value)
+
+    def opt_float(self, key: str) -> float | None:
+        value = self._get(key, _is_number, "a number or null", True)
+        return None if value is None else float(value)
+
+    def get_str(self, key: str) -> str:
+        return str(self._get(key, _is_str, "a string", False))
+
+    def opt_str(self, key: str) -> str | None:
+        value = self._get(key, _is_str, "a string or null", True)
+        return None if value is None else str(value)
+
+    def get_bool(self, key: str) -> bool:
+        return bool(self._get(key, lambda v: isinstance(v, bool), "a boolean", False))
+
+    def opt_bool(self, key: str) -> bool | None:
+        value = self._get(key, lambda v: isinstance(v, bool), "a boolean or null", True)
+        return None if value is None else bool(value)
+
+    def opt_list(self, key: str, test: Callable[[Any], bool], kind: str) -> tuple[Any, ...] | None:
+        value = self._get(key, lambda v: isinstance(v, list) and all(map(test, v)),
+                          f"a list of {kind} or null", True)
+        return None if value is None else tuple(value)
+
+    def node(self, key: str) -> _Node:
+        value = self._get(key, lambda v: isinstance(v, dict), "an object", False)
+        return _Node(value, self.child(key))
+
+    def nodes(self, key: str) -> Iterator[_Node]:
+        items = self._get(key, lambda v: isinstance(v, list), "a list", True) or []
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise _Bad(f"{self.child(key)}[{i}]", f"expected an object, got {_kind(item)}")
+            yield _Node(item, f"{self.child(key)}[{i}]")
+
+    def counters(self, key: str) -> Mapping[str, int]:
+        value = self._get(key, lambda v: isinstance(v, dict) and all(map(_is_int, v.values())),
+                          "an object of integers", False)
+        return MappingProxyType(dict(value))
+
+    def messages(self, key: str) -> Mapping[str, str]:
+        value = self._get(key, lambda v: isinstance(v, dict) and all(map(_is_str, v.values())),
+                          "an object of messages", True)
+        return MappingProxyType(dict(value or {}))
+
+    def table(self, key: str) -> Iterator[_Node]:
+        """{"fields": [...], "rows": [[...], ...]} → one node per row."""
+        tbl = self.node(key)
+        fields = tbl._get("fields", lambda v: isinstance(v, list) and all(map(_is_str, v)),
+                          "a list of names", False)
+        rows = tbl._get("rows", lambda v: isinstance(v, list), "a list", False)
+        for i, row in enumerate(rows):
+            where = f"{tbl.where}.rows[{i}]"
+            if not isinstance(row, list) or len(row) != len(fields):
+                raise _Bad(where, f"expected a list of {len(fields)} values")
+            yield _Node(dict(zip(fields, row, strict=True)), where)
+
+
+# ---------------------------------------------------------------- sections
+
+def _gpu(row: _Node) -> GpuSample:
+    return GpuSample(
+        index=row.get_int("index"), uuid=row.opt_str("uuid"), name=row.opt_str("name"),
+        util_pct=row.opt_float("util_pct"), mem_used_mib=row.opt_int("mem_used_mib"),
+        mem_total_mib=row.opt_int("mem_total_mib"), sm_clock_mhz=row.opt_int("sm_clock_mhz"),
+        sm_clock_max_mhz=row.opt_int("sm_clock_max_mhz"), power_w=row.opt_float("power_w"),
+        power_limit_w=row.opt_float("power_limit_w"), temp_c=row.opt_int("temp_c"),
+        throttle_reasons=row.opt_list("throttle_reasons", _is_str, "names"),
+        mig=row.opt_bool("mig"),
+    )
+
+
+def _gpu_processes(section: _Node, gpus: tuple[GpuSample, ...]) -> tuple[GpuProcess, ...]:
+    if "apps" not in section.data:  # nvidia-smi answered for the GPUs but not the processes
+        return ()
+    index_of = {gpu.uuid: gpu.index for gpu in gpus}
+    return tuple(
+        GpuProcess(gpu_index=index_of.get(row.opt_str("uuid")), uuid=row.opt_str("uuid"),
+                   pid=row.get_int("pid"), gpu_mem_mib=row.opt_int("gpu_mem_mib"),
+                   process_name=row.opt_str("process_name"))
+        for row in section.table("apps"))
+
+
+def _gpu_use(apps: tuple[GpuProcess, ...]) -> dict[int, tuple[int | None, int | None]]:
+    """pid → (GPU where it holds the most memory, total MiB) from the driver's list."""
+    per_pid: dict[int, list[GpuProcess]] = {}
+    for app in apps:
+        per_pid.setdefault(app.pid, []).append(app)
+    use = {}
+    for pid, entries in per_pid.items():
+        known = [e.gpu_mem_mib for e in entries if e.gpu_mem_mib is not None]
+        top = max(entries, key=lambda e: e.gpu_mem_mib or 0)
+        use[pid] = (top.gpu_index, sum(known) if known else None)
+    return use
+
+
+def _process(row: _Node, use: Mapping[int, tuple[int | None, int | None]],
+             clock: tuple[int, int] | None) -> ProcessInfo:
+    pid, start_ticks = row.get_int("pid"), row.get_int("start_ticks")
+    gpu_index, gpu_mem_mib = use.get(pid, (None, None))
+    started_at = None if clock is None else clock[0] + start_ticks / clock[1]
+    return ProcessInfo(
+        pid=pid, ppid=row.get_int("ppid"), user=row.get_str("user"), state=row.get_str("state"),
+        comm=row.get_str("comm"), cmd=row.get_str("cmd"), start_ticks=start_ticks,
+        started_at=started_at, tty_nr=row.get_int("tty_nr"), session=row.get_int("session"),
+        pgrp=row.get_int("pgrp"), sighup_ignored=row.get_bool("sighup_ignored"),
+        sighup_caught=row.get_bool("sighup_caught"), threads=row.get_int("threads"),
+        cgroup=row.opt_str("cgroup"), cwd=row.opt_str("cwd"), exe=row.opt_str("exe"),
+        nvidia_devs=row.opt_list("nvidia_devs", _is_int, "integers"), run=row.opt_str("run"),
+        gpu_index=gpu_index, gpu_mem_mib=gpu_mem_mib,
+    )
+
+
+def _counts(section: _Node) -> ProcessCounts:
+    skipped = section.opt_list("fd_skipped", _is_int, "pids")
+    return ProcessCounts(
+        total=section.get_int("total"), kernel_threads=section.get_int("kernel_threads"),
+        zombies=section.get_int("zombies"), not_listed=section.get_int("not_listed"),
+        fd_unreadable=section.get_int("fd_unreadable"), fd_skipped=skipped or ())
+
+
+def _disk(node: _Node) -> DiskUsage:
+    return DiskUsage(
+        path=node.get_str("path"), mount=node.opt_str("mount"),
+        bytes_total=node.opt_int("bytes_total"), bytes_free=node.opt_int("bytes_free"),
+        inodes_total=node.opt_int("inodes_total"),
+        inodes_free=node.opt_int("inodes_free"), error=node.opt_str("error"))
+
+
+def _cgroup(section: _Node) -> CgroupInfo:
+    return CgroupInfo(
+        version=section.get_int("version"), path=section.opt_str("path"),
+        memory_current_bytes=section.opt_int("memory_current_bytes"),
+        memory_max_bytes=section.opt_int("memory_max_bytes"),
+        memory_events=section.counters("memory_events"),
+        cpu_quota_us=section.opt_int("cpu_quota_us"),
+        cpu_period_us=section.opt_int("cpu_period_us"),
+        cpu_stat=section.counters("cpu_stat"))
+
+
+def _kernel_events(section: _Node, btime: int | None) -> tuple[KernelEvent, ...]:
+    def when(row: _Node) -> tuple[float | None, float | None]:
+        mono, epoch = row.opt_float("t_mono_s"), row.opt_float("t_epoch")
+        if epoch is None and mono is not None and btime is not None:
+            epoch = btime + mono  # plain dmesg stamps count from boot
+        return epoch, mono
+
+    events = []
+    for row in section.table("xid"):
+        at, mono = when(row)
+        events.append(KernelEvent(kind="xid", at=at, since_boot_s=mono, pid=row.opt_int("pid"),
+                                  name=row.opt_str("name"), xid=row.get_int("xid"),
+                                  pci=row.opt_str("pci"), message=row.opt_str("msg")))
+    for row in section.table("oom"):
+        at, mono = when(row)
+        events.append(KernelEvent(kind="oom", at=at, since_boot_s=mono, pid=row.opt_int("pid"),
+                                  name=row.opt_str("name"), memcg=row.opt_bool("memcg")))
+    return tuple(events)
+
+
+def _xid_counts(section: _Node) -> Mapping[int, int]:
+    counts = section.counters("xid_counts")
+    if not all(code.isdigit() for code in counts):
+        raise _Bad(f"{section.where}.xid_counts", "expected Xid codes as keys")
+    return MappingProxyType({int(code): n for code, n in counts.items()})
+
+
+# ---------------------------------------------------------------- the document
+
+def _decode(data: bytes) -> Any:
+    """The probe prints JSON, or its zlib stream when the request asked for compression."""
+    if not data.strip():
+        raise _Bad("", "the probe printed nothing")
+    if not data.lstrip().startswith(b"{"):
+        try:
+            data = zlib.decompress(data)
+        except zlib.error:
+            raise _Bad("", "neither JSON nor zlib-compressed JSON") from None
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _Bad("", f"not JSON: {exc}") from None
+
+
+def _section(doc: _Node, name: str, errors: dict[str, str]) -> _Node | None:
+    """A section's node; None when not asked for or failed ({"error": ...}, recorded)."""
+    value = doc.data.get(name)
+    if isinstance(value, dict) and "error" in value:
+        errors.setdefault(name, _Node(value, doc.child(name)).get_str("error"))
+        return None
+    return None if value is None else doc.node(name)
+
+
+def _host_clock(host: _Node | None) -> tuple[int, int] | None:
+    """(btime, clock ticks per second): what turns start ticks into epoch seconds."""
+    if host is None:
+        return None
+    btime, ticks = host.opt_int("btime"), host.opt_int("clk_tck")
+    return (btime, ticks) if btime is not None and ticks else None
+
+
+def _disks(doc: _Node, errors: dict[str, str]) -> tuple[DiskUsage, ...]:
+    value = doc.data.get("disks")
+    if isinstance(value, dict) and "error" in value:
+        errors.setdefault("disks", _Node(value, "disks").get_str("error"))
+        return ()
+    return tuple(_disk(node) for node in doc.nodes("disks"))
+
+
+def _snapshot(doc: _Node, host: str) -> HostSnapshot:
+    errors = dict(doc.messages("errors"))
+    info = _section(doc, "host", errors)
+    clock = _host_clock(info)
+    gpu_section = _section(doc, "gpus", errors)
+    gpus = tuple(_gpu(row) for row in gpu_section.table("devices")) if gpu_section else ()
+    apps = _gpu_processes(gpu_section, gpus) if gpu_section else ()
+    if gpu_section and gpu_section.opt_str("apps_error"):
+        errors["gpus.apps"] = gpu_section.get_str("apps_error")
+    procs = _section(doc, "processes", errors)
+    use = _gpu_use(apps)
+    cgroup = _section(doc, "cgroup", errors)
+    logind = _section(doc, "logind", errors)
+    kernel = _section(doc, "kernel", errors)
+    return HostSnapshot(
+        host=host,
+        taken_at=info.opt_float("time") if info else None,
+        hostname=info.opt_str("hostname") if info else None,
+        boot_id=info.opt_str("boot_id") if info else None,
+        uptime_s=info.opt_float("uptime_s") if info else None,
+        loadavg=info.opt_list("loadavg", _is_number, "numbers") if info else None,
+        ncpu=info.opt_int("ncpu") if info else None,
+        gpus=gpus,
+        gpu_processes=apps,
+        gpu_source=gpu_section.opt_str("source") if gpu_section else None,
+        nvidia_smi_reasons=gpu_section.opt_str("reasons") if gpu_section else None,
+        processes=tuple(_process(row, use, clock) for row in procs.table("procs")) if procs else (),
+        process_counts=_counts(procs) if procs else None,
+        disks=_disks(doc, errors),
+        cgroup=_cgroup(cgroup) if cgroup else None,
+        kill_user_processes=logind.opt_bool("kill_user_processes") if logind else None,
+        kernel_events=_kernel_events(kernel, clock[0] if clock else None) if kernel else (),
+        xid_counts=_xid_counts(kernel) if kernel else MappingProxyType({}),
+        section_errors=MappingProxyType(errors),
+        probe_s=doc.opt_float("probe_s"),
+        probe_cpu_s=doc.opt_float("cpu_s"),
+    )
+
+
+def parse_probe_output(data: bytes, host: str) -> HostSnapshot:
+    """The probe's stdout → a HostSnapshot; ProbeError if it is not a document we read."""
+    try:
+        raw = _decode(data)
+        if not isinstance(raw, dict):
+            raise _Bad("", f"expected an object, got {_kind(raw)}")
+        if raw.get("v") != PROBE_VERSION:
+            version = raw.get("v")
+            raise _Bad("v", f"version {version!r}; this gpuwatch reads version {PROBE_VERSION}")
+        return _snapshot(_Node(raw, ""), host)
+    except _Bad as bad:
+        raise ProbeError(host, bad.where or "document", bad.problem) from None

@@ -1,0 +1,195 @@
+"""HostSnapshot from real probe output (the probe run on a fixture box), and what a garbage
+or foreign document turns into: a ProbeError that names the place."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+from gpuwatch.remote.model import HostSnapshot, ProbeError, parse_probe_output
+from test_probe import BOOT_ID, BTIME, UUIDS, Box, box_request, build_box, run_probe
+
+DESIGN_GPU_KEYS = ["index", "uuid", "name", "util_pct", "mem_used_mib", "mem_total_mib",
+                   "sm_clock_mhz", "sm_clock_max_mhz", "power_w", "power_limit_w", "temp_c",
+                   "throttle_reasons", "mig"]
+DESIGN_PROCESS_KEYS = ["pid", "ppid", "user", "state", "started_at", "gpu_index", "gpu_mem_mib",
+                       "cmd", "run", "zombie"]
+DESIGN_DISK_KEYS = ["path", "mount", "bytes_total", "bytes_free", "inodes_total", "inodes_free"]
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Box:
+    return build_box(tmp_path / "box")
+
+
+def probe_output(box: Box, **changes: object) -> bytes:
+    result = run_probe(box_request(box, **changes), box.env())
+    assert result.returncode == 0, result.stderr.decode()
+    return result.stdout
+
+
+def snapshot(box: Box, **changes: object) -> HostSnapshot:
+    return parse_probe_output(probe_output(box, compress=True, **changes), "gpu1")
+
+
+def test_snapshot_of_a_fixture_box(box: Box):
+    snap = snapshot(box)
+    assert snap.host == "gpu1" and snap.hostname == "gpu-box-7" and snap.boot_id == BOOT_ID
+    assert snap.section_errors == {} and snap.uptime_s == 86400.25 and snap.poll_s is None
+    assert snap.probe_s is not None and snap.probe_cpu_s is not None
+    assert snap.gpu_source == "nvidia-smi" and snap.nvidia_smi_reasons == "event"
+
+    gpus = {g.index: g for g in snap.gpus}
+    assert gpus[1].throttle_reasons == ("sw_power_cap", "hw_thermal_slowdown")
+    assert gpus[1].sm_clock_mhz == 1410 and gpus[1].temp_c == 86 and gpus[1].power_w == 699.87
+    assert gpus[2].util_pct is None and gpus[2].mig is True
+    assert gpus[3].power_w is None and gpus[7].throttle_reasons is None
+
+    apps = {a.pid: a for a in snap.gpu_processes}
+    assert apps[4242].gpu_index == 5 and apps[1100].process_name == "evil, name"
+
+    procs = {p.pid: p for p in snap.processes}
+    run = procs[830]
+    assert (run.gpu_index, run.gpu_mem_mib, run.run) == (0, 70000, "llama")
+    assert run.started_at == BTIME + 7_200_000 / os.sysconf("SC_CLK_TCK")
+    assert run.has_tty and not run.sighup_ignored and run.holds_nvidia_dev
+    assert procs[930].holds_nvidia_dev is False and procs[930].gpu_index is None
+    assert procs[1000].zombie and procs[1000].to_json()["zombie"] == "defunct"
+    assert procs[1100].comm == "evil ) (name x" and procs[1100].nvidia_devs == (3,)
+    assert snap.process_counts is not None and snap.process_counts.fd_skipped == (1300,)
+
+    assert snap.cgroup is not None
+    assert (snap.cgroup.oom_kill, snap.cgroup.cpus, snap.cgroup.memory_max_bytes) == (1, 4.0, None)
+    assert snap.kill_user_processes is False
+    xid79 = next(e for e in snap.kernel_events if e.xid == 79)
+    assert xid79.at == BTIME + 4521.118263 and xid79.pci == "0000:3b:00"
+    (oom,) = (e for e in snap.kernel_events if e.kind == "oom")
+    assert (oom.pid, oom.name, oom.memcg) == (930, "pt_data_worker", True)
+    assert snap.xid_counts == {79: 1, 13: 1}
+    assert snap.disks[0].mount == str(box.root.parent) and snap.disks[1].error
+
+
+def test_to_json_uses_the_design_field_names(box: Box):
+    snap = snapshot(box)
+    assert list(snap.gpus[0].to_json()) == DESIGN_GPU_KEYS
+    assert list(snap.processes[0].to_json()) == DESIGN_PROCESS_KEYS
+    assert list(snap.disks[0].to_json()) == DESIGN_DISK_KEYS
+    gpu = snap.gpus[1].to_json()
+    assert gpu["throttle_reasons"] == ["sw_power_cap", "hw_thermal_slowdown"]
+    json.dumps([g.to_json() for g in snap.gpus] + [p.to_json() for p in snap.processes])
+
+
+def test_snapshots_are_frozen_plain_data(box: Box):
+    snap = snapshot(box)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snap.gpus[0].util_pct = 0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        snap.cgroup.memory_events["oom_kill"] = 0  # type: ignore[index, union-attr]
+    assert not hasattr(snap.gpus[0], "__dict__")
+    assert dataclasses.replace(snap, poll_s=0.25).poll_s == 0.25
+
+
+def test_plain_and_compressed_output_read_the_same(box: Box):
+    plain = parse_probe_output(probe_output(box), "gpu1")
+    packed = snapshot(box)
+    assert plain.gpus == packed.gpus and plain.processes == packed.processes
+
+
+def test_failed_sections_are_recorded_and_the_rest_stands(box: Box):
+    box.tool("nvidia-smi", "exec sleep 60\n")
+    snap = snapshot(box, nvidia_smi_timeout_s=0.5)
+    assert snap.gpus == () and snap.section_errors["gpus"].startswith("nvidia-smi timed out")
+    assert snap.boot_id == BOOT_ID and snap.processes
+
+
+def test_gpu_table_without_the_process_list(box: Box):
+    box.tool("nvidia-smi", f'case "$1" in --query-gpu=*) cat "{box.root}/gpus.csv" ;;\n'
+                           f'*) echo "Unknown Error"; exit 255 ;; esac\n')
+    snap = snapshot(box)
+    assert len(snap.gpus) == 8 and snap.gpu_processes == ()
+    assert snap.section_errors == {"gpus.apps": "nvidia-smi compute-apps exited 255: Unknown Error"}
+
+
+# ---------------------------------------------------------------- garbage and foreign documents
+
+@pytest.mark.parametrize(("data", "problem"), [
+    (b"", "the probe printed nothing"),
+    (b"Traceback (most recent call last):\n", "neither JSON nor zlib-compressed JSON"),
+    (b"{\"v\": 1,", "not JSON"),
+    (zlib.compress(b"[1, 2]"), "expected an object, got a list"),
+    (b'{"v": 2}', "version 2; this gpuwatch reads version 1"),
+    (b'{"gpus": {}}', "version None; this gpuwatch reads version 1"),
+])
+def test_unreadable_documents(data: bytes, problem: str):
+    with pytest.raises(ProbeError) as caught:
+        parse_probe_output(data, "gpu1")
+    assert caught.value.host == "gpu1" and problem in str(caught.value)
+    assert str(caught.value).startswith("gpu1: probe output ")
+
+
+def damaged(box: Box, damage) -> ProbeError:
+    doc = json.loads(probe_output(box))
+    damage(doc)
+    with pytest.raises(ProbeError) as caught:
+        parse_probe_output(json.dumps(doc).encode(), "gpu1")
+    return caught.value
+
+
+def test_a_wrong_type_deep_inside_is_named_by_its_place(box: Box):
+    def text_util(doc: dict) -> None:
+        doc["gpus"]["devices"]["rows"][3][3] = "97 %"
+    error = damaged(box, text_util)
+    assert error.where == "gpus.devices.rows[3].util_pct"
+    assert error.problem == "expected a number or null, got a string"
+
+
+def test_a_short_row_and_a_missing_field_are_named(box: Box):
+    def short_row(doc: dict) -> None:
+        doc["processes"]["procs"]["rows"][2].pop()
+    assert damaged(box, short_row).where == "processes.procs.rows[2]"
+
+    def no_pid(doc: dict) -> None:
+        procs = doc["processes"]["procs"]
+        index = procs["fields"].index("pid")
+        procs["fields"].pop(index)
+        for row in procs["rows"]:
+            row.pop(index)
+    error = damaged(box, no_pid)
+    assert (error.where, error.problem) == ("processes.procs.rows[0].pid",
+                                            "expected an integer, got null")
+
+    def boolean_count(doc: dict) -> None:
+        doc["cgroup"]["memory_events"]["oom_kill"] = True
+    assert damaged(box, boolean_count).where == "cgroup.memory_events"
+
+
+def test_unknown_keys_and_fields_are_ignored(box: Box):
+    doc = json.loads(probe_output(box))
+    newer = copy.deepcopy(doc)
+    newer["gpus"]["devices"]["fields"].append("nvlink_gbps")
+    for row in newer["gpus"]["devices"]["rows"]:
+        row.append(450.0)
+    newer["ecc"] = {"volatile": 0}
+    newer["host"]["kernel"] = "6.8.0"
+    old = parse_probe_output(json.dumps(doc).encode(), "gpu1")
+    new = parse_probe_output(json.dumps(newer).encode(), "gpu1")
+    assert new.gpus == old.gpus and new.boot_id == old.boot_id
+
+
+def test_model_imports_neither_textual_nor_asyncssh():
+    code = ("import sys, gpuwatch.remote.model; "
+            "print([m for m in sys.modules if m.split('.')[0] in ('textual', 'asyncssh')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_uuids_map_apps_to_gpu_indexes(box: Box):
+    snap = snapshot(box)
+    assert {a.uuid: a.gpu_index for a in snap.gpu_processes}[UUIDS[7]] == 7
