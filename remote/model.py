@@ -179,6 +179,120 @@ class KernelEvent:
     memcg: bool | None = None  # U9, U41: a cgroup OOM rather than the whole host's
 
 
+# ---------------------------------------------------------------- training runs
+
+@dataclass(frozen=True, slots=True)
+class Scalars:
+    """New points of one tag, as columns. Non-finite values are float nan/inf (a loss gone
+    NaN is news, not noise); wall_times is None for sources that carry no time."""
+
+    steps: tuple[int, ...]
+    values: tuple[float, ...]
+    wall_times: tuple[float, ...] | None = None
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def points(self) -> Iterator[tuple[int, float, float]]:
+        """(step, value, wall_time) with nan where the source has no time."""
+        walls = self.wall_times or (float("nan"),) * len(self.steps)
+        return zip(self.steps, self.values, walls, strict=True)
+
+
+@dataclass(frozen=True, slots=True)
+class LogInfo:
+    path: str
+    bytes: int
+    mtime: float  # the box's clock
+    tail: str | None  # the last lines as data, never markup; None: unchanged since last poll
+
+
+@dataclass(frozen=True, slots=True)
+class EventFile:
+    """One TensorBoard event file: what was read of it this poll, and where to go on."""
+
+    path: str
+    bytes: int
+    mtime: float
+    offset: int  # send it back next poll
+    start: int | None  # where this poll's read began; None: not read (nothing new or no budget)
+    stopped: str | None  # eof | partial | bytes | time | shrunk | budget
+    first_wall_time: float | None  # only when read from 0: orders a run's files (restarts)
+    reset: bool  # the file shrank (replaced): read again from 0
+    scalars: Mapping[str, Scalars]
+    errors: tuple[str, ...]
+    error: str | None = None  # the file could not be read at all
+
+    @property
+    def pending(self) -> bool:
+        """The byte or time budget cut this poll's read short: more next poll."""
+        return self.stopped in ("bytes", "time", "budget")
+
+    @property
+    def progress(self) -> float:
+        """The share of the file read so far (a first load of a big file spreads over polls)."""
+        return 1.0 if self.bytes <= 0 else min(1.0, self.offset / self.bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsFile:
+    """One metrics source: trainer_state.json, Lightning's metrics.csv or a JSONL log."""
+
+    path: str  # as configured (may be a glob)
+    file: str | None  # the file read (a glob's newest match)
+    kind: str | None  # trainer_state | csv | jsonl
+    bytes: int | None
+    mtime: float | None
+    cursor: Any  # opaque: send it back next poll
+    reset: bool  # the file started over: its points replace what came before
+    pending: bool  # a budget cut this poll's read short
+    skipped: int  # entries without a step, unparseable lines
+    scalars: Mapping[str, Scalars]
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    path: str
+    mtime: float  # a folder's: its newest file's (when the checkpoint was last written)
+    bytes: int  # a folder's: summed
+    capped: bool = False  # the size walk hit its file cap: bytes is a lower bound
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "mtime": self.mtime, "bytes": self.bytes}
+
+
+@dataclass(frozen=True, slots=True)
+class RunSample:
+    """One poll's look at a configured training run."""
+
+    name: str
+    pids: tuple[int, ...]  # processes whose command line matched the run's `process`
+    log: LogInfo | None
+    events_path: str | None
+    event_files: tuple[EventFile, ...]
+    events_capped: bool  # more event files or folders than the search looks at
+    metrics: tuple[MetricsFile, ...]
+    checkpoints: tuple[Checkpoint, ...]  # oldest first; the newest N of checkpoints_total
+    checkpoints_total: int
+    leftovers: tuple[Checkpoint, ...]  # U6: *.tmp, *.partial, tmp* beside the checkpoints
+    done: bool | None  # None: no done marker configured (or it could not be checked)
+    done_mtime: float | None
+    errors: Mapping[str, str]  # source ("log", "events", "metrics[0]", ...) → message
+
+    @property
+    def latest_checkpoint(self) -> Checkpoint | None:
+        return max(self.checkpoints, key=lambda c: c.mtime, default=None)
+
+    def new_points(self) -> dict[str, list[tuple[int, float, float]]]:
+        """This poll's new event points per tag, files in reading order."""
+        out: dict[str, list[tuple[int, float, float]]] = {}
+        for f in self.event_files:
+            for tag, cols in f.scalars.items():
+                out.setdefault(tag, []).extend(cols.points())
+        return out
+
+
 @dataclass(frozen=True, slots=True)
 class HostSnapshot:
     host: str
@@ -203,6 +317,7 @@ class HostSnapshot:
     probe_s: float | None
     probe_cpu_s: float | None
     poll_s: float | None = None  # set by the poller, which alone sees the whole round trip
+    runs: tuple[RunSample, ...] = ()
 
 
 # ---------------------------------------------------------------- validating reader
@@ -259,6 +374,9 @@ class _Node:
     def opt_float(self, key: str) -> float | None:
         value = self._get(key, _is_number, "a number or null", True)
         return None if value is None else float(value)
+
+    def get_number(self, key: str) -> float:
+        return float(self._get(key, _is_number, "a number", False))
 
     def get_str(self, key: str) -> str:
         return str(self._get(key, _is_str, "a string", False))
@@ -422,6 +540,113 @@ def _xid_counts(section: _Node) -> Mapping[int, int]:
     return MappingProxyType({int(code): n for code, n in counts.items()})
 
 
+def _value(value: Any) -> float:
+    if isinstance(value, str) and value in _NON_FINITE:
+        return _NON_FINITE[value]
+    if not _is_number(value):
+        raise TypeError
+    return float(value)
+
+
+_NON_FINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+
+
+def _is_value(value: object) -> bool:
+    """A number, or JSON's stand-in for a non-finite one ("nan", "inf", "-inf")."""
+    return _is_number(value) or (isinstance(value, str) and value in _NON_FINITE)
+
+
+def _scalars(node: _Node, key: str, with_wall: bool) -> Mapping[str, Scalars]:
+    value = node.data.get(key)
+    if value is None:
+        return MappingProxyType({})
+    if not isinstance(value, dict):
+        raise _Bad(node.child(key), f"expected an object, got {_kind(value)}")
+    out = {}
+    for tag, cols in value.items():
+        where = f"{node.child(key)}.{tag}"
+        col = _Node(cols, where) if isinstance(cols, dict) else None
+        if col is None:
+            raise _Bad(where, f"expected an object, got {_kind(cols)}")
+        steps = col.opt_list("steps", _is_int, "integers") or ()
+        raw = col.opt_list("values", _is_value, "numbers") or ()
+        walls = col.opt_list("wall_times", lambda v: v is None or _is_number(v),
+                             "numbers") if with_wall else None
+        if len(raw) != len(steps) or (walls is not None and len(walls) != len(steps)):
+            raise _Bad(where, "columns of different lengths")
+        out[tag] = Scalars(
+            steps=tuple(int(s) for s in steps), values=tuple(_value(v) for v in raw),
+            wall_times=None if walls is None else tuple(
+                float("nan") if w is None else float(w) for w in walls))
+    return MappingProxyType(out)
+
+
+def _event_file(node: _Node) -> EventFile:
+    error = node.opt_str("error")
+    if error is not None:
+        return EventFile(path=node.get_str("path"), bytes=0, mtime=0.0, offset=0, start=None,
+                         stopped=None, first_wall_time=None, reset=False,
+                         scalars=MappingProxyType({}), errors=(), error=error)
+    return EventFile(
+        path=node.get_str("path"), bytes=node.get_int("size"), mtime=float(node.get_number(
+            "mtime")), offset=node.get_int("offset"), start=node.opt_int("start"),
+        stopped=node.opt_str("stopped"), first_wall_time=node.opt_float("first_wall_time"),
+        reset=node.opt_bool("reset") or False, scalars=_scalars(node, "scalars", True),
+        errors=node.opt_list("errors", _is_str, "messages") or ())
+
+
+def _metrics_file(node: _Node) -> MetricsFile:
+    return MetricsFile(
+        path=node.get_str("path"), file=node.opt_str("file"), kind=node.opt_str("kind"),
+        bytes=node.opt_int("size"), mtime=node.opt_float("mtime"),
+        cursor=node.data.get("cursor"), reset=node.opt_bool("reset") or False,
+        pending=node.opt_bool("pending") or False, skipped=node.opt_int("skipped") or 0,
+        scalars=_scalars(node, "scalars", False), error=node.opt_str("error"))
+
+
+def _checkpoints(node: _Node, key: str) -> tuple[Checkpoint, ...]:
+    if node.data.get(key) is None:
+        return ()
+    return tuple(Checkpoint(path=row.get_str("path"), mtime=float(row.get_number("mtime")),
+                            bytes=row.get_int("bytes"), capped=row.opt_bool("capped") or False)
+                 for row in node.table(key))
+
+
+def _run(node: _Node) -> RunSample:
+    log = node.data.get("log")
+    log_info = None
+    if log is not None:
+        ln = node.node("log")
+        log_info = LogInfo(path=ln.get_str("path"), bytes=ln.get_int("size"),
+                           mtime=float(ln.get_number("mtime")), tail=ln.opt_str("tail"))
+    events = node.node("events") if node.data.get("events") is not None else None
+    ckpts = node.node("checkpoints") if node.data.get("checkpoints") is not None else None
+    done = node.node("done") if node.data.get("done") is not None else None
+    return RunSample(
+        name=node.get_str("name"),
+        pids=node.opt_list("pids", _is_int, "pids") or (),
+        log=log_info,
+        events_path=events.opt_str("path") if events else None,
+        event_files=tuple(_event_file(f) for f in events.nodes("files")) if events else (),
+        events_capped=(events.opt_bool("capped") or False) if events else False,
+        metrics=tuple(_metrics_file(m) for m in node.nodes("metrics")),
+        checkpoints=_checkpoints(ckpts, "items") if ckpts else (),
+        checkpoints_total=(ckpts.opt_int("total") or 0) if ckpts else 0,
+        leftovers=_checkpoints(ckpts, "leftovers") if ckpts else (),
+        done=done.get_bool("exists") if done else None,
+        done_mtime=done.opt_float("mtime") if done else None,
+        errors=node.messages("errors"),
+    )
+
+
+def _runs(doc: _Node, errors: dict[str, str]) -> tuple[RunSample, ...]:
+    value = doc.data.get("runs")
+    if isinstance(value, dict) and "error" in value:
+        errors.setdefault("runs", _Node(value, "runs").get_str("error"))
+        return ()
+    return tuple(_run(node) for node in doc.nodes("runs"))
+
+
 # ---------------------------------------------------------------- the document
 
 def _decode(data: bytes) -> Any:
@@ -500,6 +725,7 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
         section_errors=MappingProxyType(errors),
         probe_s=doc.opt_float("probe_s"),
         probe_cpu_s=doc.opt_float("cpu_s"),
+        runs=_runs(doc, errors),
     )
 
 

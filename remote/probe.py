@@ -9,19 +9,44 @@ Roots are overridable so tests and the simulator can point it at fixture trees:
 GPUWATCH_PROCFS (/proc), GPUWATCH_SYSFS (/sys), GPUWATCH_ETC (/etc).
 
 Request (unknown keys are ignored):
-    {"v": 1, "disks": [path, ...], "runs": [{"name": str, "process": str}, ...],
+    {"v": 1, "disks": [path, ...],
+     "runs": [RUN, ...],
      "limits": {"procs", "cmd_chars", "fds_per_proc", "kernel_events", "msg_chars",
-                "dmesg_timeout_s"},
+                "dmesg_timeout_s", "events_bytes", "events_time_s", "event_files",
+                "walk_depth", "walk_entries", "log_tail_bytes", "log_tail_lines",
+                "metrics_bytes", "metrics_json_bytes", "metrics_points", "checkpoints",
+                "ckpt_files", "leftovers", "errors_per_source"},
      "nvidia_smi_timeout_s": float, "nvidia_smi_reasons": "event" | "throttle",
-     "want": {"gpus", "processes", "disks", "cgroup", "logind", "kernel", "nvml": bool},
+     "want": {"gpus", "processes", "disks", "cgroup", "logind", "kernel", "runs", "nvml": bool},
      "compress": bool}
+    RUN = {"name": str, "process": str (whole command-line words, see run_pattern),
+           "log", "events", "checkpoints" (a glob), "done": path, "metrics": [path, ...]
+           (absolute, or ~ expanded here; events and metrics paths may be globs),
+           "offsets": {event file: byte offset}, "cursors": {metrics path as sent: cursor},
+           "log_seen": [size, mtime]}   the last three: what the previous answer said
 
 Output: {"v": 1, "probe_s", "cpu_s", "errors": {section: message}, and the sections
-"host", "gpus", "processes", "disks", "cgroup", "logind", "kernel"}. A section that fails
-is {"error": message} (also listed in "errors") and the rest of the document stands.
+"host", "gpus", "processes", "disks", "cgroup", "logind", "kernel", "runs"}. A section that
+fails is {"error": message} (also listed in "errors") and the rest of the document stands.
 Tables are {"fields": [...], "rows": [[...], ...]} to keep the document small. With
 "compress": true stdout is the zlib stream of that JSON (forked dataloader workers repeat
 their parent's command line: it shrinks about 4x, U15).
+
+A run in the output (a source that fails is left out and its message is in "errors"):
+    {"name", "pids": [...],
+     "log": {"path", "size", "mtime", "tail": str | absent with "same": true},
+     "events": {"path", "capped"?: true, "files": [{"path", "size", "mtime", "offset",
+                "start"?, "stopped"? ("eof" | "partial" | "bytes" | "time" | "shrunk" |
+                "budget"), "first_wall_time"?, "reset"?: true, "errors"?, "error_count"?,
+                "scalars"?: {tag: {"steps", "values", "wall_times"}}} | {"path", "error"}]},
+     "metrics": [{"path", "file", "kind" ("trainer_state" | "csv" | "jsonl"), "size", "mtime",
+                  "cursor", "scalars": {tag: {"steps", "values"}}, "reset"?, "pending"?,
+                  "skipped"?, "skip_reason"?} | {"path", "error"}],
+     "checkpoints": {"pattern", "total", "capped"?, "items": table, "leftovers": table}
+                    (tables of path, mtime, bytes, capped; oldest first),
+     "done": {"path", "exists", "mtime"?},
+     "errors"?: {"log" | "events" | "checkpoints" | "done" | "metrics[i]": message}}
+Values are numbers to 9 significant digits; non-finite ones are "nan", "inf", "-inf".
 """
 
 import json
@@ -49,6 +74,21 @@ DEFAULT_LIMITS = {
     "kernel_events": 8,  # the last N Xid and the last N OOM kills
     "msg_chars": 160,
     "dmesg_timeout_s": 3.0,
+    # training runs: every read is bounded, so a first look at a big run spreads over polls
+    "events_bytes": 1024 * 1024,  # event-file bytes per poll, all runs: ~35k points, ~250 KB
+    "events_time_s": 3.0,  # and the time spent decoding them
+    "event_files": 64,  # per run (the newest by mtime when there are more)
+    "walk_depth": 6,  # folders searched below an events folder
+    "walk_entries": 10000,  # directory entries looked at per search
+    "log_tail_bytes": 4096,
+    "log_tail_lines": 40,
+    "metrics_bytes": 1024 * 1024,  # CSV/JSONL bytes read per file per poll
+    "metrics_json_bytes": 16 * 1024 * 1024,  # the largest trainer_state.json read
+    "metrics_points": 20000,  # trainer_state.json entries sent per poll
+    "checkpoints": 64,  # the newest N listed, with the total count
+    "ckpt_files": 20000,  # files stat'ed to size checkpoint folders, per run
+    "leftovers": 16,
+    "errors_per_source": 8,
 }
 DEFAULT_NVIDIA_SMI_TIMEOUT_S = 5.0
 
@@ -707,10 +747,10 @@ def process_row(stat, users, limits, devices, run):
     ]
 
 
-def collect_processes(request, limits, gpu_pids):
+def collect_processes(request, limits, gpu_pids, found):
     procs, kernel_threads = scan_table()
     runs = request.get("runs")
-    matched = match_runs(procs, runs if isinstance(runs, list) else [])
+    matched = found["matched"] = match_runs(procs, runs if isinstance(runs, list) else [])
     devices, fd_unreadable, fd_skipped = {}, 0, []
     for pid in procs:
         found = nvidia_devices(str(pid), limits["fds_per_proc"])
@@ -779,13 +819,40 @@ def mount_of(path, points):
     return best
 
 
+SIM_DISK_KEYS = ("bytes_total", "bytes_free", "inodes_total", "inodes_free")
+
+
+def simulated_disks():
+    """Only for gpuwatch's simulator, never on a real box: $GPUWATCH_SIM_DIR/statvfs.json maps
+    a configured disk path to {"bytes_total", "bytes_free", "inodes_total", "inodes_free"},
+    which replace statvfs for that path (the demo's disk filling toward full: a simulator
+    cannot shrink a real filesystem). {} when unset, missing or unreadable."""
+    if not SIM_DIR:
+        return {}
+    try:
+        data = json.loads(read_text(os.path.join(SIM_DIR, "statvfs.json")))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def collect_disks(paths):
     points = mount_points()
+    simulated = simulated_disks()
     disks = []
     for path in paths:
         if not isinstance(path, str):
             continue
         real = os.path.realpath(os.path.expanduser(path))
+        fake = simulated.get(path)
+        if isinstance(fake, dict):
+            disk = {"path": path, "mount": mount_of(real, points)}
+            for key in SIM_DISK_KEYS:
+                value = fake.get(key)
+                disk[key] = value if isinstance(value, int) and not isinstance(value, bool) \
+                    else None
+            disks.append(disk)
+            continue
         try:
             st = os.statvfs(real)
         except OSError as exc:
@@ -900,6 +967,588 @@ def collect_kernel(limits):
     return parse_kernel_log(out.splitlines(), limits["kernel_events"], limits["msg_chars"])
 
 
+# ---------------------------------------------------------------- training runs (issue 4)
+
+# U6: torch.save's `latest.pth.tmp`, HuggingFace's `tmp-checkpoint-N`, downloaders' `.partial`
+LEFTOVER = re.compile(r"(?:\.tmp|\.partial)$|^tmp")
+GLOB_MAGIC = re.compile(r"[*?[]")
+CKPT_FIELDS = ("path", "mtime", "bytes", "capped")
+LOG_SAMPLE = 4096  # bytes of a log's head read once to give its lines back as data
+
+
+def box_path(path):
+    """A request path on this box: ~ expanded here; None for anything but a non-empty string."""
+    if not isinstance(path, str) or not path.strip():
+        return None
+    return os.path.expanduser(path)
+
+
+def finite(value):
+    """A number for JSON: non-finite values as "nan", "inf", "-inf" (JSON has none); floats
+    to 9 significant digits (a float32 round-trips; the document stays small)."""
+    if isinstance(value, float):
+        if value != value:
+            return "nan"
+        if value in (float("inf"), float("-inf")):
+            return "inf" if value > 0 else "-inf"
+        return float("%.9g" % value)
+    return value
+
+
+def as_number(value):
+    """A metric value from JSON or CSV as a float; None for anything that is not a number."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and value.strip():
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def as_step(value):
+    """A step: an integer, or an integral float ("500.0" in a CSV); None otherwise."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    number = as_number(value)
+    if number is None or number != number or number in (float("inf"), float("-inf")):
+        return None
+    return int(number) if number == int(number) else None
+
+
+def columns(points, with_wall):
+    """[(tag, step, value, wall), ...] → {tag: {"steps", "values"[, "wall_times"]}}."""
+    out = {}
+    for tag, step, value, wall in points:
+        col = out.get(tag)
+        if col is None:
+            col = out[tag] = {"steps": [], "values": []}
+            if with_wall:
+                col["wall_times"] = []
+        col["steps"].append(step)
+        col["values"].append(finite(value))
+        if with_wall:
+            col["wall_times"].append(round(wall, 3) if wall == wall else None)
+    return out
+
+
+def stat_fields(st):
+    return {"size": st.st_size, "mtime": round(st.st_mtime, 3)}
+
+
+# -------------------------------- the log: a bounded tail, as data
+
+
+def collect_log(path, seen, limits):
+    """Size, mtime and the last lines of the log. The tail is bytes decoded as UTF-8 with
+    replacement and never interpreted (Rich markup or escapes in it are text). When the
+    client already holds this size and mtime (`seen`), the tail is not sent again."""
+    st = os.stat(path)
+    out = {"path": path}
+    out.update(stat_fields(st))
+    if seen == [out["size"], out["mtime"]]:
+        out["same"] = True
+        return out
+    start = max(0, st.st_size - limits["log_tail_bytes"])
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(limits["log_tail_bytes"])
+    if start > 0 and b"\n" in data:
+        data = data[data.index(b"\n") + 1:]  # a cut first line says less than nothing
+    parts = data.split(b"\n")
+    keep = limits["log_tail_lines"] + (1 if parts and parts[-1] == b"" else 0)
+    out["tail"] = b"\n".join(parts[-keep:]).decode("utf-8", "replace")
+    return out
+
+
+# -------------------------------- TensorBoard event files
+
+
+def walk_files(root, accept, limits):
+    """Files under root (a file, or a folder walked depth-first to limits["walk_depth"]) whose
+    name `accept`s, visiting at most limits["walk_entries"] entries → (paths, capped)."""
+    if not os.path.isdir(root):
+        os.stat(root)  # a missing path raises here: the source's error
+        return [root], False
+    found, stack, visited, capped = [], [(root, 0)], 0, False
+    while stack:
+        folder, depth = stack.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            if folder == root:
+                raise
+            continue
+        for entry in entries:
+            visited += 1
+            if visited > limits["walk_entries"]:
+                return found, True
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if depth < limits["walk_depth"]:
+                        stack.append((entry.path, depth + 1))
+                    else:
+                        capped = True
+                elif accept(entry.name) and entry.is_file():
+                    found.append(entry.path)
+            except OSError:
+                continue
+    return found, capped
+
+
+def expand_glob(path, cap):
+    """A path with glob characters → its matches, sorted (at most cap); else [path]."""
+    if not GLOB_MAGIC.search(path):
+        return [path], False
+    import glob  # only here: most runs name plain paths
+
+    matches = []
+    for match in glob.iglob(path):
+        matches.append(match)
+        if len(matches) > cap:
+            return sorted(matches[:cap]), True
+    return sorted(matches), False
+
+
+def find_event_files(path, limits):
+    """Event files (name containing "tfevents") under a file, a folder (recursive) or a glob,
+    at most limits["event_files"] (the newest by mtime) → ([(path, stat), ...] in reading
+    order, capped). Reading order is by file name: writers name them by creation time."""
+    roots, capped = expand_glob(path, limits["event_files"])
+    files = []
+    for root in roots:
+        found, cut = walk_files(root, lambda name: "tfevents" in name, limits)
+        capped = capped or cut
+        for name in found:
+            try:
+                files.append((name, os.stat(name)))
+            except OSError:
+                continue
+    if len(files) > limits["event_files"]:
+        files.sort(key=lambda item: item[1].st_mtime)
+        files, capped = files[-limits["event_files"]:], True
+    files.sort(key=lambda item: (os.path.basename(item[0]), item[0]))
+    return files, capped
+
+
+def load_tfevents():
+    """The event decoder: on the box the bundle's loader installed it as gpuwatch_tfevents;
+    on the client it is this package's tfevents; run as a script, the file beside this one."""
+    try:
+        import gpuwatch_tfevents as module
+        return module
+    except ImportError:
+        pass
+    import importlib
+
+    if __package__:
+        return importlib.import_module(__package__ + ".tfevents")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    return importlib.import_module("tfevents")
+
+
+def read_event_file(path, st, offset, budget, limits):
+    """One event file's entry: unchanged files cost one stat; the others are read from the
+    client's offset within the poll's remaining byte and time budget."""
+    entry = {"path": path}
+    entry.update(stat_fields(st))
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        offset = 0
+    if offset == st.st_size:
+        entry["offset"] = offset
+        return entry
+    if offset > st.st_size:  # truncated or replaced: read it afresh
+        entry["reset"] = True
+        offset = 0
+    if budget["bytes"] <= 0 or time.monotonic() >= budget["deadline"]:
+        entry["offset"] = offset
+        entry["stopped"] = "budget"
+        return entry
+    tfevents = load_tfevents()
+    points, new_offset, errors, info = tfevents.read_scalars(
+        path, offset, max_bytes=budget["bytes"], deadline_s=budget["deadline"])
+    budget["bytes"] -= info["bytes_read"]
+    entry.update({"start": offset, "offset": new_offset, "stopped": info["stopped"],
+                  "scalars": columns(points, True)})
+    if info.get("first_wall_time") is not None:
+        entry["first_wall_time"] = round(info["first_wall_time"], 3)
+    if errors:
+        entry["errors"] = ["offset %s: %s" % (e.get("offset"), e.get("message"))
+                           for e in errors[:limits["errors_per_source"]]]
+        entry["error_count"] = len(errors)
+    return entry
+
+
+def collect_events(path, offsets, budget, limits):
+    files, capped = find_event_files(path, limits)
+    offsets = offsets if isinstance(offsets, dict) else {}
+    out = {"path": path, "files": []}
+    if capped:
+        out["capped"] = True
+    for name, st in files:
+        try:
+            out["files"].append(read_event_file(name, st, offsets.get(name, 0), budget, limits))
+        except Exception as exc:  # one bad file never hides the others
+            out["files"].append({"path": name, "error": describe(exc)})
+    return out
+
+
+# -------------------------------- metrics files: trainer_state.json, metrics.csv, *.jsonl
+
+
+def metrics_kind(path):
+    name = path.lower()
+    if name.endswith((".jsonl", ".ndjson")):
+        return "jsonl"
+    if name.endswith(".csv"):
+        return "csv"
+    if name.endswith(".json"):
+        return "trainer_state"
+    return None
+
+
+def newest_match(path, limits):
+    """A metrics path, or with glob characters its newest match (HuggingFace writes
+    trainer_state.json into each checkpoint-N/; Lightning starts a version_N/ per run)."""
+    matches, _ = expand_glob(path, limits["walk_entries"])
+    if matches == [path]:
+        return path
+    best, best_mtime = None, None
+    for match in matches:
+        try:
+            mtime = os.stat(match).st_mtime
+        except OSError:
+            continue
+        if best is None or mtime >= best_mtime:
+            best, best_mtime = match, mtime
+    if best is None:
+        raise ProbeFailure("no file matches %s" % path)
+    return best
+
+
+def read_trainer_state(path, st, cursor, limits):
+    """HuggingFace's trainer_state.json: `log_history` entries with `step` and numbers
+    (loss, learning_rate, grad_norm, eval_loss, ...). Read whole (bounded in size), only the
+    entries after the count the client holds. Cursor: [file, count, size, mtime]."""
+    same = isinstance(cursor, list) and len(cursor) == 4 and cursor[0] == path
+    count = cursor[1] if same and isinstance(cursor[1], int) and cursor[1] >= 0 else 0
+    out = {"kind": "trainer_state"}
+    if same and cursor[2:] == [st.st_size, round(st.st_mtime, 3)]:
+        out["cursor"] = cursor
+        return out, []
+    if st.st_size > limits["metrics_json_bytes"]:
+        raise ProbeFailure("%s is %d bytes, over the %d-byte limit for a trainer_state.json"
+                           % (path, st.st_size, limits["metrics_json_bytes"]))
+    with open(path, "rb") as f:
+        data = json.loads(f.read(limits["metrics_json_bytes"] + 1).decode("utf-8"))
+    history = data.get("log_history") if isinstance(data, dict) else None
+    if not isinstance(history, list):
+        raise ProbeFailure("%s has no log_history list" % path)
+    if count > len(history):  # rewritten shorter: a run resumed from an earlier checkpoint
+        out["reset"] = True
+        count = 0
+    new = history[count:count + limits["metrics_points"]]
+    points, skipped = [], 0
+    for entry in new:
+        step = as_step(entry.get("step")) if isinstance(entry, dict) else None
+        if step is None:
+            skipped += 1
+            continue
+        for key, value in entry.items():
+            number = as_number(value) if not isinstance(value, str) else None
+            if key != "step" and number is not None:
+                points.append((key, step, number, None))
+    done = count + len(new) == len(history)
+    # when capped, the next poll must read the file again although it has not changed
+    out["cursor"] = [path, count + len(new), st.st_size if done else None,
+                     round(st.st_mtime, 3) if done else None]
+    if not done:
+        out["pending"] = True
+    if skipped:
+        out["skipped"] = skipped
+    return out, points
+
+
+def read_lines(path, st, offset, limits):
+    """Complete lines from offset, at most limits["metrics_bytes"] → (lines, new offset,
+    more left). A partial last line (a writer mid-line) is left for the next poll."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(limits["metrics_bytes"])
+    cut = len(data) == limits["metrics_bytes"]  # the budget, not the end of the file, ended it
+    end = data.rfind(b"\n") + 1
+    if end == 0 and cut:
+        end = len(data)  # one line longer than the budget: skip it rather than stall
+    lines = data[:end].decode("utf-8", "replace").splitlines()
+    return lines, offset + end, cut
+
+
+def read_jsonl(path, st, cursor, limits):
+    """One JSON object per line with a `step` key; the other numeric keys are metrics.
+    Cursor: [file, offset]."""
+    same = isinstance(cursor, list) and len(cursor) == 2 and cursor[0] == path
+    offset = cursor[1] if same and isinstance(cursor[1], int) and cursor[1] >= 0 else 0
+    out = {"kind": "jsonl"}
+    if offset > st.st_size:
+        out["reset"] = True
+        offset = 0
+    lines, offset, more = read_lines(path, st, offset, limits)
+    points, skipped, problem = [], 0, None
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError as exc:
+            skipped, problem = skipped + 1, problem or "not JSON: %s" % exc
+            continue
+        step = as_step(entry.get("step")) if isinstance(entry, dict) else None
+        if step is None:
+            skipped, problem = skipped + 1, problem or "a line without an integer step"
+            continue
+        for key, value in entry.items():
+            number = as_number(value) if not isinstance(value, str) else None
+            if key != "step" and number is not None:
+                points.append((key, step, number, None))
+    out["cursor"] = [path, offset]
+    if more:
+        out["pending"] = True
+    if skipped:
+        out["skipped"], out["skip_reason"] = skipped, problem
+    return out, points
+
+
+def read_csv(path, st, cursor, limits):
+    """Lightning's metrics.csv: a header with a `step` column, then rows in which a metric
+    not logged at that step is an empty cell. Lightning rewrites the file when a new metric
+    appears, so a changed header starts it over. Cursor: [file, offset, header crc]."""
+    import csv  # only here: few runs have one
+
+    with open(path, "rb") as f:
+        header_line = f.readline(limits["metrics_bytes"])
+    out = {"kind": "csv"}
+    if not header_line.endswith(b"\n"):
+        out["cursor"] = [path, 0, None]  # the header is still being written
+        return out, []
+    crc = zlib.crc32(header_line)
+    same = isinstance(cursor, list) and len(cursor) == 3 and cursor[0] == path
+    offset = cursor[1] if same and isinstance(cursor[1], int) else 0
+    if not same or cursor[2] != crc or offset > st.st_size or offset < len(header_line):
+        if same and offset:
+            out["reset"] = True
+        offset = len(header_line)
+    header = next(csv.reader([header_line.decode("utf-8", "replace").strip("\r\n")]))
+    if "step" not in header:
+        raise ProbeFailure("%s has no step column (header: %s)"
+                           % (path, ",".join(header)[:limits["msg_chars"]]))
+    step_at = header.index("step")
+    lines, offset, more = read_lines(path, st, offset, limits)
+    points, skipped = [], 0
+    for row in csv.reader(lines):
+        if not row:
+            continue
+        step = as_step(row[step_at]) if len(row) == len(header) else None
+        if step is None:
+            skipped += 1
+            continue
+        for name, cell in zip(header, row):
+            number = as_number(cell) if name != "step" and cell else None
+            if number is not None:
+                points.append((name, step, number, None))
+    out["cursor"] = [path, offset, crc]
+    if more:
+        out["pending"] = True
+    if skipped:
+        out["skipped"] = skipped
+    return out, points
+
+
+METRICS_READERS = {"trainer_state": read_trainer_state, "jsonl": read_jsonl, "csv": read_csv}
+
+
+def collect_metrics(raw, cursor, limits):
+    """One metrics source; "path" in the answer is the path as the request spelled it (the
+    key of its cursor), "file" the file read."""
+    path = box_path(raw)
+    kind = metrics_kind(path)
+    if kind is None:
+        raise ProbeFailure("unknown metrics format: %s (expected trainer_state.json, *.csv "
+                           "or *.jsonl)" % path)
+    found = newest_match(path, limits)
+    st = os.stat(found)
+    out, points = METRICS_READERS[kind](found, st, cursor, limits)
+    out.update({"path": raw, "file": found, "scalars": columns(points, False)})
+    out.update(stat_fields(st))
+    return out
+
+
+# -------------------------------- checkpoints, leftovers, done marker (seed 001, 004, U6)
+
+
+def tree_size(path, st, budget):
+    """(bytes, newest mtime, capped) of a file or a folder, walking at most budget["files"]
+    files in all (a checkpoint folder of shards is summed; a huge one says it was capped).
+    Leftover-named files (*.tmp, ...) inside it count for neither."""
+    if not os.path.isdir(path):
+        return st.st_size, st.st_mtime, False
+    total, newest, stack = 0, None, [path]  # files' mtimes, not the folder's: a stray
+    while stack:  # file dropped into it later (a leftover, a note) renews the folder's
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            if budget["files"] <= 0:
+                return total, st.st_mtime if newest is None else newest, True
+            budget["files"] -= 1
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                    continue
+                if LEFTOVER.search(entry.name):
+                    continue  # a partial write is not the checkpoint (listed as a leftover)
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            total += info.st_size
+            newest = info.st_mtime if newest is None else max(newest, info.st_mtime)
+    return total, st.st_mtime if newest is None else newest, False
+
+
+def checkpoint_rows(paths, budget):
+    """[path, mtime, bytes, capped] rows, oldest first; a folder's mtime is its newest file's
+    (when the checkpoint was last written) and its size is summed. The newest are measured
+    first, so a capped walk leaves the old ones, not the one that matters, unmeasured."""
+    stats = []
+    for path in paths:
+        try:
+            stats.append((path, os.stat(path)))
+        except OSError:
+            continue
+    stats.sort(key=lambda item: item[1].st_mtime, reverse=True)
+    rows = []
+    for path, st in stats:
+        size, newest, capped = tree_size(path, st, budget)
+        rows.append([path, round(newest, 3), size, capped])
+    rows.sort(key=lambda row: row[1])
+    return rows
+
+
+def collect_checkpoints(pattern, limits):
+    """The checkpoints a glob matches (files or folders), and `*.tmp`, `*.partial`, `tmp*`
+    leftovers among them, beside them (in their folders) or inside checkpoint folders (U6)."""
+    matches, capped = expand_glob(pattern, limits["walk_entries"])
+    if matches == [pattern] and not os.path.exists(pattern):
+        matches = []
+    checkpoints, leftovers = [], set()
+    for path in matches:
+        if LEFTOVER.search(os.path.basename(path.rstrip("/"))):
+            leftovers.add(path)
+        else:
+            checkpoints.append(path)
+    folders = {os.path.dirname(path) for path in matches}
+    if not matches and not GLOB_MAGIC.search(os.path.dirname(pattern)):
+        folders.add(os.path.dirname(pattern))  # none yet: a leftover may sit where they go
+    folders.update(path for path in checkpoints if os.path.isdir(path))
+    folders.discard("")
+    seen = 0
+    for folder in sorted(folders):
+        try:
+            entries = os.listdir(folder)
+        except OSError:
+            continue
+        for name in entries:
+            seen += 1
+            if seen > limits["walk_entries"]:
+                capped = True
+                break
+            if LEFTOVER.search(name):
+                leftovers.add(os.path.join(folder, name))
+    total = len(checkpoints)
+    budget = {"files": limits["ckpt_files"]}
+    rows = checkpoint_rows(checkpoints, budget)[-limits["checkpoints"]:]
+    out = {"pattern": pattern, "total": total, "items": table(CKPT_FIELDS, rows),
+           "leftovers": table(CKPT_FIELDS,
+                              checkpoint_rows(sorted(leftovers), budget)[-limits["leftovers"]:])}
+    if capped:
+        out["capped"] = True
+    return out
+
+
+def collect_done(path):
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return {"path": path, "exists": False}
+    return {"path": path, "exists": True, "mtime": round(st.st_mtime, 3)}
+
+
+# -------------------------------- one run
+
+
+def collect_run(run, pids, budget, limits):
+    out = {"name": run.get("name"), "pids": pids}
+    errors = {}
+
+    def source(key, fn, *args):
+        try:
+            out[key] = fn(*args)
+        except Exception as exc:  # a missing or malformed file is this source's error only
+            errors[key] = describe(exc)
+
+    log, events, ckpts, done = (box_path(run.get(k)) for k in
+                                ("log", "events", "checkpoints", "done"))
+    if log:
+        source("log", collect_log, log, run.get("log_seen"), limits)
+    if events:
+        source("events", collect_events, events, run.get("offsets"), budget, limits)
+    metrics = run.get("metrics")
+    if isinstance(metrics, list):
+        cursors = run.get("cursors") if isinstance(run.get("cursors"), dict) else {}
+        out["metrics"] = []
+        for i, raw in enumerate(metrics):
+            if box_path(raw) is None:
+                continue
+            try:
+                out["metrics"].append(collect_metrics(raw, cursors.get(raw), limits))
+            except Exception as exc:
+                out["metrics"].append({"path": raw, "error": describe(exc)})
+                errors["metrics[%d]" % i] = describe(exc)
+    if ckpts:
+        source("checkpoints", collect_checkpoints, ckpts, limits)
+    if done:
+        source("done", collect_done, done)
+    if errors:
+        out["errors"] = errors
+    return out
+
+
+def collect_runs(request, limits, found):
+    runs = [r for r in request.get("runs") or () if isinstance(r, dict)]
+    if "matched" not in found:  # the processes section was not asked for, or failed
+        procs, _ = scan_table()
+        found["matched"] = match_runs(procs, runs)
+    pids = {}
+    for pid, name in found["matched"].items():
+        pids.setdefault(name, []).append(pid)
+    budget = {"bytes": limits["events_bytes"],
+              "deadline": time.monotonic() + limits["events_time_s"]}
+    out = []
+    for run in runs:
+        if not isinstance(run.get("name"), str):
+            continue
+        try:
+            out.append(collect_run(run, sorted(pids.get(run["name"], [])), budget, limits))
+        except Exception as exc:  # never happens by design; if it does, the run says so
+            out.append({"name": run["name"], "pids": [], "errors": {"run": describe(exc)}})
+    return out
+
+
 # ---------------------------------------------------------------- request and document
 
 def read_request(stream):
@@ -952,11 +1601,15 @@ def gather(request):
             doc["errors"][name] = doc[name]["error"]
 
     disks = request.get("disks")
+    found = {}  # what one section learns that another uses: the processes matched to runs
     section("host", collect_host)
     section("gpus", collect_gpus, request)
     gpu_apps = doc.get("gpus", {}).get("apps", {}).get("rows", [])
-    section("processes", collect_processes, request, limits, [row[1] for row in gpu_apps])
+    section("processes", collect_processes, request, limits, [row[1] for row in gpu_apps],
+            found)
     section("disks", collect_disks, disks if isinstance(disks, list) else [])
+    if isinstance(request.get("runs"), list) and request["runs"]:
+        section("runs", collect_runs, request, limits, found)
     section("cgroup", collect_cgroup)
     section("logind", collect_logind)
     section("kernel", collect_kernel, limits)
