@@ -48,15 +48,11 @@ class SshSettings:
     """Overall deadline of one poll's command on the box, in seconds."""
     config_file: str = "~/.ssh/config"
     """OpenSSH client config read for Host aliases, User, Port, IdentityFile, ProxyJump."""
-    known_hosts: str = "~/.ssh/known_hosts"
-    """Known host keys; an unknown or changed key is refused unless told otherwise."""
+    known_hosts: str | None = None
+    """Known host keys; unset: the ssh config's UserKnownHostsFile, else ~/.ssh/known_hosts.
+    An unknown or changed key is refused unless told otherwise."""
     identity_file: str | None = None
-    """A private key to use in addition to the agent and the ssh config's IdentityFile."""
-
-    @property
-    def keepalive_bound_s(self) -> float:
-        """How long a silent peer can keep a poll waiting before keepalives end it."""
-        return self.server_alive_interval * self.server_alive_count_max
+    """A private key used instead of the ssh config's IdentityFile (ssh-agent still is)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
+from .series import RunSeries
+
 if TYPE_CHECKING:
     from .model import HostSnapshot
 
@@ -81,6 +83,8 @@ class HostHistory:
     failure: PollFailure | None = None
     """Set when the latest poll failed (the snapshots are then stale, not gone)."""
     last_ok_at: float | None = None
+    runs: dict[str, RunSeries] = field(default_factory=dict)
+    """Each run's series, offsets and liveness, fed by every good poll."""
 
     @property
     def current(self) -> HostSnapshot | None:
@@ -92,10 +96,18 @@ class HostHistory:
             return self.snapshots[-1] if self.snapshots else None
         return self.snapshots[-2] if len(self.snapshots) > 1 else None
 
-    def record(self, snapshot: HostSnapshot) -> None:
+    def record(self, snapshot: HostSnapshot, at: float, *, runs: bool = True) -> None:
+        """A good poll that ended at `at` (this machine's clock: boxes' clocks drift).
+        runs=False for a snapshot whose run data is already in `runs` (restored from the store)."""
         self.snapshots.append(snapshot)
         self.failure = None
-        self.last_ok_at = snapshot.taken_at
+        self.last_ok_at = at
+        if runs:
+            for sample in snapshot.runs:
+                series = self.runs.get(sample.name)
+                if series is None:
+                    series = self.runs[sample.name] = RunSeries(sample.name)
+                series.update(sample, snapshot.taken_at)
 
     def record_failure(self, failure: PollFailure) -> None:
         self.failure = failure

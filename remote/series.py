@@ -18,6 +18,7 @@ kept apart as "folder/tag".
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -420,6 +421,56 @@ class RunSeries:
         }
 
     # -- what the store keeps between `--once` runs
+    def points_state(self, per_tag: int = 4000) -> dict[str, Any]:
+        """The series themselves, decimated to at most about `per_tag` points per tag (spikes
+        kept), with what routes new points to them; `restore_points` reads it back."""
+        def tag_state(series: TagSeries) -> dict[str, Any]:
+            points = series.points() if len(series) <= per_tag else series.decimated(per_tag // 2)
+            return {"owner": series.owner, "generation": series.generation,
+                    "start": series.start, "points": points}
+        return {
+            "events": {name: tag_state(s) for name, s in self.event_series.items()},
+            "metrics": {path: {tag: tag_state(s) for tag, s in streams.items()}
+                        for path, streams in self.metric_series.items()},
+            "routes": [[folder, tag, name] for (folder, tag), name in self.routes.items()],
+            "restarts": list(self.restarts),
+        }
+
+    def restore_points(self, data: Mapping[str, Any]) -> None:
+        """Undo `points_state`; anything malformed is dropped, never fatal."""
+        def tag_series(raw: Any) -> TagSeries | None:
+            if not isinstance(raw, dict) or not isinstance(raw.get("points"), list):
+                return None
+            series = TagSeries(self.max_points)
+            try:
+                for step, value, wall in raw["points"]:
+                    series._append(int(step), float(value), float(wall))
+                series.generation = float(raw.get("generation", -math.inf))
+                start = raw.get("start")
+                series.start = int(start) if isinstance(start, int) else None
+                owner = raw.get("owner")
+                series.owner = owner if isinstance(owner, str) else None
+            except (TypeError, ValueError):
+                return None
+            return series
+
+        for name, raw in (data.get("events") or {}).items():
+            if (series := tag_series(raw)) is not None:
+                self.event_series[str(name)] = series
+        for path, streams in (data.get("metrics") or {}).items():
+            if isinstance(streams, dict):
+                restored = {str(t): s for t, raw in streams.items()
+                            if (s := tag_series(raw)) is not None}
+                self.metric_series[str(path)] = restored
+        for route in data.get("routes") or ():
+            if isinstance(route, list) and len(route) == 3 and all(
+                    isinstance(x, str) for x in route):
+                self.routes[(route[0], route[1])] = route[2]
+        for marker in data.get("restarts") or ():
+            if isinstance(marker, list) and len(marker) == 2:
+                with contextlib.suppress(TypeError, ValueError):
+                    self.restarts.append((int(marker[0]), float(marker[1])))
+
     def state(self) -> dict[str, Any]:
         """JSON-able: offsets, cursors and liveness memory (not the points: the store keeps
         those in its own bounded table)."""

@@ -29,10 +29,13 @@ _COMMENTS: dict[tuple[str, str], str] = {
     ("ssh", "server_alive_count_max"): "missed keepalives before giving up (ServerAliveCountMax)",
     ("ssh", "command_timeout"): "deadline of one poll's command on the box, in seconds",
     ("ssh", "config_file"): "read like OpenSSH: Host aliases, User, Port, IdentityFile,\n"
-                            "ProxyJump;"
-                            " ssh-agent is used when running. A key besides those:\n"
+                            "ProxyJump; ssh-agent is used when running.\n"
+                            "Known host keys: the ssh config's UserKnownHostsFile, else\n"
+                            "~/.ssh/known_hosts; unknown or changed keys are refused\n"
+                            "(see --accept-new-host-keys). To use another file:\n"
+                            'known_hosts = "~/.ssh/known_hosts"\n'
+                            "A key used instead of the ssh config's IdentityFile:\n"
                             'identity_file = "~/.ssh/id_ed25519"',
-    ("ssh", "known_hosts"): "unknown or changed host keys are refused (see --accept-new-host-keys)",
     ("host", "ssh"): 'what you would type after `ssh`; "local" = this machine, no SSH',
     ("host", "python"): "interpreter on the box that runs the probe (stdlib only, 3.6+)",
     ("host", "disks"): "filesystems that get byte and inode gauges",
@@ -69,7 +72,6 @@ def starter_data(targets: list[str]) -> dict[str, Any]:
             "server_alive_count_max": ssh.server_alive_count_max,
             "command_timeout": int(ssh.command_timeout),
             "config_file": ssh.config_file,
-            "known_hosts": ssh.known_hosts,
         },
         "hosts": hosts,
     }

@@ -40,6 +40,12 @@ CREATE TABLE IF NOT EXISTS gpu_samples (
     temp_c REAL, mem_used_mib REAL, throttle TEXT
 );
 CREATE INDEX IF NOT EXISTS gpu_samples_host_t ON gpu_samples (host, t);
+CREATE TABLE IF NOT EXISTS run_state (
+    host TEXT NOT NULL, run TEXT NOT NULL,
+    state TEXT NOT NULL,          -- JSON: event-file offsets, cursors, liveness memory
+    points BLOB,                  -- zlib JSON: the run's series, decimated to a bound per tag
+    PRIMARY KEY (host, run)
+);
 """
 
 
@@ -165,6 +171,32 @@ class Store:
                 self._conn.executemany(
                     "INSERT INTO gpu_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
                 self._prune_gpu_samples(host)
+
+    def save_runs(self, host: str, runs: Mapping[str, tuple[Mapping[str, Any],
+                                                             Mapping[str, Any] | None]]) -> None:
+        """Remember each run's state (offsets, so a restart of gpuwatch does not re-read whole
+        event files) and, when given, its series."""
+        with self._conn:
+            for name, (state, points) in runs.items():
+                blob = (zlib.compress(json.dumps(points, separators=(",", ":")).encode())
+                        if points is not None else None)
+                self._conn.execute(
+                    "INSERT INTO run_state (host, run, state, points) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT(host, run) DO UPDATE SET state = excluded.state, "
+                    "points = COALESCE(excluded.points, run_state.points)",
+                    (host, name, json.dumps(dict(state)), blob))
+
+    def runs(self, host: str) -> dict[str, tuple[dict[str, Any], dict[str, Any] | None]]:
+        """Each remembered run of a host: (state, points or None). Unreadable rows are skipped."""
+        out: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {}
+        for name, state, blob in self._conn.execute(
+                "SELECT run, state, points FROM run_state WHERE host = ?", (host,)):
+            try:
+                points = json.loads(zlib.decompress(blob)) if blob else None
+                out[name] = (json.loads(state), points)
+            except (ValueError, zlib.error):
+                continue
+        return out
 
     def _prune_gpu_samples(self, host: str) -> None:
         # Keep the newest GPU_SAMPLES_PER_HOST rows; prune in slack-sized steps so the delete

@@ -9,8 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from gpuwatch.remote.config import Config
 
 EXIT_OK, EXIT_FINDING, EXIT_UNPOLLED = 0, 1, 2
 EXIT_SOFTWARE = 70  # sysexits EX_SOFTWARE: a part that is not built yet
@@ -172,8 +176,14 @@ def run(argv: Sequence[str]) -> int:
             return _init(args)
         if verb == "check":
             return _check(args)
+        if verb == "scalars":
+            from gpuwatch.remote.scalars_cli import run_scalars
+
+            return run_scalars(list(args.paths), args.tag, args.json)
         if verb is None and (args.json or args.prometheus) and not args.once:
             build_parser(None).error("--json and --prometheus go with --once")
+        if verb is None and args.once:
+            return _once(args)
         return _not_built(verb or ("--once" if args.once else "--demo" if args.demo else "tui"))
     except ConfigError as exc:
         print(f"gpuwatch: config error: {exc}", file=sys.stderr)
@@ -202,6 +212,47 @@ def _init(args: argparse.Namespace) -> int:
     print(f"wrote {path} ({len(config.hosts)} host{'s' * (len(config.hosts) != 1)}); "
           f"edit it, then run `gpuwatch check`")
     return EXIT_OK
+
+
+def _load(args: argparse.Namespace) -> Config:
+    """The config with the command line applied: hosts named, --interval, --readonly."""
+    from gpuwatch.remote.config import load_config, select_hosts
+
+    config = select_hosts(load_config(args.config), list(args.hosts))
+    if args.interval:
+        config = replace(config, interval=args.interval)
+    if args.readonly:
+        config = replace(config, readonly=True)
+    return config
+
+
+def _once(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gpuwatch.remote.findings import Severity
+    from gpuwatch.remote.once import poll_once
+    from gpuwatch.remote.report import (
+        document,
+        exit_code,
+        prometheus_text,
+        text_report,
+        to_json_text,
+    )
+    from gpuwatch.remote.store import Store
+
+    config = _load(args)
+    with Store.open() as store:
+        if store.warning:
+            print(f"gpuwatch: {store.warning}", file=sys.stderr)
+        result = asyncio.run(poll_once(config, store,
+                                       accept_new_host_keys=args.accept_new_host_keys))
+    if args.json:
+        sys.stdout.write(to_json_text(document(result.reports)))
+    elif args.prometheus:
+        sys.stdout.write(prometheus_text(result.reports))
+    else:
+        sys.stdout.write(text_report(result.reports))
+    return exit_code(result.reports, Severity.parse(args.fail_on))
 
 
 def _check(args: argparse.Namespace) -> int:

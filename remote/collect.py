@@ -1,0 +1,213 @@
+"""One poll of one host: the probe goes out over one bounded exec, a snapshot comes back.
+
+`local` runs the very same command as a subprocess of this machine (one code path, DESIGN §2); a
+remote host gets it over a fresh SSH connection. Either way the poll cannot hang: SSH has its
+connect, keepalive and command deadlines, the subprocess has the command deadline, and output is
+read under a byte cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .config import HostConfig
+from .model import HostSnapshot, ProbeError, parse_probe_output
+from .probe_bundle import PYTHON_MISSING_EXIT, build_command, build_stdin
+from .series import RunSeries, run_request
+
+MAX_STDOUT = 4 * 1024 * 1024
+"""A probe document is a few KB; a box that prints megabytes is not running our probe."""
+MAX_STDERR = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PollOutcome:
+    """What one poll of one host gave: a snapshot, or an error of one of the schema's kinds."""
+
+    host: HostConfig
+    started_at: float
+    """Epoch seconds on this machine when the poll began."""
+    poll_s: float
+    snapshot: HostSnapshot | None
+    doc: bytes | None
+    """The probe's document as it came off the wire (what the store keeps)."""
+    error_kind: str | None = None
+    error_message: str | None = None
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.snapshot is not None
+
+    @property
+    def ended_at(self) -> float:
+        return self.started_at + self.poll_s
+
+    def error_json(self) -> dict[str, str] | None:
+        if self.error_kind is None:
+            return None
+        return {"kind": self.error_kind, "message": self.error_message or ""}
+
+
+@dataclass(frozen=True, slots=True)
+class _Exec:
+    exit_status: int | None
+    stdout: bytes
+    stderr: bytes
+    truncated: bool
+    bytes_sent: int
+    bytes_received: int
+
+
+class _Failed(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind, self.message = kind, message
+
+
+def build_request(host: HostConfig, hints: dict[str, Any] | None = None,
+                  runs: Mapping[str, RunSeries] | None = None) -> dict[str, Any]:
+    """The JSON request the probe reads after its source on stdin; `runs` carry what the last
+    answers said (event-file offsets, cursors) so that only what is new comes back."""
+    settings = host.settings
+    request: dict[str, Any] = {
+        "v": 1,
+        "disks": list(host.disks),
+        # nvidia-smi gets at most a third of the command's deadline, so a hung driver leaves
+        # time for the rest of the document (the GPU section reports the timeout).
+        "nvidia_smi_timeout_s": max(1.0, min(10.0, settings.command_timeout / 3)),
+        "compress": True,
+        "runs": [run_request(r, (runs or {}).get(r.name)) for r in host.runs],
+    }
+    if hints:
+        request.update(hints)
+    return request
+
+
+class Collector:
+    """Polls hosts. Holds what one poll tells the next (e.g. which throttle field names the
+    box's driver accepts), never a connection."""
+
+    def __init__(self, *, accept_new_host_keys: bool = False,
+                 opening: Callable[[HostConfig], AbstractAsyncContextManager[Any]] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.accept_new_host_keys = accept_new_host_keys
+        self._opening = opening
+        self._clock = clock
+        self._hints: dict[str, dict[str, Any]] = {}
+
+    async def poll(self, host: HostConfig,
+                   runs: Mapping[str, RunSeries] | None = None) -> PollOutcome:
+        """One poll; `runs` is the host's run state (history.runs) for incremental reads."""
+        started_at, t0 = self._clock(), time.monotonic()
+        command = build_command(host.python)
+        stdin = build_stdin(build_request(host, self._hints.get(host.name), runs))
+        try:
+            result = await (self._local(command, stdin, host) if host.is_local
+                            else self._ssh(command, stdin, host))
+            snapshot = _snapshot(host, result)
+        except _Failed as exc:
+            return PollOutcome(host, started_at, time.monotonic() - t0, None, None,
+                               exc.kind, exc.message)
+        poll_s = time.monotonic() - t0
+        if snapshot.nvidia_smi_reasons:
+            self._hints.setdefault(host.name, {})["nvidia_smi_reasons"] = (
+                snapshot.nvidia_smi_reasons)
+        return PollOutcome(host, started_at, poll_s, replace(snapshot, poll_s=poll_s),
+                           result.stdout, bytes_sent=result.bytes_sent,
+                           bytes_received=result.bytes_received)
+
+    async def _ssh(self, command: str, stdin: bytes, host: HostConfig) -> _Exec:
+        from . import ssh  # asyncssh costs ~0.2 s to import: only when a host needs SSH
+
+        settings = host.settings
+        try:
+            opening = self._opening(host) if self._opening else contextlib.nullcontext()
+            result = await ssh.run_once(
+                host.ssh, command, stdin, bounds=settings, **ssh_files(host),
+                accept_new_host_keys=self.accept_new_host_keys,
+                max_stdout=MAX_STDOUT, max_stderr=MAX_STDERR, opening=opening)
+        except ssh.SshError as exc:
+            raise _Failed(exc.kind, exc.message) from None
+        return _Exec(result.exit_status, result.stdout, result.stderr, result.stdout_truncated,
+                     result.bytes_sent, result.bytes_received)
+
+    async def _local(self, command: str, stdin: bytes, host: HostConfig) -> _Exec:
+        deadline = host.settings.command_timeout
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/sh", "-c", command, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True)  # its own group: a timeout kills the probe's children too
+        try:
+            return await asyncio.wait_for(_talk(proc, stdin), timeout=deadline)
+        except TimeoutError:
+            raise _Failed("timeout", f"the probe did not finish within command_timeout "
+                                     f"({deadline:g} s) on this machine") from None
+        finally:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+
+
+def ssh_files(host: HostConfig) -> dict[str, str | None]:
+    """The ssh config, known_hosts and identity file of a host, with ~ expanded."""
+    settings = host.settings
+    return {"config_file": os.path.expanduser(settings.config_file),
+            "known_hosts": (os.path.expanduser(settings.known_hosts)
+                            if settings.known_hosts else None),
+            "identity_file": (os.path.expanduser(settings.identity_file)
+                              if settings.identity_file else None)}
+
+
+async def _talk(proc: asyncio.subprocess.Process, stdin: bytes) -> _Exec:
+    assert proc.stdin and proc.stdout and proc.stderr
+    proc.stdin.write(stdin)
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        await proc.stdin.drain()
+    proc.stdin.close()
+
+    async def capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, bool, int]:
+        data, seen = bytearray(), 0
+        while chunk := await stream.read(65536):
+            seen += len(chunk)
+            if len(data) < cap:
+                data += chunk[: cap - len(data)]
+            if seen > cap and stream is proc.stdout:
+                return bytes(data), True, seen  # stop reading: the finally kills it
+        return bytes(data), False, seen
+
+    (out, cut, n_out), (err, _, n_err) = await asyncio.gather(
+        capped(proc.stdout, MAX_STDOUT), capped(proc.stderr, MAX_STDERR))
+    status = None if cut else await proc.wait()
+    return _Exec(status, out, err, cut, len(stdin), n_out + n_err)
+
+
+def _snapshot(host: HostConfig, result: _Exec) -> HostSnapshot:
+    """Turn a finished exec into a snapshot, or a `probe` error that says what to do."""
+    where = "this machine" if host.is_local else host.ssh
+    stderr = result.stderr.decode("utf-8", "replace").strip().splitlines()
+    last = stderr[-1][:200] if stderr else ""
+    if result.truncated:
+        raise _Failed("probe", f"{where} printed more than {MAX_STDOUT // 1048576} MiB instead "
+                               f"of a probe document; is `{host.python}` a Python 3 interpreter?")
+    if result.exit_status == PYTHON_MISSING_EXIT:
+        raise _Failed("probe", f"`{host.python}` was not found on {where} (exit 127: {last}); "
+                               f"install Python 3 there or set `python = \"/path/to/python3\"` "
+                               f"for this host")
+    if result.exit_status != 0:
+        raise _Failed("probe", f"the probe failed on {where} (exit {result.exit_status}"
+                               f"{': ' + last if last else ''}); is `{host.python}` Python 3.6+?")
+    try:
+        return parse_probe_output(result.stdout, host.name)
+    except ProbeError as exc:
+        raise _Failed("probe", f"{exc}{' (stderr: ' + last + ')' if last else ''}") from None

@@ -1,0 +1,110 @@
+"""`gpuwatch --once` and `gpuwatch check`: poll every host once, judge, remember, report.
+
+The store carries state between runs, so a cron job is stateful: the previous run's snapshot is
+the history a rule compares against (a boot id that changed, a run that was alive and is gone).
+Nothing here imports Textual, and asyncssh only loads when a host needs SSH.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .collect import Collector, PollOutcome
+from .config import Config, HostConfig
+from .findings import HostHistory, PollFailure, evaluate
+from .model import ProbeError, parse_probe_output
+from .poller import OpeningLimiter, poll_all_once
+from .report import HostReport
+from .series import RunSeries
+from .store import GpuRow, Store
+
+
+@dataclass(frozen=True, slots=True)
+class OnceResult:
+    reports: list[HostReport]
+    store_warning: str | None
+
+
+def history_from_store(store: Store, host: HostConfig) -> HostHistory:
+    """What the store remembers of a host, as the rules' history (the last good snapshot)."""
+    history = HostHistory(host.name)
+    configured = {r.name for r in host.runs}
+    for name, (run_state, points) in store.runs(host.name).items():
+        if name in configured:
+            series = RunSeries.from_state(name, run_state)
+            if points:
+                series.restore_points(points)
+            history.runs[name] = series
+    state = store.host_state(host.name)
+    if state is not None and state.doc is not None and state.last_ok_at is not None:
+        try:
+            snapshot = parse_probe_output(state.doc, host.name)
+        except ProbeError:
+            return history  # written by another probe version: this host's history starts anew
+        history.record(snapshot, state.last_ok_at, runs=False)
+    return history
+
+
+def judge(history: HostHistory, outcome: PollOutcome) -> HostReport:
+    """Fold one outcome into the host's history and run the rules on it."""
+    if outcome.snapshot is not None:
+        history.record(outcome.snapshot, outcome.ended_at)
+    else:
+        history.record_failure(PollFailure(outcome.error_kind or "probe",
+                                           outcome.error_message or "", outcome.ended_at))
+    return HostReport(outcome, evaluate(history), runs=runs_json(history, outcome.host))
+
+
+def runs_json(history: HostHistory, host: HostConfig) -> list[dict[str, Any]]:
+    """The configured runs as the schema's run objects (a run never seen yet is `unknown`)."""
+    now = history.snapshots[-1].taken_at if history.snapshots else None
+    return [history.runs.get(r.name, RunSeries(r.name)).to_json(now) for r in host.runs]
+
+
+def remember(store: Store, outcome: PollOutcome, history: HostHistory | None = None) -> None:
+    if history is not None and history.runs:
+        store.save_runs(outcome.host.name, {
+            name: (series.state(), series.points_state())
+            for name, series in history.runs.items()})
+    snap = outcome.snapshot
+    if snap is None:
+        store.record_poll(outcome.host.name, taken_at=outcome.ended_at, ok=False,
+                          error=outcome.error_json())
+        return
+    rows = [GpuRow(t=outcome.ended_at, gpu=g.index, util_pct=g.util_pct,
+                   sm_clock_mhz=g.sm_clock_mhz, sm_clock_max_mhz=g.sm_clock_max_mhz,
+                   power_w=g.power_w, power_limit_w=g.power_limit_w, temp_c=g.temp_c,
+                   mem_used_mib=g.mem_used_mib, throttle=tuple(g.throttle_reasons or ()))
+            for g in snap.gpus]
+    store.record_poll(outcome.host.name, taken_at=outcome.ended_at, ok=True,
+                      boot_id=snap.boot_id, doc=outcome.doc, gpu_rows=rows)
+
+
+def opening_keys(host: HostConfig) -> list[str]:
+    """Limiter keys of a host's connection: its sshd, and its jump host when there is one.
+
+    Hosts are keyed by what was typed; aliases of one sshd share a key once resolved by the ssh
+    layer (see ssh.resolve_endpoint)."""
+    from . import ssh
+
+    return ssh.endpoint_keys(host.ssh, host.settings.config_file)
+
+
+async def poll_once(config: Config, store: Store, *, accept_new_host_keys: bool = False,
+                    hosts: Sequence[HostConfig] | None = None) -> OnceResult:
+    hosts = list(config.hosts if hosts is None else hosts)
+    limiter = OpeningLimiter()
+    needs_ssh = any(not h.is_local for h in hosts)
+    collector = Collector(
+        accept_new_host_keys=accept_new_host_keys,
+        opening=(lambda h: limiter.opening(opening_keys(h))) if needs_ssh else None)
+    histories = {h.name: history_from_store(store, h) for h in hosts}
+    outcomes = await poll_all_once(hosts, lambda h: collector.poll(h, histories[h.name].runs))
+    reports = []
+    for outcome in outcomes:
+        history = histories[outcome.host.name]
+        reports.append(judge(history, outcome))
+        remember(store, outcome, history)
+    return OnceResult(reports, store.warning)

@@ -1,0 +1,221 @@
+"""Reports of one poll of every host: JSON (schema gpuwatch/1), a compact text table for cron
+mail, and the Prometheus text exposition format. Pure functions of the poll's outcome."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from .collect import PollOutcome
+from .findings import Finding, Severity
+from .model import HostSnapshot
+
+SCHEMA = "gpuwatch/1"
+EXIT_OK, EXIT_FINDING, EXIT_UNPOLLED = 0, 1, 2
+
+
+def load_schema() -> dict[str, Any]:
+    """The JSON Schema of `--once --json`, shipped in the package."""
+    text = resources.files("gpuwatch.remote").joinpath("gpuwatch-1.schema.json").read_text()
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+@dataclass(frozen=True, slots=True)
+class HostReport:
+    """One host's part of a report: the poll's outcome and what the rules found."""
+
+    outcome: PollOutcome
+    findings: Sequence[Finding] = ()
+    runs: Sequence[dict[str, Any]] = field(default_factory=tuple)
+    """Run objects as the JSON schema has them (built by the runs layer)."""
+
+    @property
+    def name(self) -> str:
+        return self.outcome.host.name
+
+    @property
+    def snapshot(self) -> HostSnapshot | None:
+        return self.outcome.snapshot
+
+
+def exit_code(reports: Iterable[HostReport], fail_on: Severity) -> int:
+    """0 healthy; 1 a finding at or above fail_on; 2 a host could not be polled (wins)."""
+    reports = list(reports)
+    if any(not r.outcome.ok for r in reports):
+        return EXIT_UNPOLLED
+    if any(f.severity >= fail_on for r in reports for f in r.findings):
+        return EXIT_FINDING
+    return EXIT_OK
+
+
+# --- JSON ----------------------------------------------------------------------------------
+
+def host_json(report: HostReport) -> dict[str, Any]:
+    outcome, snap = report.outcome, report.snapshot
+    return {
+        "name": report.name,
+        "ssh": outcome.host.ssh,
+        "ok": outcome.ok,
+        "error": outcome.error_json(),
+        "poll_s": round(outcome.poll_s, 4),
+        "boot_id": snap.boot_id if snap else None,
+        "uptime_s": snap.uptime_s if snap else None,
+        "gpus": [g.to_json() for g in snap.gpus] if snap else [],
+        "processes": [p.to_json() for p in snap.processes] if snap else [],
+        "disks": [d.to_json() for d in snap.disks] if snap else [],
+        "runs": list(report.runs),
+        "findings": [f.to_json() for f in report.findings],
+    }
+
+
+def document(reports: Iterable[HostReport], generated_at: float | None = None) -> dict[str, Any]:
+    return {"schema": SCHEMA,
+            "generated_at": round(time.time() if generated_at is None else generated_at, 3),
+            "hosts": [host_json(r) for r in reports]}
+
+
+def to_json_text(doc: dict[str, Any]) -> str:
+    # allow_nan=False: a NaN must never leave as bare `NaN`, which is not JSON.
+    return json.dumps(doc, indent=2, allow_nan=False) + "\n"
+
+
+# --- text ----------------------------------------------------------------------------------
+
+def _num(value: float | None, fmt: str = "{:.0f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _gpu_cell(snap: HostSnapshot) -> str:
+    """Per GPU `util%/SM%` (SM clock as % of max: util% alone lies, U21)."""
+    cells = []
+    for g in snap.gpus:
+        sm = (100 * g.sm_clock_mhz / g.sm_clock_max_mhz
+              if g.sm_clock_mhz is not None and g.sm_clock_max_mhz else None)
+        cells.append(f"{g.index}:{_num(g.util_pct)}/{_num(sm)}")
+    return " ".join(cells) or "no GPU"
+
+
+def _vram_cell(snap: HostSnapshot) -> str:
+    used = [g.mem_used_mib for g in snap.gpus if g.mem_used_mib is not None]
+    total = [g.mem_total_mib for g in snap.gpus if g.mem_total_mib is not None]
+    if not total:
+        return "-"
+    return f"{sum(used) / 1024:.0f}/{sum(total) / 1024:.0f} GiB"
+
+
+def text_report(reports: Sequence[HostReport], generated_at: float | None = None) -> str:
+    """A compact table for a cron mail body, then every finding in one line each."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S",
+                         time.localtime(time.time() if generated_at is None else generated_at))
+    findings = [(r.name, f) for r in reports for f in r.findings]
+    down = sum(not r.outcome.ok for r in reports)
+    counts = {s: sum(f.severity == s for _, f in findings) for s in Severity}
+    summary = (f"gpuwatch {when}: {len(reports)} host{'s' * (len(reports) != 1)}, "
+               f"{down} not polled, {counts[Severity.CRITICAL]} critical, "
+               f"{counts[Severity.WARNING]} warning")
+    rows = [("HOST", "STATE", "POLL", "GPU util%/SM%", "VRAM", "RUNS")]
+    for r in reports:
+        snap = r.snapshot
+        runs = " ".join(f"{run['name']}:{run['status']}" for run in r.runs) or "-"
+        if snap is None:
+            rows.append((r.name, (r.outcome.error_kind or "error").upper(),
+                         f"{r.outcome.poll_s:.1f}s", "-", "-", runs))
+        else:
+            rows.append((r.name, "ok", f"{r.outcome.poll_s:.1f}s", _gpu_cell(snap),
+                         _vram_cell(snap), runs))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [summary, ""]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+              for row in rows]
+    if findings:
+        lines.append("")
+        for name, f in sorted(findings, key=lambda x: -x[1].severity):
+            lines.append(f"{f.severity.label.upper():8} {name}  {f.code}: {f.message}")
+    return "\n".join(lines) + "\n"
+
+
+# --- Prometheus ----------------------------------------------------------------------------
+
+def _label(value: object) -> str:
+    text = str(value)
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(**labels: object) -> str:
+    return ",".join(f'{k}="{_label(v)}"' for k, v in labels.items() if v is not None)
+
+
+def _value(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self._families: dict[str, tuple[str, str, list[str]]] = {}
+
+    def add(self, name: str, kind: str, help_text: str, value: float | None,
+            **labels: object) -> None:
+        if value is None:
+            return
+        family = self._families.setdefault(name, (kind, help_text, []))
+        family[2].append(f"gpuwatch_{name}{{{_labels(**labels)}}} {_value(value)}")
+
+    def text(self) -> str:
+        out = []
+        for name, (kind, help_text, samples) in self._families.items():
+            out.append(f"# HELP gpuwatch_{name} {help_text}")
+            out.append(f"# TYPE gpuwatch_{name} {kind}")
+            out.extend(samples)
+        return "\n".join(out) + "\n"
+
+
+def prometheus_text(reports: Sequence[HostReport]) -> str:
+    """The Prometheus text exposition format (for node_exporter's textfile collector)."""
+    m = _Metrics()
+    for r in reports:
+        host, snap = r.name, r.snapshot
+        m.add("up", "gauge", "1 if the host was polled", 1.0 if r.outcome.ok else 0.0, host=host)
+        m.add("poll_seconds", "gauge", "wall time of the poll", r.outcome.poll_s, host=host)
+        for sev in Severity:
+            m.add("findings", "gauge", "findings by severity",
+                  float(sum(f.severity == sev for f in r.findings)), host=host,
+                  severity=sev.label)
+        if snap is None:
+            continue
+        m.add("uptime_seconds", "gauge", "box uptime", snap.uptime_s, host=host)
+        for g in snap.gpus:
+            gl = {"host": host, "gpu": g.index, "uuid": g.uuid}
+            m.add("gpu_utilization_percent", "gauge", "GPU util (kernel active; U21)",
+                  g.util_pct, **gl)
+            m.add("gpu_sm_clock_mhz", "gauge", "SM clock", g.sm_clock_mhz, **gl)
+            m.add("gpu_sm_clock_max_mhz", "gauge", "max SM clock", g.sm_clock_max_mhz, **gl)
+            m.add("gpu_power_watts", "gauge", "power draw", g.power_w, **gl)
+            m.add("gpu_power_limit_watts", "gauge", "enforced power limit", g.power_limit_w, **gl)
+            m.add("gpu_temperature_celsius", "gauge", "GPU temperature", g.temp_c, **gl)
+            m.add("gpu_memory_used_mib", "gauge", "VRAM used", g.mem_used_mib, **gl)
+            m.add("gpu_memory_total_mib", "gauge", "VRAM total", g.mem_total_mib, **gl)
+            for reason in g.throttle_reasons or ():
+                m.add("gpu_throttle_active", "gauge", "an active clock event (throttle) reason",
+                      1.0, **gl, reason=reason)
+        for d in snap.disks:
+            dl = {"host": host, "path": d.path, "mount": d.mount}
+            m.add("disk_bytes_total", "gauge", "filesystem size", d.bytes_total, **dl)
+            m.add("disk_bytes_free", "gauge", "bytes free to unprivileged users", d.bytes_free,
+                  **dl)
+            m.add("disk_inodes_total", "gauge", "inodes", d.inodes_total, **dl)
+            m.add("disk_inodes_free", "gauge", "inodes free", d.inodes_free, **dl)
+        for run in r.runs:
+            m.add("run_running", "gauge", "1 if the run's processes are alive",
+                  1.0 if run.get("status") == "running" else 0.0, host=host, run=run["name"],
+                  status=run.get("status"))
+    return m.text()

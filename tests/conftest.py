@@ -1,0 +1,36 @@
+"""Shared pytest fixtures. The machinery lives in tests/harness/; keep each fixture here small."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from harness.sshd import SshdBox
+
+# --------------------------------------------------------------------------------------------
+# A real OpenSSH sshd on loopback (tests/harness/sshd.py)
+
+
+@pytest.fixture
+def sshd_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., SshdBox]]:
+    """Start real sshd boxes: ``sshd_factory(env={...}, max_startups="10:30:100")``, each in its
+    own temporary folder; every one is stopped at teardown, also when the test failed."""
+    boxes: list[SshdBox] = []
+
+    def start(**kwargs: Any) -> SshdBox:
+        box = SshdBox(tmp_path_factory.mktemp("sshd"), **kwargs)
+        boxes.append(box)
+        box.start()
+        return box
+
+    yield start
+    for box in reversed(boxes):
+        box.stop()
+
+
+@pytest.fixture
+def sshd_box(request: pytest.FixtureRequest, sshd_factory: Callable[..., SshdBox]) -> SshdBox:
+    """One started box (alias ``box1`` in ``box.ssh_config``). Parametrize it indirectly with a
+    dict of ``SshdBox`` keyword arguments, e.g. ``{"env": box_env(root)}``."""
+    return sshd_factory(**getattr(request, "param", {}))

@@ -1,0 +1,179 @@
+"""`--once` end to end on `local` hosts (the same probe, run as a subprocess), pointed at
+simulated boxes: the JSON validates against the shipped schema, values are the simulator's,
+the store makes two runs stateful, and the exit codes follow the contract."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+from gpuwatch.remote.report import load_schema
+from gpuwatch.remote.sim import Box, h100_mig, h100_sxm, rtx_2080_super
+
+PROM_LINE = re.compile(r'^(# (HELP|TYPE) gpuwatch_\w+ .+|'
+                       r'gpuwatch_\w+\{([a-z_]+="([^"\\]|\\.)*",?)*\} (-?[0-9.e+-]+|NaN|[+-]Inf))$')
+
+
+def gpuwatch(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
+             config: str | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                "XDG_STATE_HOME": str(tmp_path / "state"),
+                "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    full_env.update(env or {})
+    if config is not None:
+        (tmp_path / "c.toml").write_text(config)
+        args = ("--config", str(tmp_path / "c.toml"), *args)
+    return subprocess.run([sys.executable, "-m", "gpuwatch.tui.cli", *args], env=full_env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def box_env(box: Box) -> dict[str, str]:
+    env = box.env(base_path="/usr/bin:/bin")
+    env["PATH"] = f"{env['PATH']}:{Path(sys.executable).parent}"  # the box's python3
+    return env
+
+
+@pytest.mark.parametrize("preset", [h100_sxm, h100_mig, rtx_2080_super],
+                         ids=["h100x8", "h100-mig", "rtx2080-na"])
+def test_once_json_matches_schema_and_the_simulator(tmp_path: Path, preset) -> None:
+    box = Box(tmp_path / "box", preset())
+    box.set_gpu(0, util_pct=97, sm_clock_mhz=1410, power_w=512.25, temp_c=66, mem_used_mib=30500)
+    box.set_throttle(0, ["sw_power_cap"])
+    out = gpuwatch(tmp_path, "--once", "--json", "local", env=box_env(box))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    jsonschema.validate(doc, load_schema())
+    (host,) = doc["hosts"]
+    assert host["ok"] and host["boot_id"] == box.boot_id
+    gpus = host["gpus"]
+    assert len(gpus) == len(box.gpus)
+    first = gpus[0]
+    assert first["uuid"] == box.gpus[0]["uuid"] and first["name"] == box.gpus[0]["name"]
+    assert first["sm_clock_mhz"] == 1410 and first["temp_c"] == 66
+    assert first["power_w"] == 512.25 and first["mem_used_mib"] == 30500
+    assert first["throttle_reasons"] == ["sw_power_cap"]
+    expected_util = None if box.gpus[0].get("utilization.gpu") is None else 97
+    assert first["util_pct"] == expected_util  # MIG reports util as [N/A]: null, not 0
+    mig = box.gpus[0].get("mig.mode.current")
+    assert first["mig"] is (mig if isinstance(mig, bool) else None)
+    for gpu, state in zip(gpus, box.gpus, strict=True):
+        limit = state.get("enforced.power.limit")
+        assert gpu["power_limit_w"] == (limit if isinstance(limit, (int, float)) else None)
+
+
+def test_once_text_and_prometheus(tmp_path: Path) -> None:
+    box = Box(tmp_path / "box", h100_sxm(2))
+    env = box_env(box)
+    text = gpuwatch(tmp_path, "--once", "local", env=env)
+    assert text.returncode == 0
+    assert text.stdout.splitlines()[3].split()[:2] == ["local", "ok"]
+    prom = gpuwatch(tmp_path, "--once", "--prometheus", "local", env=env)
+    assert prom.returncode == 0
+    lines = prom.stdout.splitlines()
+    assert all(PROM_LINE.match(line) for line in lines), [
+        line for line in lines if not PROM_LINE.match(line)]
+    assert 'gpuwatch_up{host="local"} 1' in lines
+    assert any(line.startswith('gpuwatch_gpu_sm_clock_mhz{host="local",gpu="1"') for line in lines)
+
+
+def test_two_runs_share_state_through_the_store(tmp_path: Path) -> None:
+    box = Box(tmp_path / "box", h100_sxm(1))
+    env = box_env(box)
+    first = gpuwatch(tmp_path, "--once", "--json", "local", env=env)
+    assert first.returncode == 0
+    assert json.loads(first.stdout)["hosts"][0]["findings"] == []
+    box.reboot()
+    second = gpuwatch(tmp_path, "--once", "--json", "local", env=env)
+    findings = json.loads(second.stdout)["hosts"][0]["findings"]
+    assert [f["code"] for f in findings] == ["host.rebooted"]
+    assert findings[0]["evidence"]["boot_id_now"] == box.boot_id
+    assert second.returncode == 0  # a warning: below the default --fail-on critical
+    third = gpuwatch(tmp_path, "--once", "--json", "--fail-on", "warning", "local", env=env)
+    assert json.loads(third.stdout)["hosts"][0]["findings"] == []  # seen once, not again
+    assert third.returncode == 0
+    box.reboot()
+    fourth = gpuwatch(tmp_path, "--once", "--fail-on", "warning", "local", env=env)
+    assert fourth.returncode == 1 and "host.rebooted" in fourth.stdout
+
+
+def test_a_host_that_cannot_be_polled_exits_2_and_the_others_are_reported(tmp_path: Path) -> None:
+    box = Box(tmp_path / "box", h100_sxm(1))
+    config = ('[hosts.good]\nssh = "local"\n'
+              '[hosts.nopython]\nssh = "local"\npython = "python3-not-installed"\n')
+    out = gpuwatch(tmp_path, "--once", "--json", env=box_env(box), config=config)
+    assert out.returncode == 2
+    doc = json.loads(out.stdout)
+    jsonschema.validate(doc, load_schema())
+    good, bad = doc["hosts"]
+    assert good["ok"] and len(good["gpus"]) == 1
+    assert not bad["ok"] and bad["error"]["kind"] == "probe"
+    message = bad["error"]["message"]
+    assert "python3-not-installed" in message and "not found" in message
+    assert [f["code"] for f in bad["findings"]] == ["host.unreachable"]
+
+
+def test_once_does_not_import_textual_or_asyncssh_for_local_hosts(tmp_path: Path) -> None:
+    code = ("import sys\nfrom gpuwatch.tui.cli import run\n"
+            "rc = run(['--once', 'local'])\n"
+            "bad = [m for m in ('textual', 'asyncssh', 'plotext', 'textual_plotext') "
+            "if m in sys.modules]\n"
+            "print('IMPORTED', bad)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                              "XDG_STATE_HOME": str(tmp_path / "s")}, timeout=60)
+    assert "IMPORTED []" in out.stdout, out.stdout + out.stderr
+
+
+def test_runs_across_two_cron_runs(tmp_path: Path) -> None:
+    """A run's series, checkpoints and status carry over through the store: the second run
+    reads only what was appended, yet reports the whole series; a killed run is `dead`."""
+    from tensorboardX import SummaryWriter
+
+    work = tmp_path / "work"
+    (work / "outputs" / "checkpoint-10").mkdir(parents=True)
+    (work / "outputs" / "checkpoint-10" / "model.pt").write_bytes(b"x" * 1000)
+    (work / "outputs" / "checkpoint-20.tmp").write_bytes(b"partial")
+    script = work / "gw_train_job.py"
+    script.write_text("import time\nwhile True: time.sleep(1)\n")
+    (work / "train.log").write_text("step 1 loss 2.0\n[bold red]not markup[/]\n")
+    writer = SummaryWriter(str(work / "runs" / "a"))
+    for step in range(10):
+        writer.add_scalar("loss", 1.0 / (step + 1), step)
+    writer.close()  # tensorboardX's flush() is asynchronous; close() is not
+    proc = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
+    config = (f'[hosts.me]\nssh = "local"\n[hosts.me.runs.job]\nprocess = "gw_train_job.py"\n'
+              f'workdir = "{work}"\nlog = "train.log"\nevents = "runs"\n'
+              f'checkpoints = "outputs/checkpoint-*"\n')
+    try:
+        first = gpuwatch(tmp_path, "--once", "--json", config=config)
+        assert first.returncode == 0, first.stderr
+        doc = json.loads(first.stdout)
+        jsonschema.validate(doc, load_schema())
+        (run,) = doc["hosts"][0]["runs"]
+        assert run["status"] == "running" and run["pids"] == [proc.pid]
+        loss = run["series"]["loss"]
+        assert (loss["last_step"], loss["points"]) == (9, 10)
+        assert loss["last_value"] == pytest.approx(0.1, rel=1e-7)  # float32 as written
+        assert run["latest_checkpoint"] == str(work / "outputs" / "checkpoint-10")
+        assert run["checkpoints"][0]["bytes"] == 1000
+        assert run["log_age_s"] is not None and run["log_age_s"] >= 0
+        time.sleep(1.1)  # the resumed writer's file gets a later name (epoch seconds)
+        resumed = SummaryWriter(str(work / "runs" / "a"))  # a restart: a second file
+        for step in range(10, 25):
+            resumed.add_scalar("loss", 1.0 / (step + 1), step)
+        resumed.close()
+        proc.kill()
+        proc.wait()
+        second = gpuwatch(tmp_path, "--once", "--json", config=config)
+        (run,) = json.loads(second.stdout)["hosts"][0]["runs"]
+        assert run["series"]["loss"]["points"] == 25 and run["series"]["loss"]["last_step"] == 24
+        assert run["status"] == "dead" and run["pids"] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
