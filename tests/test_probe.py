@@ -27,9 +27,8 @@ from gpuwatch.remote.probe_bundle import (
     build_stdin,
     strip_source,
 )
+from harness.captures import capture
 
-CAPTURES = Path(os.environ.get("GPUWATCH_CAPTURES",
-                               Path(__file__).parents[2] / "shared" / "captures"))
 SMI = "nvidia-smi/exporter-captures/linux-x86_64__"
 H100, H100_MIG = SMI + "nvidia-h100-80gb-hbm3__590.48.01", SMI + "nvidia-h100-mig__590.48.01"
 RTX_2080, WIN_2080 = SMI + "nvidia-geforce-rtx-2080-super__595.71.05", \
@@ -41,11 +40,7 @@ UUIDS = [f"GPU-{i:08x}-1111-2222-3333-{i:012x}" for i in range(8)]
 
 
 def captures() -> Path:
-    if CAPTURES.is_dir():
-        return CAPTURES
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"captures folder missing under CI: {CAPTURES}")
-    pytest.skip(f"captures folder not found: {CAPTURES}")
+    return capture()
 
 
 # ---------------------------------------------------------------- fixture boxes

@@ -20,18 +20,11 @@ from gpuwatch.remote.sim import (
     util_without_clock,
 )
 from gpuwatch.remote.sim.box import CLK_TCK, SIGHUP_MASK
-
-CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "captures"
-CGROUP_V2 = CAPTURES / "system" / "cgroup" / "couchbase-v2-docker-ubuntu2204" / "sys/fs/cgroup"
+from harness.captures import capture
 
 
 def cgroup_capture() -> Path:
-    if not CGROUP_V2.is_dir():
-        msg = f"cgroup v2 capture not found at {CGROUP_V2}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return CGROUP_V2
+    return capture("system", "cgroup", "couchbase-v2-docker-ubuntu2204", "sys", "fs", "cgroup")
 
 
 def sh(box: Box, *argv: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:

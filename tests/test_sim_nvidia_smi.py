@@ -19,8 +19,11 @@ from typing import Any
 import pytest
 from gpuwatch.remote.sim import Box, h100_mig, h100_sxm, old_driver, rtx_2080_super
 from gpuwatch.remote.sim import nvidia_smi as ns
+from harness.captures import CAPTURES as ALL_CAPTURES
+from harness.captures import capture
 
-CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "captures" / "nvidia-smi"
+CAPTURES = ALL_CAPTURES / "nvidia-smi"
+
 STAND_IN = Path(ns.__file__)
 
 # A datacenter GPU, two MIG boxes, consumer cards with [N/A] fields, an L40S, Windows drivers.
@@ -40,12 +43,7 @@ DERIVED = {"count", "index", "driver_version"}
 
 def captures() -> Path:
     """The captures folder, or fail (CI) / skip (elsewhere) saying why."""
-    if not CAPTURES.is_dir():
-        msg = f"real nvidia-smi captures not found at {CAPTURES}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return CAPTURES
+    return capture("nvidia-smi")
 
 
 def run_smi(sim_dir: Path, *args: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:

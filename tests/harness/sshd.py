@@ -33,7 +33,8 @@ from pathlib import Path
 from types import TracebackType
 
 import asyncssh
-import pytest
+
+from harness.captures import missing
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd", "/sbin/sshd")
 SSH_CANDIDATES = ("/usr/bin/ssh", "/usr/local/bin/ssh", "/bin/ssh")
@@ -59,10 +60,8 @@ def _find(name: str, candidates: Sequence[str]) -> str | None:
 
 def _missing(what: str) -> None:
     """Under CI=true a missing real component fails the test; elsewhere it skips, visibly."""
-    reason = f"{what} is not installed; the integration tests need a real OpenSSH"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{reason} (CI=true: install openssh-server/openssh-client)", pytrace=False)
-    pytest.skip(reason)
+    missing(f"{what} is not installed; the integration tests need a real OpenSSH "
+            "(apt-get install openssh-server openssh-client)")
 
 
 def require_sshd() -> str:
