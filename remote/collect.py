@@ -18,7 +18,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .config import HostConfig
+from .config import HostConfig, SshSettings
+from .discovered import discovered_requests
 from .model import HostSnapshot, ProbeError, parse_probe_output
 from .probe_bundle import PYTHON_MISSING_EXIT, build_command, build_stdin
 from .series import RunSeries, run_request
@@ -26,6 +27,7 @@ from .series import RunSeries, run_request
 MAX_STDOUT = 4 * 1024 * 1024
 """A probe document is a few KB; a box that prints megabytes is not running our probe."""
 MAX_STDERR = 64 * 1024
+DEFAULT_SSH_CONFIG = SshSettings().config_file
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,7 @@ def build_request(host: HostConfig, hints: dict[str, Any] | None = None,
         "nvidia_smi_timeout_s": max(1.0, min(10.0, settings.command_timeout / 3)),
         "compress": True,
         "runs": [run_request(r, (runs or {}).get(r.name)) for r in host.runs],
+        "discovered_runs": discovered_requests(host, runs),  # issue 8
     }
     if hints:
         request.update(hints)
@@ -110,7 +113,7 @@ class Collector:
         """One poll; `runs` is the host's run state (history.runs) for incremental reads."""
         started_at, t0 = self._clock(), time.monotonic()
         command = build_command(host.python)
-        stdin = build_stdin(build_request(host, self._hints.get(host.name), runs))
+        stdin = build_stdin(build_request(host, self._hints.get(host.name), runs), trim=True)
         try:
             result = await (self._local(command, stdin, host) if host.is_local
                             else self._ssh(command, stdin, host))
@@ -159,10 +162,20 @@ class Collector:
                 await proc.wait()
 
 
+def ssh_config_file(host: HostConfig) -> str | None:
+    """The host's ssh config file, ~ expanded; None for the default ~/.ssh/config when it does
+    not exist, which OpenSSH reads as empty (a fresh machine has none: every poll failed on it
+    with "No such file"). A config_file set elsewhere must exist; the SSH layer says so."""
+    path = os.path.expanduser(host.settings.config_file)
+    if path == os.path.expanduser(DEFAULT_SSH_CONFIG) and not os.path.exists(path):
+        return None
+    return path
+
+
 def ssh_files(host: HostConfig) -> dict[str, str | None]:
     """The ssh config, known_hosts and identity file of a host, with ~ expanded."""
     settings = host.settings
-    return {"config_file": os.path.expanduser(settings.config_file),
+    return {"config_file": ssh_config_file(host),
             "known_hosts": (os.path.expanduser(settings.known_hosts)
                             if settings.known_hosts else None),
             "identity_file": (os.path.expanduser(settings.identity_file)

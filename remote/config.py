@@ -12,7 +12,10 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .findings import Thresholds
 
 LOCAL = "local"
 """The host name that means this machine: the probe runs as a subprocess, no SSH."""
@@ -115,6 +118,9 @@ class Config:
     theme: str | None = None
     ssh: SshSettings = SshSettings()
     hosts: tuple[HostConfig, ...] = ()
+    thresholds: Thresholds | None = None
+    """The `[thresholds]` table: what the findings compare against (None: the defaults of
+    remote.findings.Thresholds, where every key is documented)."""
 
     def host(self, name: str) -> HostConfig | None:
         return next((h for h in self.hosts if h.name == name), None)
@@ -174,7 +180,7 @@ def parse_config(text: str, path: Path | None = None) -> Config:
 # --- validation ------------------------------------------------------------------------------
 
 _SSH_KEYS = {f.name for f in fields(SshSettings)}
-_TOP_KEYS = {"interval", "readonly", "theme", "ssh", "hosts"}
+_TOP_KEYS = {"interval", "readonly", "theme", "ssh", "hosts", "thresholds"}
 _HOST_KEYS = {"ssh", "python", "disks", "runs"} | _SSH_KEYS
 _RUN_KEYS = {f.name for f in fields(RunConfig)} - {"name"}
 
@@ -285,8 +291,36 @@ class _Validator:
         if "hosts" in data:
             for name, table in self._table(data, "hosts", "").items():
                 hosts.append(self.host(name, table, ssh))
+        thresholds = (self.thresholds(self._table(data, "thresholds", ""))
+                      if "thresholds" in data else None)
         return Config(path=self.path, interval=interval, readonly=readonly, theme=theme, ssh=ssh,
-                      hosts=tuple(hosts))
+                      hosts=tuple(hosts), thresholds=thresholds)
+
+    def thresholds(self, table: Mapping[str, Any]) -> Thresholds:
+        """`[thresholds]`: any field of remote.findings.Thresholds (documented there), numbers
+        greater than 0 (an int where the default is one), or lists for the tuple fields."""
+        from .findings import Thresholds  # findings → series → config: import when needed
+
+        defaults = Thresholds()
+        known = {f.name for f in fields(Thresholds)}
+        self._unknown(table, known, "thresholds.")
+        changes: dict[str, Any] = {}
+        for key, value in table.items():
+            default = getattr(defaults, key)
+            if isinstance(default, tuple):
+                items = value if isinstance(value, list) else None
+                kind = int if default and isinstance(default[0], int) else str
+                if items is None or not all(isinstance(v, kind) and not isinstance(v, bool)
+                                            for v in items):
+                    raise self.fail(f"thresholds.{key}", f"expected a list of "
+                                    f"{'integers' if kind is int else 'strings'}, got "
+                                    f"{_describe(value)}")
+                changes[key] = tuple(items)
+            elif isinstance(default, int):
+                changes[key] = int(self._number(table, key, "thresholds.", integer=True))
+            else:
+                changes[key] = float(self._number(table, key, "thresholds."))
+        return replace(defaults, **changes)
 
     def host(self, name: str, table: Any, ssh: SshSettings) -> HostConfig:
         where = f"hosts.{name}."

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
+from .diagnosis import Diagnosis, diagnose, hup_exposed, new_kernel_events, xid_gpu
+from .model import Scalars
 from .series import RunSeries
 
 if TYPE_CHECKING:
-    from .model import HostSnapshot
+    from .model import HostSnapshot, ProcessInfo, RunSample
 
 
 class Severity(IntEnum):
@@ -44,11 +46,13 @@ class Finding:
     gpu: int | None = None
     run: str | None = None
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    subject: str | None = None
+    """What else tells two findings of one code apart (a disk's path); not in the JSON."""
 
     @property
-    def key(self) -> tuple[str, int | None, str | None]:
+    def key(self) -> tuple[str, int | None, str | None, str | None]:
         """What makes two findings the same across polls (for first seen / cleared)."""
-        return (self.code, self.gpu, self.run)
+        return (self.code, self.gpu, self.run, self.subject)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"code": self.code, "severity": self.severity.label,
@@ -74,6 +78,70 @@ HISTORY_LEN = 64
 """Snapshots kept per host in memory: enough for 'sustained over several polls' rules."""
 
 
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Every number a rule compares against, in one place (config: `[thresholds]`).
+
+    "Sustained" rules (U21: never judge on one snapshot) need `sustain_polls` snapshots in a
+    row, of one boot, spanning no more than `sustain_window_s`. A `--once` from cron holds the
+    previous stored snapshot plus the current one, so the default of 2 works there; a cron
+    interval longer than the window makes those rules go quiet rather than guess.
+    """
+
+    sustain_polls: int = 2
+    """Snapshots in a row a sustained condition must hold in (2 = the previous and this one)."""
+    sustain_window_s: float = 3600.0
+    """The longest span those snapshots may cover (older evidence is not 'sustained')."""
+    util_busy_pct: float = 90.0
+    """U21: utilization at or above this counts as 'the GPU says it is busy'."""
+    clock_low_ratio: float = 0.5
+    """U21: SM clock under this share of its max while busy: util without clock."""
+    power_low_ratio: float = 0.3
+    """U21: power under this share of its limit while busy: util without work."""
+    idle_util_pct: float = 5.0
+    """U38, U11: utilization at or below this counts as idle."""
+    idle_while_running_s: float = 600.0
+    """U38/U24: a running run's GPUs idle at least this long → gpu.idle_while_running."""
+    zombie_unattributed_mib: int = 512
+    """U11: memory used on a GPU with no holder visible, above this, is somebody's context."""
+    stalled_s: float = 1800.0
+    """U43: no step, event, log or checkpoint progress for this long → run.stalled."""
+    log_buffered_s: float = 600.0
+    """U43: log silent this long while steps/checkpoints advance → run.log_buffered."""
+    events_grace_s: float = 900.0
+    """U39: a run running this long with no event file / no scalars → run.events_empty."""
+    ckpt_overdue_factor: float = 3.0
+    """Seed 001: no checkpoint for this many of the run's own cadences → ckpt.overdue."""
+    ckpt_overdue_min_s: float = 1800.0
+    """…and never before this long (a 1-minute cadence would cry wolf)."""
+    disk_low_pct: float = 5.0
+    """U6: free bytes under this share of the filesystem → disk.low."""
+    disk_low_bytes: int = 10 * 2**30
+    """U6: …or under this many bytes, whichever is larger (a checkpoint must still fit)."""
+    disk_critical_pct: float = 1.0
+    """U6: under this share free, disk.low is critical (torch.save is about to fail)."""
+    inodes_low_pct: float = 5.0
+    """U7: free inodes under this share → disk.inodes_low."""
+    inodes_critical_pct: float = 1.0
+    """U7: under this share of inodes free, disk.inodes_low is critical."""
+    disk_full_hours: float = 24.0
+    """U6: at the growth rate seen over the history, full within this many hours."""
+    disk_full_min_span_s: float = 300.0
+    """U6: growth is only measured over at least this span of history."""
+    cpu_oversubscribed_ratio: float = 4.0
+    """U40: a run's threads over this many times the cgroup's vCPU quota."""
+    throttle_reasons: tuple[str, ...] = (
+        "sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+        "hw_power_brake_slowdown")
+    """U23: the clocks-event reasons that steal performance (not gpu_idle, sync_boost...)."""
+    throttle_info_only: tuple[str, ...] = ("sw_power_cap",)
+    """U23: reasons that alone are only info (a GPU at its power cap under full load)."""
+    tmp_stale_s: float = 600.0
+    """U6: a partial checkpoint untouched this long is a failed save, not one in progress."""
+    xid_critical: tuple[int, ...] = (48, 79)
+    """U22: Xids of a dead GPU: re-rent (48 double-bit ECC, 79 fallen off the bus)."""
+
+
 @dataclass
 class HostHistory:
     """What the rules see of one host. Bounded: the newest HISTORY_LEN snapshots."""
@@ -85,6 +153,26 @@ class HostHistory:
     last_ok_at: float | None = None
     runs: dict[str, RunSeries] = field(default_factory=dict)
     """Each run's series, offsets and liveness, fed by every good poll."""
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    """What the rules compare against (the config's `[thresholds]`)."""
+    deaths: dict[str, Diagnosis] = field(default_factory=dict)
+    """U3: why each dead run died, decided on the poll that saw it go and kept (and stored)
+    while it stays dead, so a cron `--once` reports it once and the TUI can show it later."""
+    rank_deaths: dict[str, Diagnosis] = field(default_factory=dict)
+    """Seed 002: a rank of a multi-process run that died while the others live on."""
+    new_deaths: set[str] = field(default_factory=set)
+    """Runs (and rank deaths) first seen at the latest poll: run.dead is critical then."""
+    findings: list[Finding] = field(default_factory=list)
+    """What `evaluate` found at the latest poll (the store keeps their first/last seen)."""
+
+    def restore_deaths(self, deaths: Mapping[str, Mapping[str, Any]],
+                       rank_deaths: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        """Diagnoses the store kept from earlier polls (`Diagnosis.state()` each)."""
+        for target, table in ((self.deaths, deaths), (self.rank_deaths, rank_deaths or {})):
+            for name, state in table.items():
+                d = Diagnosis.from_state(state)
+                if d is not None:
+                    target[name] = d
 
     @property
     def current(self) -> HostSnapshot | None:
@@ -99,21 +187,202 @@ class HostHistory:
     def record(self, snapshot: HostSnapshot, at: float, *, runs: bool = True) -> None:
         """A good poll that ended at `at` (this machine's clock: boxes' clocks drift).
         runs=False for a snapshot whose run data is already in `runs` (restored from the store)."""
+        before = self.snapshots[-1] if self.snapshots else None
+        if before is not None and before.runs:
+            # Its new points are in self.runs already: keep a token, not the columns, so 64
+            # snapshots of a run with a 2 GB event file do not hold it twice (issue 7's soak).
+            self.snapshots[-1] = _without_scalars(before)
         self.snapshots.append(snapshot)
         self.failure = None
         self.last_ok_at = at
         if runs:
+            old_logs = {name: (s.log_seen and list(s.log_seen)) for name, s in self.runs.items()}
             for sample in snapshot.runs:
                 series = self.runs.get(sample.name)
                 if series is None:
                     series = self.runs[sample.name] = RunSeries(sample.name)
                 series.update(sample, snapshot.taken_at)
+            self._note_deaths(before, snapshot, old_logs)
+
+    def _note_deaths(self, before: HostSnapshot | None, now: HostSnapshot,
+                     old_logs: Mapping[str, Any]) -> None:
+        """U3, seed 002: diagnose the runs (and ranks) that vanished since `before`."""
+        self.new_deaths = set()
+        for name, series in self.runs.items():
+            if series.status != "dead":
+                self.deaths.pop(name, None)
+            if series.status != "running":
+                self.rank_deaths.pop(name, None)
+        if before is None:
+            return
+        old_runs = {r.name: r for r in before.runs}
+        old_table = {p.pid: p for p in before.processes}
+        new_table = {p.pid: p for p in now.processes}
+        same_boot = before.boot_id == now.boot_id
+
+        def alive(pid: int) -> bool:
+            old, new = old_table.get(pid), new_table.get(pid)
+            if not same_boot or new is None or new.zombie:
+                return False
+            return old is None or old.start_ticks == new.start_ticks
+
+        for sample in now.runs:
+            prev = old_runs.get(sample.name)
+            known = self.runs.get(sample.name)
+            if prev is None or not prev.pids or known is None or sample.done:
+                continue  # seed 004: a finished run is not a dead one
+            gone = [pid for pid in prev.pids if not alive(pid) or pid not in sample.pids]
+            if not gone:
+                continue
+            seen = old_logs.get(sample.name)
+            log_changed = None if sample.log is None or not seen else (
+                [sample.log.bytes, sample.log.mtime] != seen)
+            gpus = _gpus_of(prev.pids, before)
+            if not sample.pids or known.status == "dead":
+                self.deaths[sample.name] = diagnose(
+                    before, now, prev.pids, tail=known.tail, log_changed=log_changed, gpus=gpus)
+                self.new_deaths.add(sample.name)
+                continue
+            ranks = _ranks(prev.pids, before)
+            dead_ranks = [pid for pid in ranks if pid in gone]
+            survivors = [pid for pid in ranks if pid not in gone]
+            if len(ranks) >= 2 and dead_ranks and survivors:
+                d = diagnose(before, now, dead_ranks, tail=known.tail, log_changed=log_changed,
+                             gpus=_gpus_of(dead_ranks, before))
+                evidence = dict(d.evidence, survivors=survivors, ranks_before=len(ranks))
+                self.rank_deaths[sample.name] = Diagnosis(d.cause, evidence, d.at, d.pids)
+                self.new_deaths.add("rank:" + sample.name)
 
     def record_failure(self, failure: PollFailure) -> None:
         self.failure = failure
 
 
+def _thin(scalars: Mapping[str, Scalars]) -> dict[str, Scalars]:
+    """Each tag's last point only: enough to say new points came, not to hold them."""
+    return {tag: Scalars(s.steps[-1:], s.values[-1:],
+                         s.wall_times[-1:] if s.wall_times is not None else None)
+            for tag, s in scalars.items()}
+
+
+def _without_scalars(snapshot: HostSnapshot) -> HostSnapshot:
+    runs = tuple(
+        replace(r, event_files=tuple(replace(f, scalars=_thin(f.scalars)) for f in r.event_files),
+                metrics=tuple(replace(m, scalars=_thin(m.scalars)) for m in r.metrics))
+        for r in snapshot.runs)
+    return replace(snapshot, runs=runs)
+
+
 Rule = Callable[[HostHistory], Iterable[Finding]]
+
+
+# ---------------------------------------------------------------- process-table helpers
+
+def _table(snap: HostSnapshot) -> dict[int, ProcessInfo]:
+    return {p.pid: p for p in snap.processes}
+
+
+def _descendants(pids: Iterable[int], snap: HostSnapshot) -> list[ProcessInfo]:
+    """The processes `pids` and everything below them in the snapshot's table."""
+    table = _table(snap)
+    children: dict[int, list[int]] = {}
+    for p in snap.processes:
+        children.setdefault(p.ppid, []).append(p.pid)
+    out, stack, seen = [], [p for p in pids if p in table], set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        out.append(table[pid])
+        stack.extend(children.get(pid, ()))
+    return out
+
+
+def _gpus_of(pids: Iterable[int], snap: HostSnapshot) -> set[int]:
+    """GPU indexes the processes (and their children) hold: the driver's attribution, else
+    their /dev/nvidiaN minors."""
+    gpus: set[int] = set()
+    for p in _descendants(pids, snap):
+        if p.gpu_index is not None:
+            gpus.add(p.gpu_index)
+        gpus.update(p.nvidia_devs or ())
+    known = {g.index for g in snap.gpus}
+    return gpus & known if known else gpus
+
+
+def _ranks(pids: Iterable[int], snap: HostSnapshot) -> list[int]:
+    """Seed 002: the run's processes that are ranks, not dataloader workers. A rank holds a
+    CUDA context (the driver lists it); without the driver's list, a process whose parent is
+    not a run process with the same command line (a forked worker has its parent's)."""
+    table = _table(snap)
+    procs = [table[p] for p in pids if p in table]
+    listed = [p.pid for p in procs if p.gpu_index is not None]
+    if listed:
+        return listed
+    run_pids = {p.pid for p in procs}
+    return [p.pid for p in procs
+            if not (p.ppid in run_pids and table[p.ppid].cmd == p.cmd)]
+
+
+def _run_procs(sample: RunSample, snap: HostSnapshot) -> list[ProcessInfo]:
+    table = _table(snap)
+    pids = set(sample.pids) | {p.pid for p in snap.processes if p.run == sample.name}
+    return [table[p] for p in sorted(pids) if p in table]
+
+
+def _gpu(snap: HostSnapshot, index: int) -> Any:
+    return next((g for g in snap.gpus if g.index == index), None)
+
+
+def _mib(n: float | None) -> str:
+    return "?" if n is None else f"{n:,.0f} MiB"
+
+
+def _gib(n: float | None) -> str:
+    return "?" if n is None else f"{n / 2**30:,.1f} GiB"
+
+
+def _dur(s: float) -> str:
+    if s >= 5400:
+        return f"{s / 3600:.1f} h"
+    if s >= 90:
+        return f"{s / 60:.0f} min"
+    return f"{s:.0f} s"
+
+
+def recent(history: HostHistory, n: int | None = None,
+           window_s: float | None = None) -> list[HostSnapshot]:
+    """The newest snapshots for a 'sustained' judgement (U21: never one snapshot): at most n
+    (default sustain_polls), of the current boot, none older than window_s before the newest.
+    Fewer than n come back when the history cannot show that many — then nothing is sustained.
+    Empty when the latest poll failed."""
+    th = history.thresholds
+    n = th.sustain_polls if n is None else n
+    window_s = th.sustain_window_s if window_s is None else window_s
+    now = history.current
+    if now is None:
+        return []
+    out: list[HostSnapshot] = []
+    for snap in reversed(history.snapshots):
+        if len(out) >= n:
+            break
+        if snap.boot_id != now.boot_id:
+            break
+        if (now.taken_at is not None and snap.taken_at is not None
+                and now.taken_at - snap.taken_at > window_s):
+            break
+        out.append(snap)
+    return out[::-1]
+
+
+def sustained(history: HostHistory, test: Callable[[HostSnapshot], bool],
+              n: int | None = None) -> list[HostSnapshot] | None:
+    """The last n snapshots when `test` holds in every one of them, else None."""
+    n = history.thresholds.sustain_polls if n is None else n
+    snaps = recent(history, n)
+    if len(snaps) < max(1, n) or not all(test(s) for s in snaps):
+        return None
+    return snaps
 
 
 def host_unreachable(history: HostHistory) -> Iterable[Finding]:
@@ -144,13 +413,711 @@ def host_rebooted(history: HostHistory) -> Iterable[Finding]:
                       "uptime_s": now.uptime_s})
 
 
-RULES: tuple[Rule, ...] = (host_unreachable, host_rebooted)
+# ---------------------------------------------------------------- GPUs
+
+def gpu_util_without_clock(history: HostHistory) -> Iterable[Finding]:
+    """U21: "100% util" means a kernel ran, not that the SMs were busy. Busy util with the SM
+    clock or power far below max, in every one of the last sustain_polls snapshots (one
+    snapshot never says so: with cron `--once`, the stored previous poll and this one)."""
+    th = history.thresholds
+    now = history.current
+    if now is None:
+        return
+    for gpu in now.gpus:
+        def starved(snap: HostSnapshot, index: int = gpu.index) -> bool:
+            g = _gpu(snap, index)
+            if g is None or g.util_pct is None or g.util_pct < th.util_busy_pct:
+                return False
+            clock, power = _clock_ratio(g), _power_ratio(g)
+            return ((clock is not None and clock < th.clock_low_ratio)
+                    or (power is not None and power < th.power_low_ratio))
+
+        snaps = sustained(history, starved)
+        if snaps is None:
+            continue
+        clock, power = _clock_ratio(gpu), _power_ratio(gpu)
+        what = " and ".join(x for x in (
+            f"its SM clock is {clock:.0%} of max" if clock is not None else "",
+            f"its power {power:.0%} of the limit" if power is not None else "") if x)
+        span = _span(snaps)
+        yield Finding(
+            "gpu.util_without_clock", Severity.WARNING,
+            f"GPU {gpu.index} reports {gpu.util_pct:.0f}% util but {what} over {len(snaps)} "
+            f"polls ({_dur(span)}): it is underfed or throttled, not busy — check its throttle "
+            "reasons and the input pipeline (U21, U24)",
+            gpu=gpu.index,
+            evidence={"polls": len(snaps), "span_s": span,
+                      "util_pct": [_gpu(x, gpu.index).util_pct for x in snaps],
+                      "sm_clock_mhz": [_gpu(x, gpu.index).sm_clock_mhz for x in snaps],
+                      "sm_clock_max_mhz": gpu.sm_clock_max_mhz,
+                      "power_w": [_gpu(x, gpu.index).power_w for x in snaps],
+                      "power_limit_w": gpu.power_limit_w,
+                      "clock_ratio": clock, "power_ratio": power})
+
+
+def _clock_ratio(g: Any) -> float | None:
+    if g.sm_clock_mhz is None or not g.sm_clock_max_mhz:
+        return None
+    return float(g.sm_clock_mhz / g.sm_clock_max_mhz)
+
+
+def _power_ratio(g: Any) -> float | None:
+    if g.power_w is None or not g.power_limit_w:
+        return None
+    return float(g.power_w / g.power_limit_w)
+
+
+def _span(snaps: list[HostSnapshot]) -> float:
+    first, last = snaps[0].taken_at, snaps[-1].taken_at
+    return 0.0 if first is None or last is None else last - first
+
+
+def gpu_throttled(history: HostHistory) -> Iterable[Finding]:
+    """U23: thermal / power-brake / hardware slowdowns steal 25–40% with no error. The reasons
+    active in every one of the last sustain_polls snapshots; sw_power_cap alone is info (a GPU
+    at its power cap under full load), anything thermal or hardware is a warning."""
+    th = history.thresholds
+    now = history.current
+    if now is None:
+        return
+    for gpu in now.gpus:
+        snaps = recent(history)
+        if len(snaps) < max(1, th.sustain_polls):
+            continue
+        common: set[str] | None = None
+        for snap in snaps:
+            g = _gpu(snap, gpu.index)
+            active = set(g.throttle_reasons or ()) if g is not None else set()
+            common = active if common is None else common & active
+        reasons = sorted((common or set()) & set(th.throttle_reasons))
+        if not reasons:
+            continue
+        info = set(reasons) <= set(th.throttle_info_only)
+        hot = f" at {gpu.temp_c} °C" if gpu.temp_c is not None else ""
+        clock = _clock_ratio(gpu)
+        at = f", SM clock {clock:.0%} of max" if clock is not None else ""
+        todo = ("normal at full load unless the clock is far below max" if info else
+                "a tenant cannot fix cooling or power: expect 25-40% less throughput, or "
+                "re-rent a healthier box")
+        yield Finding(
+            "gpu.throttled", Severity.INFO if info else Severity.WARNING,
+            f"GPU {gpu.index} is throttled ({', '.join(reasons)}{hot}{at}) over {len(snaps)} "
+            f"polls: {todo} (U23)",
+            gpu=gpu.index,
+            evidence={"reasons": reasons, "polls": len(snaps), "temp_c": gpu.temp_c,
+                      "sm_clock_mhz": gpu.sm_clock_mhz, "sm_clock_max_mhz": gpu.sm_clock_max_mhz,
+                      "power_w": gpu.power_w, "power_limit_w": gpu.power_limit_w})
+
+
+XID_MEANING = {
+    13: "graphics engine exception (usually the application)",
+    31: "GPU memory page fault (usually the application)",
+    43: "GPU stopped processing",
+    45: "preemptive cleanup after another error",
+    48: "double-bit ECC error: the GPU's memory is bad",
+    61: "internal micro-controller breakpoint",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement / row remapping",
+    64: "ECC row remapping failure",
+    74: "NVLink error",
+    79: "the GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error: the application was killed",
+    95: "uncontained ECC error: reset the GPU",
+    119: "GSP RPC timeout: the GPU needs a reset",
+    120: "GSP error: the GPU needs a reset",
+}
+
+
+def gpu_xid(history: HostHistory) -> Iterable[Finding]:
+    """U22: NVIDIA Xids in the kernel log — only those new since the previous poll (same boot;
+    deduplicated by time and message), so each is reported once. 48 and 79 (thresholds
+    xid_critical) mean a dead GPU: critical, re-rent; the others are warnings."""
+    now = history.current
+    if now is None:
+        return
+    before = history.previous
+    events = [e for e in new_kernel_events(before, now) if e.kind == "xid"]
+    by_gpu: dict[int | None, list[Any]] = {}
+    for e in events:
+        by_gpu.setdefault(xid_gpu(e, now), []).append(e)
+    # The probe lists only the last few Xid lines but counts them all: a code whose count
+    # rose without a listed line (a burst of later ones pushed it out) still counts.
+    old_counts = before.xid_counts if before is not None and before.boot_id == now.boot_id \
+        and "kernel" not in before.section_errors else {}
+    listed = {e.xid for e in events}
+    unlisted = sorted(c for c, n in now.xid_counts.items()
+                      if n > old_counts.get(c, 0) and c not in listed)
+    if unlisted and not by_gpu:
+        by_gpu[None] = []
+    critical = set(history.thresholds.xid_critical)
+    for gpu, found in by_gpu.items():
+        extra = unlisted if len(by_gpu) == 1 else []
+        codes = sorted({e.xid for e in found if e.xid is not None} | set(extra))
+        dead = [c for c in codes if c in critical]
+        worst = dead[0] if dead else codes[-1] if codes else None
+        meaning = XID_MEANING.get(worst or -1, "see NVIDIA's Xid catalog")
+        where = f"GPU {gpu}" if gpu is not None else (
+            found[-1].pci if found and found[-1].pci else "a GPU")
+        todo = ("the GPU is dead — stop the instance and re-rent another box" if dead else
+                "check the run's log; repeated Xids on one GPU mean hardware")
+        yield Finding(
+            "gpu.xid", Severity.CRITICAL if dead else Severity.WARNING,
+            f"{where} logged Xid {', '.join(map(str, codes))} ({meaning}): {todo} (U22)",
+            gpu=gpu,
+            evidence={"xids": codes, "count": len(found) + len(extra),
+                      "pci": found[-1].pci if found else None,
+                      "pids": sorted({e.pid for e in found if e.pid is not None}),
+                      "messages": [e.message for e in found[-3:]],
+                      "at": [e.at for e in found[-3:]]})
+
+
+def gpu_vram_zombie(history: HostHistory) -> Iterable[Finding]:
+    """U11: VRAM held by a process that is defunct, orphaned from a dead run, in another PID
+    namespace, or by nobody visible (see remote/zombies.py); one finding per GPU."""
+    from .zombies import zombie_holders
+
+    per_gpu: dict[int | None, list[Any]] = {}
+    for z in zombie_holders(history):
+        per_gpu.setdefault(z.gpu_index, []).append(z)
+    for gpu, holders in per_gpu.items():
+        mib = sum(z.gpu_mem_mib or 0 for z in holders)
+        first = holders[0]
+        more = f" (+{len(holders) - 1} more)" if len(holders) > 1 else ""
+        where = f"GPU {gpu}" if gpu is not None else "a GPU"
+        yield Finding(
+            "gpu.vram_zombie", Severity.WARNING,
+            f"{where}: {_mib(mib) if mib else 'memory'} held by "
+            + (f"pid {first.pid} ({first.reason})" if first.pid is not None
+               else "no visible process") + f"{more}: {first.explanation}",
+            gpu=gpu,
+            evidence={"holders": [z.to_json() for z in holders], "mem_mib": mib,
+                      "signallable": [z.pid for z in holders if z.signallable]})
+
+
+def gpu_idle_while_running(history: HostHistory) -> Iterable[Finding]:
+    """U38, U24: a run is alive but its GPUs sat near 0% util for idle_while_running_s (and at
+    least sustain_polls polls). Steps still advancing: data-bound; not: hung or waiting."""
+    th = history.thresholds
+    now = history.current
+    if now is None or now.taken_at is None:
+        return
+    for sample in now.runs:
+        if not sample.pids:
+            continue
+        for gpu in sorted(_gpus_of(sample.pids, now)):
+            idle: list[HostSnapshot] = []
+            for snap in reversed(history.snapshots):
+                if snap.boot_id != now.boot_id:
+                    break
+                run = next((r for r in snap.runs if r.name == sample.name), None)
+                g = _gpu(snap, gpu)
+                if run is None or not run.pids or g is None or g.util_pct is None \
+                        or g.util_pct > th.idle_util_pct:
+                    break
+                idle.append(snap)
+            idle.reverse()
+            if len(idle) < max(2, th.sustain_polls):
+                continue
+            span = _span(idle)
+            if span < th.idle_while_running_s:
+                continue
+            stepping = any(r.new_points() for snap in idle[1:] for r in snap.runs
+                           if r.name == sample.name)
+            todo = ("its steps still advance, so it is starved by data loading: raise "
+                    "num_workers, pin_memory, prefetch (U38, U24)" if stepping else
+                    "and no new steps: it is hung or waiting — check its log or py-spy dump")
+            yield Finding(
+                "gpu.idle_while_running", Severity.WARNING,
+                f"GPU {gpu} of run {sample.name} has been near 0% util for {_dur(span)} "
+                f"while the run is alive; {todo}",
+                gpu=gpu, run=sample.name,
+                evidence={"span_s": span, "polls": len(idle), "steps_advancing": stepping,
+                          "util_pct": [_gpu(x, gpu).util_pct for x in idle]})
+
+
+# ---------------------------------------------------------------- runs
+
+def run_dead(history: HostHistory) -> Iterable[Finding]:
+    """U3: a run seen running whose processes are all gone (and no done marker, seed 004).
+    Critical on the poll that saw it die, a warning while it stays dead; the diagnosis
+    (history.deaths) says why."""
+    if history.current is None:
+        return
+    for name, series in history.runs.items():
+        if series.status != "dead":
+            continue
+        d = history.deaths.get(name)
+        new = name in history.new_deaths
+        if getattr(series, "discovery", None) is not None:
+            # issue 8: a process gpuwatch only discovered has no done marker, so a normal
+            # exit looks like a kill: report it only with evidence of a death, as a warning
+            if d is None or d.cause in ("killed", "unknown"):
+                continue
+            new = False
+        risk = series.work_at_risk_s()
+        lost = f"; {_dur(risk)} of work since its last checkpoint is lost" if risk else ""
+        why = d.summary if d is not None else "it died before gpuwatch could see why"
+        yield Finding(
+            "run.dead", Severity.CRITICAL if new else Severity.WARNING,
+            f"run {name} is dead: {why}{lost} — fix the cause, then relaunch it from its "
+            "latest checkpoint",
+            run=name,
+            evidence={"cause": d.cause if d else "unknown",
+                      "diagnosis": d.to_json() if d else None, "died_at": d.at if d else None,
+                      "pids": list(d.pids) if d else [], "new": new,
+                      "latest_checkpoint": series.latest_checkpoint.path
+                      if series.latest_checkpoint else None, "work_lost_s": risk})
+
+
+def run_rank_dead(history: HostHistory) -> Iterable[Finding]:
+    """Seed 002: one rank of a multi-process (DDP) run died while the others live on. The
+    survivors will hang in the next collective until the NCCL timeout (often 30 min or
+    more), holding their GPUs: critical while it lasts."""
+    if history.current is None:
+        return
+    for name, d in history.rank_deaths.items():
+        series = history.runs.get(name)
+        if series is not None and getattr(series, "discovery", None) is not None:
+            continue  # issue 8: a discovered run's grouping is a guess; a rank may just end
+        survivors = d.evidence.get("survivors", [])
+        yield Finding(
+            "run.rank_dead", Severity.CRITICAL,
+            f"run {name}: rank pid {', '.join(map(str, d.pids))} died ({d.summary}) while "
+            f"{len(survivors)} other rank(s) live on and will hang until the NCCL timeout — "
+            "kill the whole run and relaunch it from its latest checkpoint (seed 002)",
+            run=name, evidence={"cause": d.cause, "diagnosis": d.to_json(), "died_at": d.at,
+                                "dead_pids": list(d.pids), "survivors": survivors})
+
+
+def run_sighup_risk(history: HostHistory) -> Iterable[Finding]:
+    """Seed 000: a run process with a controlling terminal, SIGHUP neither ignored (nohup) nor
+    caught, and no tmux/screen above it (setsid would have left it without a tty) dies when
+    the SSH session that started it ends."""
+    now = history.current
+    if now is None:
+        return
+    table = _table(now)
+    for sample in now.runs:
+        exposed = [p for p in _run_procs(sample, now) if hup_exposed(p, table)]
+        if not exposed:
+            continue
+        chain = [a.comm for a in _chain(exposed[0], table)]
+        yield Finding(
+            "run.sighup_risk", Severity.WARNING,
+            f"run {sample.name} (pid {exposed[0].pid}) is tied to a terminal without nohup, "
+            "tmux or setsid: it dies when that SSH session drops — relaunch it detached "
+            "(tmux, or setsid nohup ... &) at its next checkpoint (seed 000)",
+            run=sample.name,
+            evidence={"pids": [p.pid for p in exposed], "tty_nr": exposed[0].tty_nr,
+                      "session": exposed[0].session, "ancestry": chain})
+
+
+def _chain(proc: ProcessInfo, table: Mapping[int, ProcessInfo]) -> list[ProcessInfo]:
+    chain, seen = [], {proc.pid}
+    parent = table.get(proc.ppid)
+    while parent is not None and parent.pid not in seen:
+        seen.add(parent.pid)
+        chain.append(parent)
+        parent = table.get(parent.ppid)
+    return chain
+
+
+def host_kill_user_processes(history: HostHistory) -> Iterable[Finding]:
+    """Seed 000: logind's KillUserProcesses=yes kills every process of a session at logout —
+    tmux and nohup included."""
+    now = history.current
+    if now is None or not now.kill_user_processes:
+        return
+    yield Finding(
+        "host.kill_user_processes", Severity.WARNING,
+        f"{history.name} has logind KillUserProcesses=yes: logging out kills even tmux and "
+        "nohup runs — start runs with `systemd-run --user --scope` after `loginctl "
+        "enable-linger`, or set KillUserProcesses=no (seed 000)",
+        evidence={"kill_user_processes": True})
+
+
+def _started(procs: Iterable[ProcessInfo]) -> float | None:
+    times = [p.started_at for p in procs if p.started_at is not None]
+    return min(times) if times else None
+
+
+def _artifact_mtimes(sample: RunSample) -> dict[str, float]:
+    out: dict[str, float] = {}
+    files = [f.mtime for f in sample.event_files if f.error is None]
+    if files:
+        out["events"] = max(files)
+    metrics = [m.mtime for m in sample.metrics if m.mtime is not None and m.error is None]
+    if metrics:
+        out["metrics"] = max(metrics)
+    latest = sample.latest_checkpoint
+    if latest is not None:
+        out["checkpoint"] = latest.mtime
+    return out
+
+
+def run_progress(history: HostHistory) -> Iterable[Finding]:
+    """U43: run.stalled — alive, but no log, event, metric or checkpoint write for stalled_s
+    (seed 002: survivors of a dead rank look exactly like this). run.log_buffered — the log
+    silent for log_buffered_s while events/metrics/checkpoints were written well after it:
+    block-buffered stdout, not a dead run. Both are ages on the box's clock: no history needed."""
+    th = history.thresholds
+    now = history.current
+    if now is None or now.taken_at is None:
+        return
+    for sample in now.runs:
+        if not sample.pids:
+            continue
+        procs = _run_procs(sample, now)
+        started = _started(procs)
+        up = now.taken_at - started if started is not None else None
+        arts = _artifact_mtimes(sample)
+        log_mtime = sample.log.mtime if sample.log is not None else None
+        times = list(arts.values()) + ([log_mtime] if log_mtime is not None else [])
+        if not times:
+            continue
+        quiet = now.taken_at - max(times)
+        if quiet >= th.stalled_s and (up is None or up >= th.stalled_s):
+            only_log = not arts
+            yield Finding(
+                "run.stalled", Severity.WARNING,
+                f"run {sample.name} is alive but has written nothing for {_dur(quiet)}"
+                + (" (only its log is watched: it may just be block-buffered, U43)"
+                   if only_log else "")
+                + " — it is likely hung (a dead rank leaves the others waiting in NCCL): "
+                "check its log and py-spy dump, then kill and relaunch (U43, seed 002)",
+                run=sample.name,
+                evidence={"quiet_s": quiet, "log_age_s": None if log_mtime is None
+                          else now.taken_at - log_mtime,
+                          "artifact_age_s": {k: now.taken_at - v for k, v in arts.items()},
+                          "uptime_s": up})
+            continue
+        if log_mtime is None or not arts:
+            continue
+        log_age = now.taken_at - log_mtime
+        newest_kind, newest = max(arts.items(), key=lambda kv: kv[1])
+        if log_age >= th.log_buffered_s and newest - log_mtime >= th.log_buffered_s:
+            yield Finding(
+                "run.log_buffered", Severity.INFO,
+                f"run {sample.name}'s log has been silent for {_dur(log_age)} while its "
+                f"{newest_kind} was written {_dur(now.taken_at - newest)} ago: stdout is "
+                "block-buffered, the run is fine — next time launch with python -u or "
+                "PYTHONUNBUFFERED=1 (U43)",
+                run=sample.name,
+                evidence={"log_age_s": log_age, "newest": newest_kind,
+                          "newest_age_s": now.taken_at - newest})
+
+
+def run_events_empty(history: HostHistory) -> Iterable[Finding]:
+    """U39: events are configured but, after events_grace_s of the run being alive, there is no
+    event file there or none holds a scalar: the writer logs somewhere else."""
+    th = history.thresholds
+    now = history.current
+    if now is None or now.taken_at is None:
+        return
+    for sample in now.runs:
+        if not sample.pids or sample.events_path is None:
+            continue
+        started = _started(_run_procs(sample, now))
+        if started is None or now.taken_at - started < th.events_grace_s:
+            continue
+        if any(f.pending for f in sample.event_files):
+            continue  # still reading a big file
+        series = history.runs.get(sample.name)
+        has_scalars = bool(series and series.event_series)
+        if sample.event_files and has_scalars:
+            continue
+        error = sample.errors.get("events")
+        what = ("no event file" if not sample.event_files else
+                f"{len(sample.event_files)} event file(s) without a scalar")
+        yield Finding(
+            "run.events_empty", Severity.WARNING,
+            f"run {sample.name} has run {_dur(now.taken_at - started)} but {sample.events_path} "
+            f"holds {what}{f' ({error})' if error else ''}: its writer logs elsewhere — check "
+            "SummaryWriter(log_dir=...) against the configured events path (U39)",
+            run=sample.name,
+            evidence={"events_path": sample.events_path, "files": len(sample.event_files),
+                      "error": error, "uptime_s": now.taken_at - started})
+
+
+def ckpt_overdue(history: HostHistory) -> Iterable[Finding]:
+    """Seed 001: no checkpoint for ckpt_overdue_factor × the run's own cadence (the median gap
+    of its last checkpoints), and at least ckpt_overdue_min_s: a crash now loses all that."""
+    th = history.thresholds
+    now = history.current
+    if now is None or now.taken_at is None:
+        return
+    for sample in now.runs:
+        series = history.runs.get(sample.name)
+        if not sample.pids or series is None:
+            continue
+        cadence, latest = series.cadence_s, series.latest_checkpoint
+        if cadence is None or latest is None:
+            continue
+        age = now.taken_at - latest.mtime
+        limit = max(th.ckpt_overdue_factor * cadence, th.ckpt_overdue_min_s)
+        if age < limit:
+            continue
+        yield Finding(
+            "ckpt.overdue", Severity.WARNING,
+            f"run {sample.name} last checkpointed {_dur(age)} ago, {age / cadence:.1f}× its "
+            f"usual {_dur(cadence)}: a crash now loses all of that — check it still makes "
+            "progress and that the checkpoint disk is not full (seed 001)",
+            run=sample.name,
+            evidence={"age_s": age, "cadence_s": cadence, "latest": latest.path,
+                      "work_at_risk_s": series.work_at_risk_s(now.taken_at)})
+
+
+def ckpt_tmp_leftover(history: HostHistory) -> Iterable[Finding]:
+    """U6: a `*.tmp` / `*.partial` / `tmp*` beside the checkpoints that nobody writes any more
+    (untouched for tmp_stale_s, or the run is not running): a save that failed, often on a
+    full disk, and space worth freeing."""
+    th = history.thresholds
+    now = history.current
+    if now is None:
+        return
+    for sample in now.runs:
+        stale = [c for c in sample.leftovers
+                 if not sample.pids or now.taken_at is None
+                 or now.taken_at - c.mtime >= th.tmp_stale_s]
+        if not stale:
+            continue
+        total = sum(c.bytes for c in stale)
+        yield Finding(
+            "ckpt.tmp_leftover", Severity.WARNING,
+            f"run {sample.name} has {len(stale)} partial checkpoint(s) ({_gib(total)}, e.g. "
+            f"{stale[0].path}) left by a failed save — check the disk is not full, then delete "
+            "them (U6)",
+            run=sample.name,
+            evidence={"paths": [c.path for c in stale], "bytes": total})
+
+
+# ---------------------------------------------------------------- disks
+
+def _fs_checkpoint_bytes(now: HostSnapshot, mount: str | None) -> int:
+    """The biggest latest checkpoint of a run on this filesystem: the next save needs that."""
+    if not mount:
+        return 0
+    mounts = sorted({d.mount for d in now.disks if d.mount}, key=len, reverse=True)
+    biggest = 0
+    for sample in now.runs:
+        latest = sample.latest_checkpoint
+        if latest is None:
+            continue
+        home = next((m for m in mounts if latest.path == m or latest.path.startswith(
+            m.rstrip("/") + "/")), None)
+        if home == mount:
+            biggest = max(biggest, latest.bytes)
+    return biggest
+
+
+def disk_low(history: HostHistory) -> Iterable[Finding]:
+    """U6, U7: free bytes under disk_low_pct of the filesystem or under disk_low_bytes
+    (warning); under disk_critical_pct, or too little for the next checkpoint of a run on it
+    (critical: torch.save is about to fail). Free inodes likewise (disk.inodes_low)."""
+    th = history.thresholds
+    now = history.current
+    if now is None:
+        return
+    seen: set[str] = set()
+    for disk in now.disks:
+        fs = disk.mount or disk.path
+        if disk.error or fs in seen:
+            continue
+        seen.add(fs)
+        if disk.bytes_total and disk.bytes_free is not None:
+            pct = 100.0 * disk.bytes_free / disk.bytes_total
+            need = _fs_checkpoint_bytes(now, disk.mount)
+            critical = pct < th.disk_critical_pct or (need and disk.bytes_free < need)
+            if critical or pct < th.disk_low_pct or disk.bytes_free < th.disk_low_bytes:
+                fits = (f"; the next {_gib(need)} checkpoint will not fit" if need
+                        and disk.bytes_free < need else "")
+                yield Finding(
+                    "disk.low", Severity.CRITICAL if critical else Severity.WARNING,
+                    f"{fs} has {_gib(disk.bytes_free)} free ({pct:.1f}%){fits}: free space "
+                    "now — delete old checkpoints and *.tmp partials or move them off (U6)",
+                    subject=fs,
+                    evidence={"path": disk.path, "mount": disk.mount,
+                              "bytes_free": disk.bytes_free, "bytes_total": disk.bytes_total,
+                              "free_pct": round(pct, 2), "next_checkpoint_bytes": need})
+        if disk.inodes_total and disk.inodes_free is not None:
+            ipct = 100.0 * disk.inodes_free / disk.inodes_total
+            if ipct < th.inodes_low_pct:
+                yield Finding(
+                    "disk.inodes_low", Severity.CRITICAL if ipct < th.inodes_critical_pct
+                    else Severity.WARNING,
+                    f"{fs} has {disk.inodes_free:,} inodes free ({ipct:.1f}%): writes will fail "
+                    "with 'No space left on device' whatever df -h says — delete or tar up "
+                    "small files (per-sample outputs, caches) (U7, U25)",
+                    subject=fs,
+                    evidence={"path": disk.path, "mount": disk.mount,
+                              "inodes_free": disk.inodes_free,
+                              "inodes_total": disk.inodes_total, "free_pct": round(ipct, 2)})
+
+
+def disk_full_soon(history: HostHistory) -> Iterable[Finding]:
+    """U6: at the growth rate seen over the history (at least disk_full_min_span_s of it:
+    with cron `--once`, the stored previous poll and this one), the filesystem fills within
+    disk_full_hours. Critical within an hour."""
+    th = history.thresholds
+    now = history.current
+    if now is None or now.taken_at is None:
+        return
+    for disk in now.disks:
+        if disk.error or disk.bytes_free is None:
+            continue
+        first = None
+        for snap in history.snapshots:
+            old = next((d for d in snap.disks if d.path == disk.path and d.mount == disk.mount
+                        and d.bytes_free is not None), None)
+            if old is not None and snap.taken_at is not None \
+                    and now.taken_at - snap.taken_at >= th.disk_full_min_span_s:
+                first = (snap.taken_at, old.bytes_free)
+                break
+        if first is None:
+            continue
+        span = now.taken_at - first[0]
+        used = first[1] - disk.bytes_free  # type: ignore[operator]
+        if used <= 0:
+            continue
+        rate = used / span
+        hours = disk.bytes_free / rate / 3600
+        if hours >= th.disk_full_hours:
+            continue
+        fs = disk.mount or disk.path
+        yield Finding(
+            "disk.full_soon", Severity.CRITICAL if hours < 1 else Severity.WARNING,
+            f"{fs} fills in about {hours:.1f} h at the last {_dur(span)}'s rate "
+            f"({_gib(rate * 3600)}/h): free space or cap the checkpoints kept before "
+            "torch.save fails (U6)",
+            subject=fs,
+            evidence={"path": disk.path, "mount": disk.mount, "bytes_free": disk.bytes_free,
+                      "bytes_per_hour": rate * 3600, "hours_left": hours, "span_s": span})
+
+
+# ---------------------------------------------------------------- host
+
+def host_cgroup_oom(history: HostHistory) -> Iterable[Finding]:
+    """U41: the cgroup's memory.events oom_kill counter rose since the previous poll (same boot,
+    same cgroup): the authoritative 'was something OOM-killed here', whatever free says."""
+    now, before = history.current, history.previous
+    if now is None or before is None or now.boot_id != before.boot_id:
+        return
+    if now.cgroup is None or before.cgroup is None or now.cgroup.path != before.cgroup.path:
+        return
+    old, new = before.cgroup.oom_kill, now.cgroup.oom_kill
+    if old is None or new is None or new <= old:
+        return
+    victims = [e for e in new_kernel_events(before, now) if e.kind == "oom"]
+    who = (f" (the kernel log names pid {victims[-1].pid} {victims[-1].name})"
+           if victims else "")
+    limit = now.cgroup.memory_max_bytes
+    yield Finding(
+        "host.cgroup_oom", Severity.CRITICAL,
+        f"the memory cgroup OOM-killed {new - old} process(es) since the last poll{who}"
+        + (f" at its {_gib(limit)} limit" if limit else "")
+        + ": lower num_workers or the per-worker footprint, or rent more memory (U9, U41)",
+        evidence={"oom_kill_before": old, "oom_kill_now": new, "cgroup": now.cgroup.path,
+                  "memory_max_bytes": limit,
+                  "memory_current_bytes": now.cgroup.memory_current_bytes,
+                  "victims": [{"pid": e.pid, "name": e.name} for e in victims]})
+
+
+def host_cpu_oversubscribed(history: HostHistory) -> Iterable[Finding]:
+    """U40: a run's threads (its processes and their children) exceed cpu_oversubscribed_ratio
+    × the cgroup's vCPU quota in every one of the last sustain_polls snapshots: torch/OpenMP
+    sized their pools to the host's cores, not the slice."""
+    th = history.thresholds
+    now = history.current
+    if now is None or now.cgroup is None or not now.cgroup.cpus:
+        return
+    for sample in now.runs:
+        if not sample.pids:
+            continue
+
+        def threads(snap: HostSnapshot, name: str = sample.name) -> int:
+            run = next((r for r in snap.runs if r.name == name), None)
+            return 0 if run is None else sum(p.threads for p in _descendants(run.pids, snap))
+
+        def over(snap: HostSnapshot) -> bool:
+            cpus = snap.cgroup.cpus if snap.cgroup is not None else None
+            return cpus is not None and cpus > 0 and \
+                threads(snap) > th.cpu_oversubscribed_ratio * cpus
+
+        snaps = sustained(history, over)
+        if snaps is None:
+            continue
+        cpus = now.cgroup.cpus
+        n = threads(now)
+        yield Finding(
+            "host.cpu_oversubscribed", Severity.WARNING,
+            f"run {sample.name} runs {n} threads on a {cpus:g}-vCPU cgroup quota "
+            f"({n / cpus:.0f}×; the host shows {now.ncpu or '?'} cores): cap the pools — "
+            f"export OMP_NUM_THREADS={max(1, int(cpus))} MKL_NUM_THREADS={max(1, int(cpus))} "
+            "before launch (U40)",
+            run=sample.name,
+            evidence={"threads": n, "cgroup_cpus": cpus, "host_cpus": now.ncpu,
+                      "polls": len(snaps)})
+
+
+def run_code_changed(history: HostHistory) -> Iterable[Finding]:
+    """U2, U42: the script a run process executes was modified on disk after the process
+    started: the running code is not the code on disk (bash re-reads scripts mid-run; Python
+    tracebacks will show the new lines)."""
+    now = history.current
+    if now is None:
+        return
+    for sample in now.runs:
+        changed = [p for p in _run_procs(sample, now)
+                   if p.script_mtime is not None and p.started_at is not None
+                   and p.script_mtime > p.started_at + 2.0]  # btime is whole seconds
+        if not changed:
+            continue
+        p = changed[0]
+        late = (p.script_mtime or 0.0) - (p.started_at or 0.0)
+        bash = p.comm in ("bash", "sh", "dash", "zsh")
+        effect = ("bash reads scripts as it goes and may re-run or skip blocks" if bash else
+                  "the run still executes the old code")
+        yield Finding(
+            "run.code_changed", Severity.WARNING,
+            f"run {sample.name}: {p.script} changed on disk {_dur(late)}"
+            f" after pid {p.pid} started — {effect}; version the file instead of overwriting "
+            "it, and restart the run if the change must apply (U2, U42)",
+            run=sample.name,
+            evidence={"pid": p.pid, "script": p.script, "script_mtime": p.script_mtime,
+                      "started_at": p.started_at, "pids": [c.pid for c in changed]})
+
+
+RULES: tuple[Rule, ...] = (
+    host_unreachable, host_rebooted, host_kill_user_processes, host_cgroup_oom,
+    host_cpu_oversubscribed, gpu_util_without_clock, gpu_throttled, gpu_xid, gpu_vram_zombie,
+    gpu_idle_while_running, run_dead, run_rank_dead, run_sighup_risk, run_progress,
+    run_events_empty, run_code_changed, ckpt_overdue, ckpt_tmp_leftover, disk_low,
+    disk_full_soon)
+
+CODES: dict[str, tuple[str, ...]] = {
+    "host.unreachable": ("U3", "U17"), "host.rebooted": ("U3",),
+    "host.kill_user_processes": ("seed 000",), "host.cgroup_oom": ("U41",),
+    "host.cpu_oversubscribed": ("U40",), "gpu.util_without_clock": ("U21",),
+    "gpu.throttled": ("U23",), "gpu.xid": ("U22",), "gpu.vram_zombie": ("U11",),
+    "gpu.idle_while_running": ("U38", "U24"), "run.dead": ("U3",),
+    "run.rank_dead": ("seed 002",), "run.sighup_risk": ("seed 000",),
+    "run.stalled": ("U43", "seed 002"), "run.log_buffered": ("U43",),
+    "run.events_empty": ("U39",), "run.code_changed": ("U2", "U42"),
+    "ckpt.overdue": ("seed 001",), "ckpt.tmp_leftover": ("U6",), "disk.low": ("U6",),
+    "disk.inodes_low": ("U7",), "disk.full_soon": ("U6",),
+}
+"""Every finding code and the gotchas it encodes (DESIGN §3)."""
+
 
 
 def evaluate(history: HostHistory, rules: Iterable[Rule] = RULES) -> list[Finding]:
-    """Every finding of every rule, most severe first."""
+    """Every finding of every rule, most severe first (also kept as history.findings)."""
     found = [f for rule in rules for f in rule(history)]
-    return sorted(found, key=lambda f: (-f.severity, f.code, f.gpu or -1, f.run or ""))
+    found.sort(key=lambda f: (-f.severity, f.code, -1 if f.gpu is None else f.gpu, f.run or "",
+                              f.subject or ""))
+    history.findings = found
+    return found
 
 
 def worst(findings: Iterable[Finding]) -> Severity | None:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from .discovered import Discovery, parse_discovery
+
 PROBE_VERSION = 1
 
 T = TypeVar("T")
@@ -42,6 +44,7 @@ class GpuSample:
     temp_c: int | None
     throttle_reasons: tuple[str, ...] | None  # U23; () = none active, None = unknown
     mig: bool | None
+    pci_bus_id: str | None = None  # "00000000:3B:00.0": maps an Xid line to its GPU (U22)
 
     def to_json(self) -> dict[str, Any]:
         reasons = None if self.throttle_reasons is None else list(self.throttle_reasons)
@@ -90,6 +93,8 @@ class ProcessInfo:
     run: str | None
     gpu_index: int | None  # the GPU where the driver shows it holding the most memory
     gpu_mem_mib: int | None  # summed over GPUs
+    script: str | None = None  # U2, U42: a run process's .py/.sh, as the box resolves it
+    script_mtime: float | None = None  # the box's clock; newer than started_at: code changed
 
     @property
     def holds_nvidia_dev(self) -> bool | None:
@@ -279,6 +284,7 @@ class RunSample:
     done: bool | None  # None: no done marker configured (or it could not be checked)
     done_mtime: float | None
     errors: Mapping[str, str]  # source ("log", "events", "metrics[0]", ...) → message
+    discovered: Discovery | None = None  # issue 8: a run nobody configured, how it was found
 
     @property
     def latest_checkpoint(self) -> Checkpoint | None:
@@ -441,7 +447,7 @@ def _gpu(row: _Node) -> GpuSample:
         sm_clock_max_mhz=row.opt_int("sm_clock_max_mhz"), power_w=row.opt_float("power_w"),
         power_limit_w=row.opt_float("power_limit_w"), temp_c=row.opt_int("temp_c"),
         throttle_reasons=row.opt_list("throttle_reasons", _is_str, "names"),
-        mig=row.opt_bool("mig"),
+        mig=row.opt_bool("mig"), pci_bus_id=row.opt_str("pci_bus_id"),
     )
 
 
@@ -470,7 +476,8 @@ def _gpu_use(apps: tuple[GpuProcess, ...]) -> dict[int, tuple[int | None, int | 
 
 
 def _process(row: _Node, use: Mapping[int, tuple[int | None, int | None]],
-             clock: tuple[int, int] | None) -> ProcessInfo:
+             clock: tuple[int, int] | None,
+             scripts: Mapping[int, tuple[str | None, float | None]]) -> ProcessInfo:
     pid, start_ticks = row.get_int("pid"), row.get_int("start_ticks")
     gpu_index, gpu_mem_mib = use.get(pid, (None, None))
     started_at = None if clock is None else clock[0] + start_ticks / clock[1]
@@ -482,8 +489,25 @@ def _process(row: _Node, use: Mapping[int, tuple[int | None, int | None]],
         sighup_caught=row.get_bool("sighup_caught"), threads=row.get_int("threads"),
         cgroup=row.opt_str("cgroup"), cwd=row.opt_str("cwd"), exe=row.opt_str("exe"),
         nvidia_devs=row.opt_list("nvidia_devs", _is_int, "integers"), run=row.opt_str("run"),
-        gpu_index=gpu_index, gpu_mem_mib=gpu_mem_mib,
+        gpu_index=gpu_index, gpu_mem_mib=gpu_mem_mib, script=scripts.get(pid, (None, None))[0],
+        script_mtime=scripts.get(pid, (None, None))[1],
     )
+
+
+def _scripts(section: _Node) -> dict[int, tuple[str | None, float | None]]:
+    """pid → (script, mtime) of run processes (U2, U42), from {script: [mtime, pid, ...]};
+    {} from probes that do not say."""
+    raw = section.data.get("scripts")
+    out: dict[int, tuple[str | None, float | None]] = {}
+    if not isinstance(raw, dict):
+        return out
+    for script, value in raw.items():
+        if not (isinstance(value, list) and value and _is_number(value[0])
+                and all(_is_int(p) for p in value[1:])):
+            raise _Bad(f"{section.where}.scripts", "expected {script: [mtime, pid, ...]}")
+        for pid in value[1:]:
+            out[int(pid)] = (str(script), float(value[0]))
+    return out
 
 
 def _counts(section: _Node) -> ProcessCounts:
@@ -636,7 +660,26 @@ def _run(node: _Node) -> RunSample:
         done=done.get_bool("exists") if done else None,
         done_mtime=done.opt_float("mtime") if done else None,
         errors=node.messages("errors"),
+        discovered=_discovered(node),
     )
+
+
+def _discovered(node: _Node) -> Discovery | None:
+    if node.data.get("discovered") is None:
+        return None
+    try:
+        return parse_discovery(node.get_str("name"), node.data["discovered"])
+    except ValueError as exc:
+        raise _Bad(node.child("discovered"), str(exc)) from None
+
+
+def _discovered_runs(doc: _Node, errors: dict[str, str]) -> tuple[RunSample, ...]:
+    """Issue 8: the "discovered" section's runs (probe's discover.py), after the configured."""
+    value = doc.data.get("discovered")
+    if isinstance(value, dict) and "error" in value:
+        errors.setdefault("discovered", _Node(value, "discovered").get_str("error"))
+        return ()
+    return tuple(_run(node) for node in doc.nodes("discovered"))
 
 
 def _runs(doc: _Node, errors: dict[str, str]) -> tuple[RunSample, ...]:
@@ -701,6 +744,7 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
     procs = _section(doc, "processes", errors)
     use = _gpu_use(apps)
     cgroup = _section(doc, "cgroup", errors)
+    scripts = _scripts(procs) if procs else {}
     logind = _section(doc, "logind", errors)
     kernel = _section(doc, "kernel", errors)
     return HostSnapshot(
@@ -715,7 +759,8 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
         gpu_processes=apps,
         gpu_source=gpu_section.opt_str("source") if gpu_section else None,
         nvidia_smi_reasons=gpu_section.opt_str("reasons") if gpu_section else None,
-        processes=tuple(_process(row, use, clock) for row in procs.table("procs")) if procs else (),
+        processes=tuple(_process(row, use, clock, scripts)
+                        for row in procs.table("procs")) if procs else (),
         process_counts=_counts(procs) if procs else None,
         disks=_disks(doc, errors),
         cgroup=_cgroup(cgroup) if cgroup else None,
@@ -725,7 +770,7 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
         section_errors=MappingProxyType(errors),
         probe_s=doc.opt_float("probe_s"),
         probe_cpu_s=doc.opt_float("cpu_s"),
-        runs=_runs(doc, errors),
+        runs=_runs(doc, errors) + _discovered_runs(doc, errors),
     )
 
 

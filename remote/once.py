@@ -7,13 +7,16 @@ Nothing here imports Textual, and asyncssh only loads when a host needs SSH.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .collect import Collector, PollOutcome
+from .collect import Collector, PollOutcome, ssh_config_file
 from .config import Config, HostConfig
-from .findings import HostHistory, PollFailure, evaluate
+from .discovered import discovered_names, is_discovered_state, record_launches
+from .findings import HostHistory, PollFailure, Thresholds, evaluate
 from .model import ProbeError, parse_probe_output
 from .poller import OpeningLimiter, poll_all_once
 from .report import HostReport
@@ -27,12 +30,15 @@ class OnceResult:
     store_warning: str | None
 
 
-def history_from_store(store: Store, host: HostConfig) -> HostHistory:
-    """What the store remembers of a host, as the rules' history (the last good snapshot)."""
-    history = HostHistory(host.name)
+def history_from_store(store: Store, host: HostConfig,
+                       thresholds: Thresholds | None = None) -> HostHistory:
+    """What the store remembers of a host, as the rules' history (the last good snapshot,
+    the runs' state and why the dead ones died)."""
+    history = HostHistory(host.name, thresholds=thresholds or Thresholds())
+    history.restore_deaths(store.deaths(host.name), store.deaths(host.name, "rank_dead"))
     configured = {r.name for r in host.runs}
     for name, (run_state, points) in store.runs(host.name).items():
-        if name in configured:
+        if name in configured or is_discovered_state(run_state):  # issue 8: discovered too
             series = RunSeries.from_state(name, run_state)
             if points:
                 series.restore_points(points)
@@ -58,9 +64,17 @@ def judge(history: HostHistory, outcome: PollOutcome) -> HostReport:
 
 
 def runs_json(history: HostHistory, host: HostConfig) -> list[dict[str, Any]]:
-    """The configured runs as the schema's run objects (a run never seen yet is `unknown`)."""
+    """The configured runs as the schema's run objects (a run never seen yet is `unknown`),
+    then the discovered ones (issue 8), by name."""
     now = history.snapshots[-1].taken_at if history.snapshots else None
-    return [history.runs.get(r.name, RunSeries(r.name)).to_json(now) for r in host.runs]
+    out = []
+    for name in [r.name for r in host.runs] + discovered_names(history.runs, host):
+        series = history.runs.get(name, RunSeries(name))
+        doc = series.to_json(now)
+        death = history.deaths.get(name) if series.status == "dead" else None
+        doc["diagnosis"] = death.to_json() if death is not None else None  # U3
+        out.append(doc)
+    return out
 
 
 def remember(store: Store, outcome: PollOutcome, history: HostHistory | None = None) -> None:
@@ -68,6 +82,12 @@ def remember(store: Store, outcome: PollOutcome, history: HostHistory | None = N
         store.save_runs(outcome.host.name, {
             name: (series.state(), series.points_state())
             for name, series in history.runs.items()})
+    if history is not None:  # findings' first/last seen/cleared, and why dead runs died
+        store.update_findings(outcome.host.name, history.findings, outcome.ended_at,
+                              clear=outcome.snapshot is not None)
+        store.save_deaths(outcome.host.name,
+                          {n: d.state() for n, d in history.deaths.items()},
+                          {n: d.state() for n, d in history.rank_deaths.items()})
     snap = outcome.snapshot
     if snap is None:
         store.record_poll(outcome.host.name, taken_at=outcome.ended_at, ok=False,
@@ -80,16 +100,27 @@ def remember(store: Store, outcome: PollOutcome, history: HostHistory | None = N
             for g in snap.gpus]
     store.record_poll(outcome.host.name, taken_at=outcome.ended_at, ok=True,
                       boot_id=snap.boot_id, doc=outcome.doc, gpu_rows=rows)
+    record_launches(store, outcome.host.name, snap, outcome.ended_at)  # issue 8
 
 
 def opening_keys(host: HostConfig) -> list[str]:
     """Limiter keys of a host's connection: its sshd, and its jump host when there is one.
 
-    Hosts are keyed by what was typed; aliases of one sshd share a key once resolved by the ssh
-    layer (see ssh.resolve_endpoint)."""
+    Aliases of one sshd share a key: the ssh layer resolves them through the ssh config
+    (ssh.endpoint_keys)."""
     from . import ssh
 
-    return ssh.endpoint_keys(host.ssh, host.settings.config_file)
+    return ssh.endpoint_keys(host.ssh, ssh_config_file(host))
+
+
+@contextlib.asynccontextmanager
+async def opening(limiter: OpeningLimiter, host: HostConfig) -> AsyncIterator[None]:
+    """Hold the limiter's slots for a host's connection while it is being opened. The keys are
+    worked out in a thread: reading the ssh config costs milliseconds per host, and on the event
+    loop 50 hosts' readings ran one after another before the first connection could proceed."""
+    keys = await asyncio.to_thread(opening_keys, host)
+    async with limiter.opening(keys):
+        yield
 
 
 async def poll_once(config: Config, store: Store, *, accept_new_host_keys: bool = False,
@@ -99,8 +130,8 @@ async def poll_once(config: Config, store: Store, *, accept_new_host_keys: bool 
     needs_ssh = any(not h.is_local for h in hosts)
     collector = Collector(
         accept_new_host_keys=accept_new_host_keys,
-        opening=(lambda h: limiter.opening(opening_keys(h))) if needs_ssh else None)
-    histories = {h.name: history_from_store(store, h) for h in hosts}
+        opening=(lambda h: opening(limiter, h)) if needs_ssh else None)
+    histories = {h.name: history_from_store(store, h, config.thresholds) for h in hosts}
     outcomes = await poll_all_once(hosts, lambda h: collector.poll(h, histories[h.name].runs))
     reports = []
     for outcome in outcomes:

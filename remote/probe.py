@@ -17,7 +17,9 @@ Request (unknown keys are ignored):
                 "metrics_bytes", "metrics_json_bytes", "metrics_points", "checkpoints",
                 "ckpt_files", "leftovers", "errors_per_source"},
      "nvidia_smi_timeout_s": float, "nvidia_smi_reasons": "event" | "throttle",
-     "want": {"gpus", "processes", "disks", "cgroup", "logind", "kernel", "runs", "nvml": bool},
+     "want": {"gpus", "processes", "disks", "cgroup", "logind", "kernel", "runs", "nvml",
+              "discover": bool},
+     "discovered_runs": [...] (issue 8, see discover.py: runs found earlier, to keep reading),
      "compress": bool}
     RUN = {"name": str, "process": str (whole command-line words, see run_pattern),
            "log", "events", "checkpoints" (a glob), "done": path, "metrics": [path, ...]
@@ -26,8 +28,10 @@ Request (unknown keys are ignored):
            "log_seen": [size, mtime]}   the last three: what the previous answer said
 
 Output: {"v": 1, "probe_s", "cpu_s", "errors": {section: message}, and the sections
-"host", "gpus", "processes", "disks", "cgroup", "logind", "kernel", "runs"}. A section that
-fails is {"error": message} (also listed in "errors") and the rest of the document stands.
+"host", "gpus", "processes", "disks", "cgroup", "logind", "kernel", "runs", "discovered"
+(issue 8: run objects as in "runs", each with a "discovered" object, see discover.py)}.
+A section that fails is {"error": message} (also listed in "errors") and the rest of the
+document stands.
 Tables are {"fields": [...], "rows": [[...], ...]} to keep the document small. With
 "compress": true stdout is the zlib stream of that JSON (forked dataloader workers repeat
 their parent's command line: it shrinks about 4x, U15).
@@ -111,7 +115,7 @@ REASON_BITS = (
 
 GPU_FIELDS = ("index", "uuid", "name", "util_pct", "mem_used_mib", "mem_total_mib",
               "sm_clock_mhz", "sm_clock_max_mhz", "power_w", "power_limit_w", "temp_c",
-              "throttle_reasons", "mig")
+              "throttle_reasons", "mig", "pci_bus_id")
 APP_FIELDS = ("uuid", "pid", "gpu_mem_mib", "process_name")
 PROC_FIELDS = ("pid", "ppid", "user", "state", "comm", "cmd", "start_ticks", "tty_nr",
                "session", "pgrp", "sighup_ignored", "sighup_caught", "threads", "cgroup",
@@ -377,7 +381,7 @@ REASON_FAMILIES = {"event": "clocks_event_reasons", "throttle": "clocks_throttle
 # power.draw.instant/average exist only on newer drivers.
 SMI_GPU_QUERY = ("index", "uuid", "name", "utilization.gpu", "memory.used", "memory.total",
                  "clocks.sm", "clocks.max.sm", "power.draw", "enforced.power.limit",
-                 "temperature.gpu", "{reasons}.active", "mig.mode.current")
+                 "temperature.gpu", "{reasons}.active", "mig.mode.current", "pci.bus_id")
 # The header spells it used_gpu_memory (used_memory is an accepted alias).
 SMI_APP_QUERY = ("gpu_uuid", "pid", "used_gpu_memory", "process_name")
 # Canonical names: headers print the long forms, old drivers the throttle family.
@@ -477,6 +481,7 @@ def gpu_row(row):
         first_number(row, "temperature.gpu"),
         decode_reasons(row),
         mig_mode(row.get("mig.mode.current")),
+        smi_value(row.get("pci.bus_id", "")),  # U22: what an Xid line names the GPU by
     ]
 
 
@@ -546,6 +551,7 @@ def collect_gpus_nvml(nvml):
 
     reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
         nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    pci_fn = getattr(nvml, "nvmlDeviceGetPciInfo", None)
     nvml.nvmlInit()
     try:
         devices, apps = [], []
@@ -556,6 +562,7 @@ def collect_gpus_nvml(nvml):
             memory = ask(nvml.nvmlDeviceGetMemoryInfo, handle)
             mask = ask(reasons_fn, handle)
             mig = ask(nvml.nvmlDeviceGetMigMode, handle)
+            pci = ask(pci_fn, handle) if pci_fn is not None else None
             devices.append([
                 index, uuid, text(ask(nvml.nvmlDeviceGetName, handle)),
                 util.gpu if util is not None else None,
@@ -568,6 +575,7 @@ def collect_gpus_nvml(nvml):
                 ask(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU),
                 None if mask is None else [name for bit, name in REASON_BITS if mask & bit],
                 None if mig is None else mig[0] == nvml.NVML_DEVICE_MIG_ENABLE,
+                None if pci is None else text(getattr(pci, "busId", None)),
             ])
             for app in ask(nvml.nvmlDeviceGetComputeRunningProcesses, handle) or ():
                 name = ask(nvml.nvmlSystemGetProcessName, app.pid)
@@ -622,6 +630,29 @@ def read_cmdline(pid):
     except OSError:
         return ""
     return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+
+
+SCRIPT_SUFFIXES = (".py", ".sh", ".bash")
+
+
+def run_script(pid, cwd):
+    """U2, U42: the script a run process executes and its mtime (to compare with the start
+    time): the first argument that names a .py/.sh file. (None, None) when there is none."""
+    try:
+        with open(proc_path(pid, "cmdline"), "rb") as f:
+            args = f.read().rstrip(b"\0").split(b"\0")
+    except OSError:
+        return None, None
+    for raw in args[1:]:
+        arg = raw.decode("utf-8", "replace")
+        if arg.startswith("-") or not arg.endswith(SCRIPT_SUFFIXES):
+            continue
+        path = arg if os.path.isabs(arg) or not cwd else os.path.join(cwd, arg)
+        try:
+            return path, os.stat(path).st_mtime
+        except OSError:
+            return path, None
+    return None, None
 
 
 def nvidia_devices(pid, cap):
@@ -737,12 +768,13 @@ def process_row(stat, users, limits, devices, run):
         cgroup = None
     cmd = read_cmdline(pid) or "[%s]" % stat["comm"]  # zombies have no command line
     sighup = 1  # bit of signal 1 in the SigIgn/SigCgt masks (seed 000: nohup sets SigIgn)
+    cwd = read_link(proc_path(pid, "cwd"))
     return [
         stat["pid"], stat["ppid"], users[uid], stat["state"], stat["comm"],
         cmd[:limits["cmd_chars"]], stat["start_ticks"], stat["tty_nr"], stat["session"],
         stat["pgrp"], bool(int(status.get("SigIgn", "0"), 16) & sighup),
         bool(int(status.get("SigCgt", "0"), 16) & sighup), stat["threads"],
-        cgroup[1] if cgroup else None, read_link(proc_path(pid, "cwd")),
+        cgroup[1] if cgroup else None, cwd,
         read_link(proc_path(pid, "exe")), devices if isinstance(devices, list) else None, run,
     ]
 
@@ -753,14 +785,16 @@ def collect_processes(request, limits, gpu_pids, found):
     matched = found["matched"] = match_runs(procs, runs if isinstance(runs, list) else [])
     devices, fd_unreadable, fd_skipped = {}, 0, []
     for pid in procs:
-        found = nvidia_devices(str(pid), limits["fds_per_proc"])
-        if found is None:
+        held = nvidia_devices(str(pid), limits["fds_per_proc"])
+        if held is None:
             fd_unreadable += 1
-        elif found == "skipped":
+        elif held == "skipped":
             fd_skipped.append(pid)
-        devices[pid] = found
+        devices[pid] = held
     holders = [pid for pid in procs if isinstance(devices[pid], list) and devices[pid]]
     holders += [pid for pid in gpu_pids if pid in procs and pid not in holders]
+    if want(request, "discover"):  # issue 8: GPU holders grouped into runs (discover.py)
+        found["discovery"] = load_module("discover").group(procs, holders, matched, request)
     seeds = holders + [pid for pid in matched if pid not in holders]
     ancestors, descendants = related(procs, seeds)
     zombies = [pid for pid, stat in procs.items() if stat["state"] == "Z"]
@@ -769,14 +803,20 @@ def collect_processes(request, limits, gpu_pids, found):
     for pid in seeds + ancestors + zombies + servers + descendants:  # most telling first
         if pid not in chosen:
             chosen.append(pid)
-    users, rows = {}, []
+    users, rows, scripts = {}, [], {}
     for pid in chosen[:limits["procs"]]:
         try:
-            rows.append(process_row(procs[pid], users, limits, devices[pid], matched.get(pid)))
+            row = process_row(procs[pid], users, limits, devices[pid], matched.get(pid))
         except (OSError, ValueError):
             continue  # vanished between the scan and the details
+        rows.append(row)
+        if pid in matched:  # U2, U42: a run's script and its mtime, against its start time
+            script, mtime = run_script(str(pid), row[PROC_FIELDS.index("cwd")])
+            if script is not None and mtime is not None:  # {script: [mtime, pid, ...]}
+                scripts.setdefault(script, [mtime]).append(pid)
     return {
         "procs": table(PROC_FIELDS, rows),
+        "scripts": scripts,
         "total": len(procs) + kernel_threads,
         "kernel_threads": kernel_threads,
         "zombies": len(zombies),
@@ -1137,19 +1177,24 @@ def find_event_files(path, limits):
 
 
 def load_tfevents():
-    """The event decoder: on the box the bundle's loader installed it as gpuwatch_tfevents;
-    on the client it is this package's tfevents; run as a script, the file beside this one."""
-    try:
-        import gpuwatch_tfevents as module
-        return module
-    except ImportError:
-        pass
+    """The event decoder (see load_module)."""
+    return load_module("tfevents")
+
+
+def load_module(name):
+    """A module shipped beside the probe (tfevents, discover): on the box the bundle's loader
+    installed it as gpuwatch_NAME; on the client it is this package's; run as a script, the
+    file beside this one."""
     import importlib
 
+    try:
+        return importlib.import_module("gpuwatch_" + name)
+    except ImportError:
+        pass
     if __package__:
-        return importlib.import_module(__package__ + ".tfevents")
+        return importlib.import_module(__package__ + "." + name)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    return importlib.import_module("tfevents")
+    return importlib.import_module(name)
 
 
 def read_event_file(path, st, offset, budget, limits):
@@ -1536,8 +1581,8 @@ def collect_runs(request, limits, found):
     pids = {}
     for pid, name in found["matched"].items():
         pids.setdefault(name, []).append(pid)
-    budget = {"bytes": limits["events_bytes"],
-              "deadline": time.monotonic() + limits["events_time_s"]}
+    budget = found["budget"] = {"bytes": limits["events_bytes"],  # discovered runs share it
+                                "deadline": time.monotonic() + limits["events_time_s"]}
     out = []
     for run in runs:
         if not isinstance(run.get("name"), str):
@@ -1547,6 +1592,22 @@ def collect_runs(request, limits, found):
         except Exception as exc:  # never happens by design; if it does, the run says so
             out.append({"name": run["name"], "pids": [], "errors": {"run": describe(exc)}})
     return out
+
+
+def collect_discovered(request, limits, found):
+    """Issue 8: the runs nobody configured, found by discover.py and read like configured ones
+    (after them: they share the event budget)."""
+    if "discovery" not in found:
+        raise ProbeFailure("discovery needs the processes section")
+    budget = found.get("budget") or {"bytes": limits["events_bytes"],
+                                     "deadline": time.monotonic() + limits["events_time_s"]}
+    try:
+        load_tfevents()
+        has_decoder = True
+    except ImportError:  # left out of this poll's bundle: no run asked for event files
+        has_decoder = False
+    return load_module("discover").collect(found["discovery"], request, limits, budget,
+                                           collect_run, has_decoder)
 
 
 # ---------------------------------------------------------------- request and document
@@ -1610,6 +1671,8 @@ def gather(request):
     section("disks", collect_disks, disks if isinstance(disks, list) else [])
     if isinstance(request.get("runs"), list) and request["runs"]:
         section("runs", collect_runs, request, limits, found)
+    if want(request, "discover"):
+        section("discovered", collect_discovered, request, limits, found)
     section("cgroup", collect_cgroup)
     section("logind", collect_logind)
     section("kernel", collect_kernel, limits)

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .config import RunConfig
+from .discovered import Discovery
 from .model import Checkpoint, RunSample
 
 MAX_POINTS = 100_000
@@ -246,6 +247,7 @@ class RunSeries:
         self.box_time: float | None = None
         self.checkpoint_times: dict[str, float] = {}  # seen over history: rotation deletes old
         self.errors: Mapping[str, str] = {}
+        self.discovery: Discovery | None = None  # issue 8: a run nobody configured
 
     # -- what goes out
     def request_state(self) -> dict[str, Any]:
@@ -263,6 +265,8 @@ class RunSeries:
         """Fold in one poll's sample; box_time is the box's clock at the poll (taken_at)."""
         self.last_sample, self.box_time = sample, box_time
         self.pids, self.done, self.errors = sample.pids, sample.done, sample.errors
+        if sample.discovered is not None:
+            self.discovery = sample.discovered.merged(self.discovery)
         if sample.pids:
             self.seen_running = True
             self.last_seen_running_at = box_time
@@ -478,7 +482,8 @@ class RunSeries:
                 "cursors": self.cursors, "log_seen": self.log_seen,
                 "seen_running": self.seen_running,
                 "last_seen_running_at": self.last_seen_running_at,
-                "checkpoint_times": self.checkpoint_times}
+                "checkpoint_times": self.checkpoint_times,
+                "discovery": self.discovery.to_state() if self.discovery else None}
 
     @classmethod
     def from_state(cls, name: str, state: Mapping[str, Any],
@@ -505,4 +510,5 @@ class RunSeries:
         run.seen_running = state.get("seen_running") is True
         at = state.get("last_seen_running_at")
         run.last_seen_running_at = float(at) if isinstance(at, (int, float)) else None
+        run.discovery = Discovery.from_state(name, state.get("discovery"))
         return run

@@ -588,13 +588,50 @@ def _options(kwargs: dict[str, Any], host: str) -> asyncssh.SSHClientConnectionO
         raise SshError("config", f"bad ssh options for '{host}': {exc}.") from None
 
 
+PARSED_TTL_S = 30.0
+"""How long one reading of the ssh config is reused while its file is unchanged (a file it
+Includes may change unseen for this long)."""
+_parsed_cache: dict[
+    tuple[Target, str | None], tuple[float, tuple[int, int] | None, Any]
+] = {}
+
+
+def _parsed(
+    tgt: Target, config_file: str | os.PathLike[str] | None
+) -> asyncssh.SSHClientConnectionOptions:
+    """The ssh config applied to a target (host, port, user and the config's other keys), keys
+    not loaded; reused for PARSED_TTL_S while the file is unchanged.
+
+    Why: asyncssh reads the whole file for every target, shlex-splitting each line (about 6 ms
+    for a 50-host config), and each poll needs it twice here (endpoint_keys, _resolve): with N
+    hosts in one ssh config a fleet poll cost O(N^2), on the event loop for endpoint_keys. The
+    connection's own reading (asyncssh's, in its executor) is left as it is.
+    """
+    path = Path(config_file).expanduser() if config_file is not None else None
+    try:
+        st = (path or Path.home() / ".ssh" / "config").stat()
+        stamp: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+    except OSError:
+        stamp = None
+    key = (tgt, str(path) if path else None)
+    now = time.monotonic()
+    cached = _parsed_cache.get(key)
+    if cached is not None and cached[1] == stamp and now - cached[0] < PARSED_TTL_S:
+        return cast(asyncssh.SSHClientConnectionOptions, cached[2])
+    options = _options(_connect_kwargs(tgt, SshBounds(), config_file, None), tgt.host)
+    if len(_parsed_cache) > 4096:  # a long-running TUI with ad-hoc targets: stay bounded
+        _parsed_cache.clear()
+    _parsed_cache[key] = (now, stamp, options)
+    return options
+
+
 def _resolve(
     tgt: Target, kwargs: dict[str, Any], config_file: str | os.PathLike[str] | None
 ) -> _Resolved:
     """Apply the ssh config to the target (host, port, user, key and known_hosts files) the way
     the connection will. Blocking file reads: run it in a thread."""
     _check_files(config_file, kwargs.get("client_keys"))
-    options = _options(kwargs, tgt.host)
+    options = _parsed(tgt, config_file)
     client_keys = None
     if "client_keys" not in kwargs:
         # OpenSSH skips an IdentityFile that does not exist (one ssh config, many machines);
@@ -615,12 +652,11 @@ def endpoint_keys(target: str, config_file: str | os.PathLike[str] | None = None
     """``host:port`` of every sshd a connection to ``target`` opens a connection to: the final
     sshd and each ProxyJump hop, as the ssh config resolves them (aliases of one sshd give one
     key). For bounding how many connections are being opened per sshd (MaxStartups)."""
-    bounds = SshBounds()
     keys: list[str] = []
     hops = [target]
     while hops and len(keys) < 16:  # a ProxyJump loop in the config must not spin
         tgt = parse_target(hops.pop(0))
-        options = _options(_connect_kwargs(tgt, bounds, config_file, None), tgt.host)
+        options = _parsed(tgt, config_file)
         keys.append(f"{options.host}:{options.port or DEFAULT_SSH_PORT}")
         jump = options.tunnel if isinstance(options.tunnel, str) else ""
         if jump and jump.lower() != "none":

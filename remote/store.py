@@ -46,6 +46,43 @@ CREATE TABLE IF NOT EXISTS run_state (
     points BLOB,                  -- zlib JSON: the run's series, decimated to a bound per tag
     PRIMARY KEY (host, run)
 );
+CREATE TABLE IF NOT EXISTS findings (   -- each finding's life: first seen, last seen, cleared
+    host TEXT NOT NULL, code TEXT NOT NULL,
+    gpu INTEGER NOT NULL DEFAULT -1,     -- -1: not about one GPU
+    run TEXT NOT NULL DEFAULT '',        -- '': not about one run
+    subject TEXT NOT NULL DEFAULT '',    -- what else tells them apart (a disk's mount)
+    severity TEXT NOT NULL, message TEXT NOT NULL,
+    evidence TEXT NOT NULL,              -- JSON, as of the last time it was seen
+    first_seen REAL NOT NULL, last_seen REAL NOT NULL,
+    cleared_at REAL,                     -- NULL while it holds
+    PRIMARY KEY (host, code, gpu, run, subject)
+);
+CREATE TABLE IF NOT EXISTS run_deaths (  -- U3: why a dead run died, kept while it stays dead
+    host TEXT NOT NULL, run TEXT NOT NULL,
+    kind TEXT NOT NULL,                  -- dead | rank_dead
+    diagnosis TEXT NOT NULL,             -- JSON {cause, evidence, at, pids}
+    PRIMARY KEY (host, run, kind)
+);
+CREATE TABLE IF NOT EXISTS audit (   -- append-only: every action asked for, and its outcome
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,            -- epoch s, this machine's clock
+    who TEXT NOT NULL,           -- local user@host that asked
+    host TEXT NOT NULL,
+    action TEXT NOT NULL,        -- kill | reap | relaunch
+    phase TEXT NOT NULL,         -- execute | verify
+    targets TEXT NOT NULL,       -- JSON: [{pid, start_ticks, boot_id, user, cmd}] or [{run}]
+    command TEXT,                -- relaunch: the command that ran; kill/reap: the signals
+    outcome TEXT NOT NULL,       -- refused | failed | sent | verified | not_verified
+    ok INTEGER,                  -- 1, 0, or NULL (sent, for the next poll to verify)
+    message TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_host_at ON audit (host, at);
+CREATE TABLE IF NOT EXISTS launches (   -- issue 8: how a discovered run was started, to relaunch
+    host TEXT NOT NULL, run TEXT NOT NULL,
+    recorded_at REAL NOT NULL,           -- epoch s, this machine's clock
+    launch TEXT NOT NULL,                -- JSON: cwd, argv, env, dropped names (no secret, U34)
+    PRIMARY KEY (host, run)
+);
 """
 
 
@@ -85,6 +122,23 @@ class GpuRow:
     temp_c: float | None
     mem_used_mib: float | None
     throttle: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One row of the audit log: who asked for what, on which process or run, and the result."""
+
+    id: int
+    at: float
+    who: str
+    host: str
+    action: str
+    phase: str
+    targets: tuple[Mapping[str, Any], ...]
+    command: str | None
+    outcome: str
+    ok: bool | None
+    message: str
 
 
 class Store:
@@ -198,6 +252,147 @@ class Store:
                 continue
         return out
 
+    # --- audit log (append-only: rows are added, never changed or pruned) -----------------
+    def record_action(self, *, who: str, host: str, action: str, phase: str,
+                      targets: Iterable[Mapping[str, Any]], command: str | None, outcome: str,
+                      ok: bool | None, message: str, at: float | None = None) -> int:
+        """Append one action (or its verification) to the audit log; returns its id."""
+        with self._conn:
+            cur = self._conn.execute(
+                "INSERT INTO audit (at, who, host, action, phase, targets, command, outcome, ok, "
+                "message) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (time.time() if at is None else at, who, host, action, phase,
+                 json.dumps([dict(t) for t in targets], sort_keys=True), command, outcome,
+                 None if ok is None else int(ok), message))
+        return int(cur.lastrowid or 0)
+
+    def audit_log(self, host: str | None = None, *, limit: int = 1000) -> list[AuditEntry]:
+        """The newest `limit` audit rows (of one host, or all), oldest first."""
+        where, args = ("WHERE host = ?", (host,)) if host is not None else ("", ())
+        rows = self._conn.execute(
+            "SELECT id, at, who, host, action, phase, targets, command, outcome, ok, message "
+            f"FROM (SELECT * FROM audit {where} ORDER BY id DESC LIMIT ?) ORDER BY id",
+            (*args, limit)).fetchall()
+        out = []
+        for r in rows:
+            try:
+                targets = tuple(t for t in json.loads(r[6]) if isinstance(t, dict))
+            except ValueError:
+                targets = ()
+            out.append(AuditEntry(id=r[0], at=r[1], who=r[2], host=r[3], action=r[4],
+                                  phase=r[5], targets=targets, command=r[7], outcome=r[8],
+                                  ok=None if r[9] is None else bool(r[9]), message=r[10]))
+        return out
+
+    # --- findings ----------------------------------------------------------------------------
+    def update_findings(self, host: str, findings: Iterable[Any], at: float, *,
+                        clear: bool = True) -> None:
+        """Fold one poll's findings in: new ones start (first_seen = at), held ones get
+        last_seen = at, ones not seen any more are cleared at `at` (not when clear=False: a
+        failed poll's data is stale, not gone); one that comes back after clearing starts
+        anew. `findings` are remote.findings.Finding objects."""
+        with self._conn:
+            seen = set()
+            for f in findings:
+                key = (host, f.code, -1 if f.gpu is None else f.gpu, f.run or "",
+                       getattr(f, "subject", None) or "")
+                seen.add(key)
+                evidence = json.dumps(dict(f.evidence), sort_keys=True, default=str)
+                self._conn.execute(
+                    "INSERT INTO findings (host, code, gpu, run, subject, severity, message, "
+                    "evidence, first_seen, last_seen, cleared_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL) "
+                    "ON CONFLICT(host, code, gpu, run, subject) DO UPDATE SET "
+                    "severity = excluded.severity, message = excluded.message, "
+                    "evidence = excluded.evidence, last_seen = excluded.last_seen, "
+                    "first_seen = CASE WHEN findings.cleared_at IS NULL "
+                    "THEN findings.first_seen ELSE excluded.first_seen END, cleared_at = NULL",
+                    (*key, f.severity.label, f.message, evidence, at, at))
+            active = self._conn.execute(
+                "SELECT host, code, gpu, run, subject FROM findings "
+                "WHERE host = ? AND cleared_at IS NULL", (host,)).fetchall() if clear else []
+            for row in active:
+                if tuple(row) not in seen:
+                    self._conn.execute(
+                        "UPDATE findings SET cleared_at = ? WHERE host = ? AND code = ? "
+                        "AND gpu = ? AND run = ? AND subject = ?", (at, *row))
+
+    def findings(self, host: str | None = None, *, active: bool | None = None,
+                 since: float | None = None) -> list[FindingRecord]:
+        """Findings of one host (or all): active=True only those holding, False only cleared
+        ones; since: only those seen at or after it. Newest first."""
+        where: list[str] = ["1 = 1"]
+        args: list[Any] = []
+        if host is not None:
+            where.append("host = ?")
+            args.append(host)
+        if active is not None:
+            where.append("cleared_at IS NULL" if active else "cleared_at IS NOT NULL")
+        if since is not None:
+            where.append("last_seen >= ?")
+            args.append(since)
+        rows = self._conn.execute(
+            "SELECT host, code, gpu, run, subject, severity, message, evidence, first_seen, "
+            f"last_seen, cleared_at FROM findings WHERE {' AND '.join(where)} "
+            "ORDER BY last_seen DESC, first_seen DESC", args).fetchall()
+        out = []
+        for r in rows:
+            try:
+                evidence = json.loads(r[7])
+            except ValueError:
+                evidence = {}
+            out.append(FindingRecord(
+                host=r[0], code=r[1], gpu=None if r[2] == -1 else r[2], run=r[3] or None,
+                subject=r[4] or None, severity=r[5], message=r[6],
+                evidence=evidence if isinstance(evidence, dict) else {}, first_seen=r[8],
+                last_seen=r[9], cleared_at=r[10]))
+        return out
+
+    # --- launches of discovered runs (issue 8) -------------------------------------------------
+    def save_launch(self, host: str, run: str, launch: Mapping[str, Any], at: float) -> None:
+        """Record how a run was started (remote.discovered.LaunchRecord.to_json()), replacing
+        the previous launch of that run. Secret-named variables never reach this (U34)."""
+        with self._conn:
+            self._conn.execute(
+                "INSERT INTO launches (host, run, recorded_at, launch) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(host, run) DO UPDATE SET recorded_at = excluded.recorded_at, "
+                "launch = excluded.launch",
+                (host, run, at, json.dumps(dict(launch), sort_keys=True)))
+
+    def launch(self, host: str, run: str) -> tuple[float, dict[str, Any]] | None:
+        """(recorded_at, launch) of a run's last recorded launch; None if none (or unreadable)."""
+        row = self._conn.execute("SELECT recorded_at, launch FROM launches WHERE host = ? AND "
+                                 "run = ?", (host, run)).fetchone()
+        try:
+            value = json.loads(row[1]) if row is not None else None
+        except ValueError:
+            return None
+        return (row[0], value) if isinstance(value, dict) else None
+
+    # --- run deaths (U3) ----------------------------------------------------------------------
+    def save_deaths(self, host: str, deaths: Mapping[str, Mapping[str, Any]],
+                    rank_deaths: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        """Replace a host's remembered diagnoses (each `Diagnosis.state()`)."""
+        with self._conn:
+            self._conn.execute("DELETE FROM run_deaths WHERE host = ?", (host,))
+            for kind, table in (("dead", deaths), ("rank_dead", rank_deaths or {})):
+                for run, state in table.items():
+                    self._conn.execute(
+                        "INSERT INTO run_deaths (host, run, kind, diagnosis) VALUES (?, ?, ?, ?)",
+                        (host, run, kind, json.dumps(dict(state), sort_keys=True, default=str)))
+
+    def deaths(self, host: str, kind: str = "dead") -> dict[str, dict[str, Any]]:
+        out = {}
+        for run, raw in self._conn.execute(
+                "SELECT run, diagnosis FROM run_deaths WHERE host = ? AND kind = ?", (host, kind)):
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                out[run] = value
+        return out
+
     def _prune_gpu_samples(self, host: str) -> None:
         # Keep the newest GPU_SAMPLES_PER_HOST rows; prune in slack-sized steps so the delete
         # does not run on every poll.
@@ -221,6 +416,27 @@ class Store:
                        power_w=r[5], power_limit_w=r[6], temp_c=r[7], mem_used_mib=r[8],
                        throttle=tuple(filter(None, (r[9] or "").split(","))))
                 for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class FindingRecord:
+    """One finding's life in the store (times are this machine's clock)."""
+
+    host: str
+    code: str
+    gpu: int | None
+    run: str | None
+    subject: str | None
+    severity: str
+    message: str
+    evidence: dict[str, Any]
+    first_seen: float
+    last_seen: float
+    cleared_at: float | None
+
+    @property
+    def active(self) -> bool:
+        return self.cleared_at is None
 
 
 class StoreTooNew(Exception):

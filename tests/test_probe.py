@@ -101,14 +101,14 @@ class Box:
 
 
 GPU_CSV = """\
-0, {}, NVIDIA H100 80GB HBM3, 100, 70211, 81559, 1980, 1980, 652.31, 700.00, 61, 0x0000000000000000, Disabled
-1, {}, NVIDIA H100 80GB HBM3, 98, 70105, 81559, 1410, 1980, 699.87, 700.00, 86, 0x0000000000000044, Disabled
-2, {}, NVIDIA H100 80GB HBM3, [N/A], 11125, 81559, 1980, 1980, 433.78, 700.00, 53, 0x0000000000000000, Enabled
-3, {}, NVIDIA H100 80GB HBM3, 97, 69988, 81559, 1980, 1980, [Not Supported], [Not Supported], 60, 0x0000000000000000, Disabled
-4, {}, NVIDIA H100 80GB HBM3, 0, 1, 81559, 345, 1980, 71.02, 700.00, 31, 0x0000000000000001, Disabled
-5, {}, NVIDIA H100 80GB HBM3, 99, 70002, 81559, 1980, 1980, 640.55, 700.00, [Unknown Error], 0x0000000000000000, Disabled
-6, {}, NVIDIA H100 80GB HBM3, 100, 70430, 81559, 1755, 1980, 700.12, 700.00, 79, 0x0000000000000004, Disabled
-7, {}, NVIDIA H100 80GB HBM3, ERR!, 70311, 81559, 1980, 1980, 645.90, 700.00, 63, [N/A], [N/A]
+0, {}, NVIDIA H100 80GB HBM3, 100, 70211, 81559, 1980, 1980, 652.31, 700.00, 61, 0x0000000000000000, Disabled, 00000000:1B:00.0
+1, {}, NVIDIA H100 80GB HBM3, 98, 70105, 81559, 1410, 1980, 699.87, 700.00, 86, 0x0000000000000044, Disabled, 00000000:43:00.0
+2, {}, NVIDIA H100 80GB HBM3, [N/A], 11125, 81559, 1980, 1980, 433.78, 700.00, 53, 0x0000000000000000, Enabled, 00000000:52:00.0
+3, {}, NVIDIA H100 80GB HBM3, 97, 69988, 81559, 1980, 1980, [Not Supported], [Not Supported], 60, 0x0000000000000000, Disabled, 00000000:61:00.0
+4, {}, NVIDIA H100 80GB HBM3, 0, 1, 81559, 345, 1980, 71.02, 700.00, 31, 0x0000000000000001, Disabled, 00000000:9D:00.0
+5, {}, NVIDIA H100 80GB HBM3, 99, 70002, 81559, 1980, 1980, 640.55, 700.00, [Unknown Error], 0x0000000000000000, Disabled, 00000000:C3:00.0
+6, {}, NVIDIA H100 80GB HBM3, 100, 70430, 81559, 1755, 1980, 700.12, 700.00, 79, 0x0000000000000004, Disabled, 00000000:D1:00.0
+7, {}, NVIDIA H100 80GB HBM3, ERR!, 70311, 81559, 1980, 1980, 645.90, 700.00, 63, [N/A], [N/A], 00000000:DF:00.0
 """.format(*UUIDS)  # noqa: E501
 
 APPS_CSV = "".join(f"{UUIDS[i]}, {pid}, 70000, python3.10\n" for i, pid in
@@ -296,7 +296,7 @@ def test_fixture_box_document(box: Box):
                        "util_pct": 100, "mem_used_mib": 70211, "mem_total_mib": 81559,
                        "sm_clock_mhz": 1980, "sm_clock_max_mhz": 1980, "power_w": 652.31,
                        "power_limit_w": 700.0, "temp_c": 61, "throttle_reasons": [],
-                       "mig": False}
+                       "mig": False, "pci_bus_id": "00000000:1B:00.0"}
     assert gpus[1]["throttle_reasons"] == ["sw_power_cap", "hw_thermal_slowdown"]
     assert gpus[2]["util_pct"] is None and gpus[2]["mig"] is True
     assert gpus[3]["power_w"] is None and gpus[3]["power_limit_w"] is None
@@ -371,8 +371,8 @@ def test_steady_8_gpu_box_fits_the_8k_budget(box: Box):
     packed = run_probe(box_request(box, compress=True), box.env()).stdout
     assert len(json.loads(zlib.decompress(packed))["processes"]["procs"]["rows"]) == 48
     assert len(packed) <= 8 * 1024
-    # upstream: the probe and the event decoder, compressed, about 18.5 KB each poll
-    assert len(build_stdin(box_request(box))) < 20 * 1024
+    # upstream: the probe, the event decoder and discovery (issue 8), compressed, about 25 KB
+    assert len(build_stdin(box_request(box))) < 26 * 1024
 
 
 def test_cgroup_path_absent_falls_back_to_root(box: Box):
@@ -483,6 +483,7 @@ def nvmlDeviceGetTemperature(h, sensor): return 86
 def nvmlDeviceGetCurrentClocksEventReasons(h): return 0x44
 def nvmlDeviceGetComputeRunningProcesses(h): return [NS(pid=830 + h, usedGpuMemory=None)]
 def nvmlSystemGetProcessName(pid): return b"python3.10"
+def nvmlDeviceGetPciInfo(h): return NS(busId=b"00000000:%02X:00.0" % (0x1B + h))
 
 
 def nvmlDeviceGetMigMode(h):
@@ -503,7 +504,8 @@ def test_nvml_path_yields_the_nvidia_smi_shape(box: Box, tmp_path: Path):
                     "util_pct": 97, "mem_used_mib": 70211, "mem_total_mib": 81559,
                     "sm_clock_mhz": 1410, "sm_clock_max_mhz": 1980, "power_w": 699.87,
                     "power_limit_w": 700.0, "temp_c": 86,
-                    "throttle_reasons": ["sw_power_cap", "hw_thermal_slowdown"], "mig": False}
+                    "throttle_reasons": ["sw_power_cap", "hw_thermal_slowdown"], "mig": False,
+                    "pci_bus_id": "00000000:1B:00.0"}
     assert gpu1["mig"] is None  # NotSupported → the box did not say
     assert rows(doc["gpus"]["apps"])[1] == {"uuid": "GPU-nvml-1", "pid": 831,
                                             "gpu_mem_mib": None, "process_name": "python3.10"}
@@ -697,7 +699,8 @@ def test_bundle_is_compressed_and_framed():
     assert rest[int(length):] == b'{"v":1}'
     namespace: dict = {}
     exec(payload.split("\n", 1)[0], namespace)  # the first line: SOURCES = [(name, source)]
-    assert [name for name, _ in namespace["SOURCES"]] == ["gpuwatch_tfevents", "gpuwatch_probe"]
+    assert [name for name, _ in namespace["SOURCES"]] == ["gpuwatch_tfevents", "gpuwatch_discover",
+                                                          "gpuwatch_probe"]
     for (name, shipped), (_, path) in zip(namespace["SOURCES"], MODULES, strict=True):
         assert shipped == strip_source(path.read_text()), name
         compile(shipped, name, "exec")

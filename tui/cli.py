@@ -10,7 +10,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
@@ -45,10 +44,24 @@ polled; 64 usage error; 78 config error"""
 
 
 def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # 20-40 ms: only when asked
+
     try:
         return version("gpuwatch")
     except PackageNotFoundError:  # running from a source tree that was never installed
         return "0+unknown"
+
+
+class _VersionAction(argparse.Action):
+    """--version, computing the version only when it is asked for (start-up time)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object) -> NoReturn:
+        print(f"gpuwatch {package_version()}")
+        parser.exit(0)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,7 +86,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--accept-new-host-keys", action="store_true",
                        help="accept and record unknown host keys, like OpenSSH's accept-new "
                             "(a changed key is always refused)")
-    group.add_argument("--version", action="version", version=f"gpuwatch {package_version()}")
+    group.add_argument("--version", action=_VersionAction)
 
 
 def _positive_float(text: str) -> float:
@@ -180,14 +193,45 @@ def run(argv: Sequence[str]) -> int:
             from gpuwatch.remote.scalars_cli import run_scalars
 
             return run_scalars(list(args.paths), args.tag, args.json)
+        if verb == "kill":
+            return _kill(args)
+        if verb == "reap":
+            return _reap(args)
+        if verb == "relaunch":
+            return _relaunch(args)
         if verb is None and (args.json or args.prometheus) and not args.once:
             build_parser(None).error("--json and --prometheus go with --once")
         if verb is None and args.once:
             return _once(args)
-        return _not_built(verb or ("--once" if args.once else "--demo" if args.demo else "tui"))
+        if verb is None and args.demo:
+            return _demo(args)
+        if verb is None:
+            return _tui(args)
+        return _not_built(verb)
     except ConfigError as exc:
         print(f"gpuwatch: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+
+
+def _kill(args: argparse.Namespace) -> int:
+    return _act("kill", args, pid=args.pid, signal=args.signal)
+
+
+def _reap(args: argparse.Namespace) -> int:
+    return _act("reap", args)
+
+
+def _relaunch(args: argparse.Namespace) -> int:
+    return _act("relaunch", args, run=args.run)
+
+
+def _act(kind: str, args: argparse.Namespace, **what: object) -> int:
+    """kill / reap / relaunch: poll, plan, confirm, execute, verify (remote/actions_cli.py)."""
+    from gpuwatch.remote.actions_cli import run_action
+
+    return run_action(kind, host_name=args.host, config_path=args.config, yes=args.yes,
+                      readonly=args.readonly, accept_new_host_keys=args.accept_new_host_keys,
+                      **what)
 
 
 def _not_built(what: str) -> int:
@@ -255,7 +299,50 @@ def _once(args: argparse.Namespace) -> int:
     return exit_code(result.reports, Severity.parse(args.fail_on))
 
 
+def _tui(args: argparse.Namespace) -> int:
+    """The full-screen TUI on the config's (or the command line's) hosts."""
+    from gpuwatch.remote.store import Store
+    from gpuwatch.tui.app import build_app
+
+    config = _load(args)
+    with Store.open() as store:
+        if store.warning:
+            print(f"gpuwatch: {store.warning}", file=sys.stderr)
+        build_app(config, store=store, readonly=args.readonly, theme=args.theme,
+                  accept_new_host_keys=args.accept_new_host_keys).run()
+    return EXIT_OK
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """The TUI on the demo fleet: simulated boxes behind real SSH servers on loopback, reached
+    through exactly the pipeline real hosts go through (host-key checking included). Its store
+    lives with the fleet's files, so a demo never mixes into the person's own history."""
+    import asyncio
+
+    from gpuwatch.remote.config import load_file
+    from gpuwatch.remote.sim.fleet import DemoFleet
+    from gpuwatch.remote.store import Store
+    from gpuwatch.tui.app import build_app
+
+    async def main() -> None:
+        async with DemoFleet.start() as fleet:
+            config = load_file(fleet.config_path)
+            if args.interval:
+                config = replace(config, interval=args.interval)
+            with Store.open(fleet.root / "gpuwatch-demo.sqlite3") as store:
+                app = build_app(config, store=store, readonly=args.readonly, theme=args.theme,
+                                accept_new_host_keys=args.accept_new_host_keys)
+                await app.run_async()
+
+    asyncio.run(main())
+    return EXIT_OK
+
+
 def _check(args: argparse.Namespace) -> int:
+    """Validate the config, poll each host once, explain each failure (exit 0 / 2 / 78)."""
+    import asyncio
+
+    from gpuwatch.remote.check import check_hosts, summary
     from gpuwatch.remote.config import load_config, select_hosts
 
     config = select_hosts(load_config(args.config), list(args.hosts))
@@ -265,7 +352,14 @@ def _check(args: argparse.Namespace) -> int:
         runs = ", ".join(r.name for r in host.runs) or "no runs"
         print(f"  {host.name}: ssh {host.ssh}, python {host.python}, disks "
               f"{' '.join(host.disks)}; {runs}")
-    return EXIT_OK
+    sys.stdout.flush()  # the polls take a while: show what is being checked first
+    checks = asyncio.run(check_hosts(config.hosts,
+                                     accept_new_host_keys=args.accept_new_host_keys))
+    for check in checks:
+        for line in [*check.lines, *check.warnings]:
+            print(line)
+    print(summary(checks))
+    return EXIT_OK if all(c.ok for c in checks) else EXIT_UNPOLLED
 
 
 if __name__ == "__main__":

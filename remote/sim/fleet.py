@@ -336,19 +336,23 @@ class DemoBox:
 
     # -- starting processes ------------------------------------------------------------------
     async def start_detached(self, command: str, *, log: Path, cwd: Path,
-                             env: Mapping[str, str] | None = None) -> int:
+                             env: Mapping[str, str] | None = None,
+                             own_session: bool = True) -> int:
         """Start a command the way gpuwatch's relaunch does (setsid nohup, stdin from
         /dev/null, output appended to the log), so it is an orphan in its own session.
-        Returns its pid (setsid execs in place: the pid is the command's own)."""
+        own_session=False leaves it in the session of a launcher shell that exits at once: an
+        orphan that does not lead its session, as a rank is when torchrun dies under it.
+        Returns its pid (setsid and nohup exec in place: the pid is the command's own)."""
         full = dict(self.env())
         full["PYTHONUNBUFFERED"] = "1"
         full.update(env or {})
-        line = (f"setsid nohup {command} >> {shlex.quote(str(log))} 2>&1 < /dev/null & "
-                "echo $!")
+        line = (f"{'setsid ' if own_session else ''}nohup {command} >> "
+                f"{shlex.quote(str(log))} 2>&1 < /dev/null & echo $!")
         pass_fds = (self.fleet.lifeline_fd,) if self.fleet.lifeline_fd is not None else ()
         proc = await asyncio.create_subprocess_exec(
             "/bin/sh", "-c", line, cwd=cwd, env=full, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, pass_fds=pass_fds)
+            stdout=asyncio.subprocess.PIPE, pass_fds=pass_fds,
+            start_new_session=not own_session)
         out, _ = await proc.communicate()
         pid = int(out.decode().split()[0])
         self.fleet.started_pids.add(pid)
@@ -574,8 +578,10 @@ class ZombieBox(DemoBox):
         command = " ".join(shlex.quote(w) for w in (
             "python3", "-u", str(self.zombie_script), "--local_rank=3", "--world_size=4",
             "--master_port=29500"))
+        # Not a session leader: U11's orphaned rank, left in the session of a launcher that died
+        # (a `setsid nohup` run leads its own session on purpose and is not a zombie for that).
         self.zombie_pid = await self.start_detached(
-            command, log=run.workdir / "rank3.log", cwd=run.workdir,
+            command, log=run.workdir / "rank3.log", cwd=run.workdir, own_session=False,
             env={"CUDA_VISIBLE_DEVICES": "3", "LOCAL_RANK": "3", "RANK": "3", "WORLD_SIZE": "4"})
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:  # until setsid and nohup have exec'd python

@@ -415,6 +415,8 @@ def query_apps(state: "State", fields: str, fmt: str, ids: "Optional[str]") -> "
         i = app.get("gpu", 0)
         if i not in chosen or i >= len(gpus):
             continue
+        if app.get("follows_pid") and not process_lives(app.get("pid")):
+            continue  # a real driver frees a context when its process exits
         row = []
         for n in names:
             if n in app:
@@ -427,6 +429,17 @@ def query_apps(state: "State", fields: str, fmt: str, ids: "Optional[str]") -> "
                 row.append(None)
         rows.append(row)
     return csv_lines(names, APP_FIELDS, rows, fmt)
+
+
+def process_lives(pid: "Any") -> bool:
+    """For an app added with follows_pid=True (a real pid, Box(real_proc=True)): is that process
+    still alive in this machine's /proc? Exited (gone, or a zombie) means its VRAM is free."""
+    try:
+        with open("/proc/%d/stat" % int(pid), "rb") as fh:
+            stat = fh.read().decode("utf-8", "replace")
+    except (OSError, TypeError, ValueError):
+        return False
+    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X", "")
 
 
 def list_gpus(state: "State") -> "List[str]":

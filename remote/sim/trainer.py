@@ -26,6 +26,7 @@ import random
 import shutil
 import signal
 import socket
+import stat
 import struct
 import sys
 import threading
@@ -213,6 +214,11 @@ def watch_lifeline(run: str) -> None:
     demo holds; when the demo is gone (even killed hard), the pipe closes and so does this."""
     fd = os.environ.get("GPUWATCH_DEMO_LIFELINE", "")
     if not fd.isdigit():
+        return
+    try:  # a launcher that closed inherited descriptors (tmux does): no lifeline to watch
+        if not stat.S_ISFIFO(os.fstat(int(fd)).st_mode):
+            return
+    except OSError:
         return
 
     def watch() -> None:

@@ -1,0 +1,504 @@
+"""gpuwatch action script: runs ON the box, one action per SSH call (DESIGN §4).
+
+Stdlib only, Python 3.6+ (the probe's rules): the client sends this source and a JSON request
+over stdin, exactly as it sends the probe (see actions.py), so the command line carries no
+secrets and no text from the box or the config, only the interpreter's name. Nothing read from
+the box is executed; the only programs run are `nohup`, `tmux` and `/bin/sh` on a script this
+file writes from the request, with every value quoted by shlex.quote.
+
+Requests (unknown keys are ignored):
+
+    {"v": 1, "op": "signal", "boot_id": str, "signal": "TERM" | "KILL", "wait_s": float,
+     "tree": bool, "targets": [{"pid": int, "start_ticks": int}, ...]}
+
+        Before each signal the target's identity is re-checked here, in this same call:
+        /proc/sys/kernel/random/boot_id against the snapshot's, /proc/PID/stat field 22 (start
+        time in clock ticks since boot) against the target's. A mismatch signals nothing. Not
+        root: only this login's own processes (a clear "not_yours", never a bare EPERM).
+        tree: also the live descendants of a signalled target that share its session (a dead
+        run's dataloader workers and ranks). Then waits up to wait_s for them to be gone.
+
+    {"v": 1, "op": "relaunch", "run": str, "process": str, "scripts": [str, ...],
+     "workdir": str, "log": str, "command": str, "env": {NAME: value}, "detach": "tmux" |
+     "setsid", "session": str, "settle_s": float}
+
+        Refuses while a process whose command line matches `process` (the probe's whole-word
+        match) is alive, or while a shell has one of `scripts` open or in its argv (U2). Then
+        starts `command` detached: in a new tmux session when asked and tmux is here, else
+        under setsid + nohup; either way through a private 0600 script that deletes itself,
+        exports the env and PYTHONUNBUFFERED=1 (U2, U43), cds to the workdir and runs the
+        command with stdin from /dev/null, stdout and stderr appended to the log (U18). The
+        env never appears in any process's argv (U34).
+
+Answer: one JSON object on stdout: {"v": 1, "op", "boot_id", "euid", ...}; "refused": reason
+when the whole request was refused.
+"""
+
+import errno
+import json
+import os
+import pwd
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+PROCFS = "/proc"
+"""Always the real /proc: a signal goes to a real pid, never to a fixture tree's."""
+SHELLS = ("sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox", "fish", "tcsh", "csh")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
+
+
+def read_text(path: str) -> str:
+    with open(path, "rb") as fh:
+        return fh.read().decode("utf-8", "replace")
+
+
+def boot_id() -> str:
+    try:
+        return read_text(os.path.join(PROCFS, "sys/kernel/random/boot_id")).strip()
+    except OSError:
+        return ""
+
+
+def proc_stat(pid: int) -> "dict | None":
+    """The fields of /proc/PID/stat an identity needs; None when the pid does not exist."""
+    try:
+        data = read_text(os.path.join(PROCFS, str(pid), "stat"))
+    except OSError:
+        return None
+    try:
+        right = data.rindex(")")  # comm may hold spaces and ')': split on the LAST ')'
+        rest = data[right + 2:].split()
+        return {"pid": pid, "comm": data[data.index("(") + 1:right], "state": rest[0],
+                "ppid": int(rest[1]), "session": int(rest[3]), "tty_nr": int(rest[4]),
+                "start_ticks": int(rest[19])}
+    except (ValueError, IndexError):
+        return None
+
+
+def proc_uid(pid: int) -> "int | None":
+    try:
+        for line in read_text(os.path.join(PROCFS, str(pid), "status")).splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def user_name(uid: "int | None") -> str:
+    if uid is None:
+        return "?"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def cmdline(pid: int) -> "list":
+    try:
+        with open(os.path.join(PROCFS, str(pid), "cmdline"), "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return []
+    return [a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0") if a]
+
+
+def all_stats() -> "dict":
+    out = {}
+    for name in os.listdir(PROCFS):
+        if name.isdigit():
+            st = proc_stat(int(name))
+            if st is not None:
+                out[st["pid"]] = st
+    return out
+
+
+def own_family() -> "set":
+    """This script and its ancestors (the SSH session's shell): never a match or a target."""
+    family, pid = set(), os.getpid()
+    while pid > 1 and pid not in family:
+        family.add(pid)
+        st = proc_stat(pid)
+        pid = st["ppid"] if st else 0
+    return family
+
+
+def gone(pid: int, start_ticks: int) -> bool:
+    """Exited: no such pid, another process under that pid, or a zombie (it is dead and has
+    let go of its memory; only its exit status waits for the parent)."""
+    st = proc_stat(pid)
+    return st is None or st["start_ticks"] != start_ticks or st["state"] in ("Z", "X")
+
+
+# ---------------------------------------------------------------- signal
+
+def simulated_procfs() -> "str | None":
+    root = os.environ.get("GPUWATCH_PROCFS")
+    if root and os.path.realpath(root) != "/proc":
+        return root
+    return None
+
+
+def check_target(target: dict, euid: int) -> "tuple":
+    """(status, stat) for one target before signalling it; status None means go ahead."""
+    pid, start = int(target["pid"]), int(target["start_ticks"])
+    st = proc_stat(pid)
+    if st is None:
+        return "gone", None
+    if st["start_ticks"] != start:
+        return "mismatch", st
+    if st["state"] in ("Z", "X"):
+        return "defunct", st
+    if pid <= 1:
+        return "refused", st
+    uid = proc_uid(pid)
+    if euid != 0 and uid != euid:
+        return "not_yours", st
+    return None, st
+
+
+def send(pid: int, sig: int) -> str:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return "gone"
+    except PermissionError:
+        return "eperm"
+    except OSError as exc:
+        return "eperm" if exc.errno == errno.EPERM else "error"
+    return "signalled"
+
+
+def session_children(roots: "list", stats: "dict", skip: "set") -> "list":
+    """Live descendants of the roots that share their root's session, parents first."""
+    children = {}  # type: dict
+    for st in stats.values():
+        children.setdefault(st["ppid"], []).append(st)
+    found, seen = [], set(skip)
+    for root in roots:
+        stack = [root]
+        while stack:
+            for child in children.get(stack.pop(), ()):
+                if child["pid"] in seen or child["state"] in ("Z", "X"):
+                    continue
+                if child["session"] != stats[root]["session"]:
+                    continue
+                seen.add(child["pid"])
+                found.append((child, root))
+                stack.append(child["pid"])
+    return found
+
+
+def op_signal(req: dict) -> dict:
+    out = {"op": "signal", "results": [], "alive": []}  # type: dict
+    fake = simulated_procfs()
+    if fake:
+        out["refused"] = (f"this box's /proc is a simulated tree (GPUWATCH_PROCFS={fake}): its "
+                          "pids are not real processes, nothing was signalled")
+        return out
+    name = str(req.get("signal"))
+    if name not in SIGNALS:
+        out["refused"] = f"unknown signal {name!r} (TERM or KILL)"
+        return out
+    now_boot = boot_id()
+    if not now_boot or now_boot != req.get("boot_id"):
+        out["refused"] = (f"the box's boot id is {now_boot or 'unreadable'}, not "
+                          f"{req.get('boot_id')} as in the snapshot: it rebooted since, so "
+                          "every pid seen then is gone; nothing was signalled")
+        return out
+    sig, euid = SIGNALS[name], os.geteuid()
+    family = own_family()
+    signalled = []
+    for target in req.get("targets") or []:
+        status, st = check_target(target, euid)
+        pid = int(target["pid"])
+        row = {"pid": pid, "start_ticks": int(target["start_ticks"])}  # type: dict
+        if st is not None:
+            row.update(now_start_ticks=st["start_ticks"], state=st["state"],
+                       user=user_name(proc_uid(pid)))
+        if status is None and pid in family:
+            status = "refused"
+        if status is None:
+            status = send(pid, sig)
+            if status == "signalled":
+                signalled.append((pid, st["start_ticks"]))
+        row["status"] = status
+        out["results"].append(row)
+    if req.get("tree") and signalled:
+        stats = all_stats()
+        roots = [pid for pid, _ in signalled if pid in stats]
+        for child, root in session_children(roots, stats, family | {p for p, _ in signalled}):
+            uid = proc_uid(child["pid"])
+            row = {"pid": child["pid"], "start_ticks": child["start_ticks"], "child_of": root,
+                   "state": child["state"], "user": user_name(uid)}
+            if euid != 0 and uid != euid:
+                row["status"] = "not_yours"
+            else:
+                row["status"] = send(child["pid"], sig)
+                if row["status"] == "signalled":
+                    signalled.append((child["pid"], child["start_ticks"]))
+            out["results"].append(row)
+    deadline = time.monotonic() + max(0.0, float(req.get("wait_s") or 0.0))
+    waiting = list(signalled)
+    while waiting:
+        waiting = [(p, s) for p, s in waiting if not gone(p, s)]
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    out["alive"] = [[p, s] for p, s in waiting]
+    return out
+
+
+# ---------------------------------------------------------------- relaunch
+
+def run_pattern(text: str) -> "re.Pattern":
+    """The probe's match: whole command-line words, a path prefix allowed."""
+    return re.compile(r"(?:^|[\s/])" + re.escape(text) + r"(?:$|\s)")
+
+
+def expand(path: str, base: str) -> str:
+    path = os.path.expanduser(path)
+    return path if os.path.isabs(path) else os.path.join(base, path)
+
+
+def open_fds_to(pid: int, paths: "set") -> "list":
+    fd_dir = os.path.join(PROCFS, str(pid), "fd")
+    hits = []  # type: list
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return hits
+    for name in names[:4096]:
+        try:
+            target = os.readlink(os.path.join(fd_dir, name))
+        except OSError:
+            continue
+        if target in paths:
+            hits.append(target)
+    return hits
+
+
+def still_running(req: dict, workdir: str) -> "str | None":
+    """Why the run must not be started again now, or None (U2: a shell mid-script too)."""
+    pattern = run_pattern(str(req["process"])) if req.get("process") else None
+    scripts = {}
+    for word in req.get("scripts") or []:
+        path = os.path.realpath(expand(str(word), workdir))
+        if os.path.isfile(path) and not is_binary(path):  # an interpreter is not a script
+            scripts[path] = str(word)
+    family = own_family()
+    for pid, st in sorted(all_stats().items()):
+        if pid in family or st["state"] in ("Z", "X"):
+            continue
+        argv = cmdline(pid)
+        text = " ".join(argv)
+        if pattern is not None and pattern.search(text):
+            return (f"run {req.get('run')} is still running: pid {pid} ({text[:200]}) "
+                    f"matches its process pattern {req.get('process')!r}")
+        if not scripts:
+            continue
+        held = open_fds_to(pid, set(scripts))
+        is_shell = os.path.basename(argv[0]) if argv else ""
+        if is_shell in SHELLS or st["comm"] in SHELLS:
+            for arg in argv[1:]:
+                resolved = os.path.realpath(expand(arg, read_cwd(pid) or workdir))
+                if resolved in scripts:
+                    held.append(resolved)
+        if held:
+            return (f"{scripts[held[0]]} is being executed by pid {pid} ({text[:200]}): a "
+                    "shell reads a script as it goes, so starting it again now risks a "
+                    "duplicate run (U2); end that process first")
+    return None
+
+
+def is_binary(path: str) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == b"\x7fELF"
+    except OSError:
+        return True
+
+
+def read_cwd(pid: int) -> "str | None":
+    try:
+        return os.readlink(os.path.join(PROCFS, str(pid), "cwd"))
+    except OSError:
+        return None
+
+
+def launch_script(script_path: str, req: dict, workdir: str, log: str) -> str:
+    """The private script the detached shell runs: it removes itself first (sh keeps it open,
+    so nothing can edit it under the running shell, U2), then sets everything up."""
+    q = shlex.quote
+    lines = [f"rm -f -- {q(script_path)}"]
+    for name, value in sorted((req.get("env") or {}).items()):
+        lines.append(f"export {name}={q(str(value))}")
+    lines.append("export PYTHONUNBUFFERED=1")  # U43: a detached run's log must not stall
+    lines.append(f"cd -- {q(workdir)} || exit 1")
+    # The command's own stdin and output, not this shell's: under tmux the shell must keep the
+    # pane's terminal open, or tmux takes the pane for dead and hangs it up (SIGHUP).
+    lines += ["{", str(req["command"]), "} </dev/null >>" + q(log) + " 2>&1"]
+    return "\n".join(lines) + "\n"
+
+
+def log_tail(path: str, size: int = 2000) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - size))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def tmux_session_name(base: str, tmux: str, env: dict) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", base)[:40] or "run"
+    for n in range(1, 100):
+        name = safe if n == 1 else f"{safe}-{n}"
+        taken = subprocess.run([tmux, "has-session", "-t", "=" + name], env=env,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, timeout=10)
+        if taken.returncode != 0:
+            return name
+    return f"{safe}-{os.getpid()}"
+
+
+def op_relaunch(req: dict) -> dict:
+    out = {"op": "relaunch", "run": req.get("run")}  # type: dict
+    workdir = os.path.expanduser(str(req.get("workdir") or ""))
+    if not workdir or not os.path.isdir(workdir):
+        out["refused"] = "the workdir %s does not exist on the box" % (workdir or "(unset)")
+        return out
+    env_vars = req.get("env") or {}
+    bad = [k for k in env_vars if not ENV_NAME.match(str(k))]
+    if bad:
+        out["refused"] = f"not an environment variable name: {bad[0]!r}"
+        return out
+    busy = still_running(req, workdir)
+    if busy:
+        out["refused"] = busy
+        return out
+    log = expand(str(req.get("log") or "gpuwatch-relaunch.log"), workdir)
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        out["refused"] = f"cannot append to the log {log}: {exc.strerror or exc}"
+        return out
+    env = dict(os.environ)
+    env.pop("TMUX", None)  # our session is not inside tmux; never nest into someone's
+    env.pop("TMUX_PANE", None)
+    tmux = shutil.which("tmux") if req.get("detach") == "tmux" else None
+    if req.get("detach") == "tmux" and tmux is None:
+        out["note"] = "tmux is not installed on the box: started with setsid nohup instead"
+    handle, script = tempfile.mkstemp(prefix="gpuwatch-launch-", suffix=".sh")
+    try:
+        with os.fdopen(handle, "w") as fh:  # mkstemp: mode 0600, only this user reads it
+            fh.write(launch_script(script, req, workdir, log))
+        if tmux is not None:
+            out.update(start_tmux(tmux, script, req, workdir, env))
+        else:
+            out.update(start_setsid(script, workdir, env, fd))
+    except (OSError, subprocess.SubprocessError) as exc:
+        out["refused"] = f"could not start it: {exc}"
+    finally:
+        os.close(fd)
+    settle(out, float(req.get("settle_s") or 1.0), log)
+    if os.path.exists(script) and out.get("status") != "started":
+        os.unlink(script)  # the shell never got to it
+    out["log"] = log
+    return out
+
+
+def start_setsid(script: str, workdir: str, env: dict, log_fd: int) -> dict:
+    """setsid (a new session: no controlling terminal, no SSH session to die with) + nohup
+    (SIGHUP ignored, seed 000), stdin /dev/null, output appended to the log."""
+    nohup = shutil.which("nohup")
+    if nohup:
+        argv = [nohup, "/bin/sh", script]
+    else:  # what nohup does, by hand: an ignored signal stays ignored across exec
+        argv = ["/bin/sh", "-c", "trap '' HUP; exec /bin/sh \"$0\"", script]
+    # close_fds=False hands down only what this session itself inherited beyond 0-2 (nothing
+    # under OpenSSH; the demo fleet's lifeline pipe under `gpuwatch --demo`): every fd this
+    # script opens is non-inheritable (PEP 446), and 0-2 are replaced above.
+    child = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+                             stdout=log_fd, stderr=log_fd, close_fds=False,
+                             start_new_session=True)
+    return {"status": "started", "detach": "setsid", "pid": child.pid, "_child": child}
+
+
+def start_tmux(tmux: str, script: str, req: dict, workdir: str, env: dict) -> dict:
+    name = tmux_session_name(str(req.get("session") or "gpuwatch"), tmux, env)
+    # One string, run by tmux's default-shell -c: the same on tmux 1.x to 3.x.
+    shell = f"exec /bin/sh {shlex.quote(script)}"
+    done = subprocess.run([tmux, "new-session", "-d", "-s", name, "-c", workdir, shell],
+                          env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, timeout=20)
+    if done.returncode != 0:
+        said = done.stdout.decode("utf-8", "replace").strip()[:300]
+        raise OSError(f"tmux new-session failed: {said}")
+    panes = subprocess.run([tmux, "list-panes", "-t", "=" + name, "-F", "#{pane_pid}"],
+                           env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, timeout=10)
+    pid = None
+    for line in panes.stdout.decode().split():
+        if line.isdigit():
+            pid = int(line)
+            break
+    return {"status": "started", "detach": "tmux", "session": name, "pid": pid}
+
+
+def settle(out: dict, settle_s: float, log: str) -> None:
+    """Give the new process a moment; report it, or that it exited at once (with the log's
+    last lines, as data)."""
+    child = out.pop("_child", None)
+    if out.get("status") != "started":
+        return
+    pid = out.get("pid")
+    deadline = time.monotonic() + max(0.0, settle_s)
+    st = proc_stat(pid) if pid else None
+    while time.monotonic() < deadline:
+        if child is not None and child.poll() is not None:
+            break
+        st = proc_stat(pid) if pid else None
+        if st is None or st["state"] in ("Z", "X"):
+            break
+        time.sleep(0.05)
+    code = child.poll() if child is not None else None
+    st = proc_stat(pid) if pid else None
+    if code is not None or st is None or st["state"] in ("Z", "X"):
+        out["status"] = "exited"
+        out["code"] = code
+        out["log_tail"] = log_tail(log)
+        return
+    out["start_ticks"] = st["start_ticks"]
+    out["tty_nr"] = st["tty_nr"]
+    out["session_id"] = st["session"]
+
+
+# ---------------------------------------------------------------- main
+
+def main() -> None:
+    try:
+        req = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+        if not isinstance(req, dict):
+            raise ValueError("the request is not an object")
+    except ValueError as exc:
+        out = {"refused": f"unreadable request: {exc}"}  # type: dict
+    else:
+        op = req.get("op")
+        if op == "signal":
+            out = op_signal(req)
+        elif op == "relaunch":
+            out = op_relaunch(req)
+        else:
+            out = {"refused": f"unknown op {op!r}"}
+    out.update(v=1, boot_id=boot_id(), euid=os.geteuid())
+    sys.stdout.write(json.dumps(out))
+    sys.stdout.flush()

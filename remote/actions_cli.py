@@ -1,0 +1,110 @@
+"""`gpuwatch kill | reap | relaunch`: the TUI's actions for scripts, with the same checks and the
+same audit log (DESIGN §3, §4).
+
+Poll the host once (its history comes from the store), build the plan, print exactly what will
+be hit, ask (or take --yes), execute, poll again to verify, print the verdict. Exit 0 verified;
+1 refused, failed or not verified; 2 the host could not be polled. Config errors propagate as
+ConfigError (the caller exits 78). No Textual here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable
+
+from . import actions
+from .collect import Collector
+from .config import ConfigError, HostConfig, load_config, select_hosts
+from .findings import HostHistory, PollFailure, recent
+from .once import history_from_store, remember
+from .store import Store
+
+EXIT_OK, EXIT_FAILED, EXIT_UNPOLLED = 0, 1, 2
+VERIFY_POLLS = 6
+"""Fresh polls after an action before its verdict (a process may take a moment to go)."""
+VERIFY_PAUSE_S = 1.0
+
+
+def run_action(kind: str, *, host_name: str, config_path: str | None = None,
+               pid: int | None = None, signal: str = "TERM", run: str | None = None,
+               yes: bool = False, readonly: bool = False, accept_new_host_keys: bool = False,
+               store_path: str | None = None, ask: Callable[[str], str] = input) -> int:
+    """One action verb, start to finish; returns the exit code."""
+    if kind not in ("kill", "reap", "relaunch"):
+        raise ValueError(kind)
+    config = select_hosts(load_config(config_path), [host_name])
+    host = config.hosts[0]
+    readonly = readonly or config.readonly
+    with Store.open(store_path) as store:
+        if store.warning:
+            print(f"gpuwatch: {store.warning}", file=sys.stderr)
+        return asyncio.run(_run(kind, host, store, pid=pid, signal=signal, run=run, yes=yes,
+                                readonly=readonly, accept_new=accept_new_host_keys, ask=ask))
+
+
+async def _run(kind: str, host: HostConfig, store: Store, *, pid: int | None, signal: str,
+               run: str | None, yes: bool, readonly: bool, accept_new: bool,
+               ask: Callable[[str], str]) -> int:
+    history = history_from_store(store, host)
+    error = await poll_into(host, store, history, accept_new)
+    # Sustained judgements (a zombie's idle GPU, U21) need more than one snapshot: with no
+    # earlier one in the store, look again.
+    while (kind == "reap" and error is None
+           and len(recent(history)) < history.thresholds.sustain_polls):
+        await asyncio.sleep(VERIFY_PAUSE_S)
+        error = await poll_into(host, store, history, accept_new)
+    if error is not None:
+        print(f"gpuwatch: {host.name} could not be polled: {error}", file=sys.stderr)
+        return EXIT_UNPOLLED
+    if kind == "kill":
+        if pid is None:
+            raise ConfigError("kill needs a PID")
+        plan = actions.plan_kill(host, history, pid, signal)
+    elif kind == "reap":
+        plan = actions.plan_reap(host, history)
+    else:
+        plan = actions.plan_relaunch(host, run or "", history)
+    print(plan.describe(), flush=True)
+    if plan.refusal is None and not readonly and not yes:
+        if not sys.stdin.isatty():
+            print("gpuwatch: not confirmed: pass --yes (there is no terminal to ask on)",
+                  file=sys.stderr)
+            return EXIT_FAILED
+        if ask("Proceed? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("cancelled; nothing was sent")
+            return EXIT_FAILED
+    outcome = await actions.execute(plan, host, store=store, readonly=readonly,
+                                    accept_new_host_keys=accept_new)
+    print(outcome.message, flush=True)
+    if outcome.ok is False:
+        return EXIT_FAILED
+    verdict = None
+    for attempt in range(VERIFY_POLLS):
+        if attempt:
+            await asyncio.sleep(VERIFY_PAUSE_S)
+        error = await poll_into(host, store, history, accept_new)
+        if error is not None:
+            continue
+        verdict = await actions.verify(plan, host, history)
+        if verdict.ok:
+            break
+    if verdict is None:
+        print(f"gpuwatch: {host.name} could not be polled to verify: {error}", file=sys.stderr)
+        return EXIT_UNPOLLED
+    await actions.verify(plan, host, history, store=store)  # the last verdict, audited
+    print(("verified: " if verdict.ok else "NOT verified: ") + verdict.message)
+    return EXIT_OK if verdict.ok else EXIT_FAILED
+
+
+async def poll_into(host: HostConfig, store: Store, history: HostHistory,
+                    accept_new: bool) -> str | None:
+    """One poll folded into the history and the store; the error when it failed."""
+    outcome = await Collector(accept_new_host_keys=accept_new).poll(host, history.runs)
+    if outcome.snapshot is not None:
+        history.record(outcome.snapshot, outcome.ended_at)
+    else:
+        history.record_failure(PollFailure(outcome.error_kind or "probe",
+                                           outcome.error_message or "", outcome.ended_at))
+    remember(store, outcome, history)
+    return None if outcome.ok else f"{outcome.error_kind}: {outcome.error_message}"

@@ -1,0 +1,275 @@
+"""Why did a run die? (U3: a vanished process is not always an OOM.)
+
+When a run's processes vanish between two polls, `diagnose` weighs what the two snapshots say,
+most authoritative first, and returns one cause with the evidence behind it:
+
+1. ``reboot``      the boot id changed (or the uptime is shorter than the gap): U3's most-missed
+                   cause, nothing in the log says so.
+2. ``oom_cgroup``  the cgroup's ``memory.events`` oom_kill counter rose (U41: authoritative,
+                   whatever host ``free`` said).
+3. ``oom_kernel``  a kernel OOM-kill line names one of the run's pids (U9).
+4. ``xid``         an NVIDIA Xid was logged since the last poll, on the run's GPU when known (U22).
+5. ``exception``   the log's tail ends in a Traceback, CUDA out of memory or an NCCL timeout
+                   (seed 002); the line is quoted.
+6. ``sighup``      it was tty-bound, SIGHUP not ignored, not under tmux/screen, and its session
+                   is gone (seed 000: it died with the SSH session).
+7. ``killed``      every check above could be made and none fired: the process was signalled
+                   (SIGKILL by a person, a too-wide pkill, U3) — or exited without a done marker.
+8. ``unknown``     some check could not be made (kernel log unreadable, no cgroup counter...):
+                   the evidence lists which.
+
+A finished run (done marker, seed 004) is not a death and is never diagnosed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .model import HostSnapshot, KernelEvent, ProcessInfo
+
+CAUSES = ("reboot", "oom_cgroup", "oom_kernel", "xid", "exception", "sighup", "killed",
+          "unknown")
+DETACH_SERVERS = ("tmux", "screen", "SCREEN")
+
+# The most telling lines of a crash, most specific first; each is searched in the log's tail.
+EXCEPTION_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("cuda_oom", re.compile(r"CUDA out of memory|OutOfMemoryError")),  # U10
+    ("nccl_timeout", re.compile(
+        r"Watchdog caught collective operation timeout|NCCL.*(?:[Tt]imeout|timed out)|"
+        r"ProcessGroupNCCL.*[Tt]imeout")),  # seed 002: one rank died, the rest timed out
+    ("nccl_error", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|"
+                              r"ncclUnhandledCudaError|ncclRemoteError")),
+    ("cuda_error", re.compile(r"CUDA error: |CUBLAS_STATUS_|cuDNN error")),
+    ("disk_full", re.compile(r"No space left on device|basic_ios::clear: iostream error")),  # U6
+    ("exception", re.compile(r"^(?:[A-Za-z_][\w.]*)?(?:Error|Exception|Interrupt)\b(?::|$)")),
+)
+TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\):")
+TAIL_LINES = 80
+"""Only the log's last lines count: an old traceback further up is a previous attempt's."""
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """A death's cause with its evidence; `at` is the box time of the poll that saw it."""
+
+    cause: str
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    at: float | None = None
+    pids: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The schema's run `diagnosis` object."""
+        return {"cause": self.cause, "evidence": dict(self.evidence)}
+
+    def state(self) -> dict[str, Any]:
+        return {"cause": self.cause, "evidence": dict(self.evidence), "at": self.at,
+                "pids": list(self.pids)}
+
+    @classmethod
+    def from_state(cls, data: Mapping[str, Any]) -> Diagnosis | None:
+        cause = data.get("cause")
+        if cause not in CAUSES:
+            return None
+        evidence = data.get("evidence")
+        at = data.get("at")
+        pids = data.get("pids")
+        return cls(str(cause), dict(evidence) if isinstance(evidence, dict) else {},
+                   float(at) if isinstance(at, (int, float)) else None,
+                   tuple(p for p in pids if isinstance(p, int)) if isinstance(pids, list)
+                   else ())
+
+    @property
+    def summary(self) -> str:
+        """A few words for run.dead's message."""
+        ev = self.evidence
+        if self.cause == "reboot":
+            return "the box rebooted"
+        if self.cause == "oom_cgroup":
+            return (f"the memory cgroup OOM-killed it (oom_kill {ev.get('oom_kill_before')} → "
+                    f"{ev.get('oom_kill_now')}; lower num_workers or batch size, U9/U41)")
+        if self.cause == "oom_kernel":
+            return f"the kernel OOM killer killed pid {ev.get('pid')} ({ev.get('name')})"
+        if self.cause == "xid":
+            return f"NVIDIA Xid {ev.get('xid')} on {ev.get('pci')} (U22)"
+        if self.cause == "exception":
+            return f"it crashed: {ev.get('line')!r}"
+        if self.cause == "sighup":
+            return ("it died with its SSH session (tty-bound, not under tmux/nohup/setsid; "
+                    "seed 000)")
+        if self.cause == "killed":
+            return ("no OOM, Xid, reboot or traceback: it was killed by a signal (or exited "
+                    "without a done marker)")
+        return f"cause unknown ({', '.join(ev.get('unchecked', ())) or 'no evidence'})"
+
+
+# ---------------------------------------------------------------- evidence readers
+
+def new_kernel_events(before: HostSnapshot | None, now: HostSnapshot) -> list[KernelEvent]:
+    """Kernel events in `now` that `before` did not have (same boot; dedupe by time and
+    message, U22). After a reboot every event of the new boot is new."""
+    if before is None:
+        return list(now.kernel_events)
+    if before.boot_id != now.boot_id:
+        return list(now.kernel_events)
+    if "kernel" in before.section_errors:  # the last poll could not read it: go by time
+        since = before.taken_at
+        return [e for e in now.kernel_events
+                if since is None or e.at is None or e.at >= since - 1.0]
+    seen = {_event_key(e) for e in before.kernel_events}
+    return [e for e in now.kernel_events if _event_key(e) not in seen]
+
+
+def _event_key(e: KernelEvent) -> tuple[Any, ...]:
+    return (e.kind, e.since_boot_s, None if e.at is None else round(e.at, 3), e.xid, e.pid,
+            e.pci, e.message)
+
+
+def crash_line(tail: str | None) -> tuple[str, str] | None:
+    """(kind, line) of the most telling error in the log's last lines, or None."""
+    if not tail:
+        return None
+    lines = [line.rstrip() for line in tail.splitlines() if line.strip()][-TAIL_LINES:]
+    for kind, pattern in EXCEPTION_PATTERNS[:-1]:
+        for line in reversed(lines):
+            if pattern.search(line):
+                return kind, line.strip()[:400]
+    generic = EXCEPTION_PATTERNS[-1][1]  # an unindented "SomethingError: ...", a traceback's end
+    for line in reversed(lines):
+        if generic.match(line):
+            return "exception", line.strip()[:400]
+    last_tb = max((i for i, line in enumerate(lines) if TRACEBACK.match(line)), default=None)
+    if last_tb is not None:  # the traceback's last line was cut off
+        return "exception", lines[last_tb].strip()
+    return None
+
+
+def _ancestry(proc: ProcessInfo, table: Mapping[int, ProcessInfo]) -> list[ProcessInfo]:
+    chain, seen = [], {proc.pid}
+    parent = table.get(proc.ppid)
+    while parent is not None and parent.pid not in seen:
+        seen.add(parent.pid)
+        chain.append(parent)
+        parent = table.get(parent.ppid)
+    return chain
+
+
+def hup_exposed(proc: ProcessInfo, table: Mapping[int, ProcessInfo]) -> bool:
+    """Seed 000: dies when its terminal hangs up — a controlling tty, SIGHUP neither ignored
+    (nohup) nor caught, and no tmux/screen above it (setsid leaves no tty: tty_nr 0)."""
+    if not proc.has_tty or proc.sighup_ignored or proc.sighup_caught:
+        return False
+    return not any(a.comm.startswith(DETACH_SERVERS) for a in _ancestry(proc, table))
+
+
+# ---------------------------------------------------------------- the verdict
+
+def diagnose(before: HostSnapshot, now: HostSnapshot, pids: Sequence[int], *,
+             tail: str | None = None, log_changed: bool | None = None,
+             gpus: Iterable[int] = ()) -> Diagnosis:
+    """Why the processes `pids` (alive in `before`) are gone in `now`.
+
+    tail: the run's log tail as last read; log_changed: whether the log was written since the
+    poll that saw them alive (None: unknown); gpus: the GPU indexes they held."""
+    at = now.taken_at
+    pids = tuple(pids)
+    gap = (now.taken_at - before.taken_at
+           if now.taken_at is not None and before.taken_at is not None else None)
+
+    def verdict(cause: str, **evidence: Any) -> Diagnosis:
+        evidence.setdefault("pids", list(pids))
+        return Diagnosis(cause, evidence, at, pids)
+
+    # 1. reboot
+    if before.boot_id and now.boot_id and before.boot_id != now.boot_id:
+        return verdict("reboot", boot_id_before=before.boot_id, boot_id_now=now.boot_id,
+                       uptime_s=now.uptime_s)
+    if gap is not None and now.uptime_s is not None and now.uptime_s < gap:
+        return verdict("reboot", uptime_s=now.uptime_s, poll_gap_s=gap,
+                       boot_id_now=now.boot_id)
+
+    unchecked: list[str] = []
+    events = new_kernel_events(before, now)
+    kernel_ok = "kernel" not in now.section_errors
+    if not kernel_ok:
+        unchecked.append("kernel log (" + now.section_errors["kernel"] + ")")
+    ooms = [e for e in events if e.kind == "oom"]
+    named = [e for e in ooms if e.pid in pids]
+
+    # 2. the cgroup's own counter (U41)
+    old_cg, new_cg = before.cgroup, now.cgroup
+    if old_cg is not None and new_cg is not None and old_cg.path == new_cg.path \
+            and old_cg.oom_kill is not None and new_cg.oom_kill is not None:
+        if new_cg.oom_kill > old_cg.oom_kill:
+            ev: dict[str, Any] = {"oom_kill_before": old_cg.oom_kill,
+                                  "oom_kill_now": new_cg.oom_kill, "cgroup": new_cg.path,
+                                  "memory_max_bytes": new_cg.memory_max_bytes}
+            if named:
+                ev["killed_pid"], ev["killed_name"] = named[0].pid, named[0].name
+            return verdict("oom_cgroup", **ev)
+    else:
+        unchecked.append("cgroup oom_kill counter")
+
+    # 3. a kernel OOM line naming the run's pid
+    if named:
+        e = named[0]
+        return verdict("oom_kernel", pid=e.pid, name=e.name, memcg=e.memcg, at=e.at)
+
+    # 4. an Xid since the last poll
+    xids = [e for e in events if e.kind == "xid"]
+    wanted = set(gpus)
+    if wanted:
+        on_ours = [e for e in xids if e.pid in pids or xid_gpu(e, now) in wanted]
+        xids = on_ours or [e for e in xids if xid_gpu(e, now) is None]
+    if xids:
+        e = xids[-1]
+        return verdict("xid", xid=e.xid, pci=e.pci, gpu=xid_gpu(e, now), message=e.message,
+                       at=e.at)
+
+    # 5. the log says how it ended
+    crash = crash_line(tail)
+    if crash is not None and log_changed is not False:
+        return verdict("exception", kind=crash[0], line=crash[1])
+    if tail is None and log_changed is not False:  # unchanged since alive: nothing new in it
+        unchecked.append("log tail")
+
+    # 6. it died with its terminal
+    old_table = {p.pid: p for p in before.processes}
+    sessions_now = {p.session for p in now.processes}
+    hup = [old_table[p] for p in pids if p in old_table and hup_exposed(old_table[p], old_table)]
+    if hup and all(p.session not in sessions_now for p in hup):
+        first = hup[0]
+        return verdict("sighup", tty_nr=first.tty_nr, session=first.session,
+                       sighup_ignored=first.sighup_ignored)
+
+    # 7./8. nothing else to go on
+    if crash is not None:  # an error line from before the last poll: a weak hint only
+        return verdict("exception", kind=crash[0], line=crash[1], stale=True)
+    if unchecked:
+        return verdict("unknown", unchecked=unchecked)
+    return verdict("killed", checked=["boot id", "cgroup oom_kill", "kernel OOM lines", "Xid",
+                                      "log tail", "controlling tty"])
+
+
+def xid_gpu(event: KernelEvent, snap: HostSnapshot) -> int | None:
+    """The GPU index an Xid names: NVRM prints "0000:3b:00" (domain:bus:device), nvidia-smi
+    "00000000:3B:00.0"; None when no GPU of the snapshot matches."""
+    if not event.pci:
+        return None
+    parts = event.pci.lower().split(":")
+    if len(parts) < 3:
+        return None
+    want = (int(parts[-3], 16), parts[-2], parts[-1].split(".")[0])
+    for gpu in snap.gpus:
+        bus = (gpu.pci_bus_id or "").lower().split(":")
+        if len(bus) < 3:
+            continue
+        try:
+            have = (int(bus[-3], 16), bus[-2], bus[-1].split(".")[0])
+        except ValueError:
+            continue
+        if have == want:
+            return gpu.index
+    return None

@@ -1,0 +1,269 @@
+"""VRAM zombies (U11): GPU memory held by something that is not doing any work.
+
+A "zombie holder" is one of:
+
+- ``defunct``: a process in state Z that the driver still lists with GPU memory. It cannot be
+  signalled (it is already dead); its parent must reap it, so `parent_pid` names the process to
+  signal (None when the parent is init: then only the driver, a GPU reset or a reboot frees it).
+- ``orphaned``: a process holding GPU memory (a compute app, or a /dev/nvidiaN fd) that was
+  left behind by a dead run: re-parented to init (or a subreaper) and not a session leader, or
+  its run's other processes vanished — and its GPU has sat idle for several polls. A run
+  started with ``setsid nohup`` also has ppid 1, but it leads its own session: not flagged for
+  that alone (seed 000).
+- ``invisible``: a pid nvidia-smi lists that this box's /proc does not show (another PID
+  namespace: a container, or a dead container's context) on an idle GPU nobody visible holds.
+  Not signallable from here: restart the container (or reset the GPU).
+- ``unattributed``: GPU memory in use on an idle GPU with no process visible at all, neither
+  in the driver's list nor holding /dev/nvidiaN. Not signallable.
+
+Never a live run's process: a configured run with a process that is not itself left behind
+protects all its processes and their descendants (a run gpuwatch only discovered, issue 8,
+protects nothing: its processes are judged like any other). Everything but ``defunct``
+needs the GPU idle (``idle_util_pct``) over ``sustain_polls`` snapshots (U21: never one
+snapshot), which also rules out a neighbour container's busy job and a process caught mid-exit.
+
+Identity for actions: (pid, start_ticks) with the snapshot's boot id (DESIGN §4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .findings import HostHistory, recent
+from .model import HostSnapshot, ProcessInfo
+
+SUBREAPERS = frozenset({"systemd", "init", "tini", "dumb-init", "docker-init", "s6-svscan",
+                        "runsvdir", "supervisord"})
+"""comm of what an orphan is re-parented to besides pid 1 (PR_SET_CHILD_SUBREAPER)."""
+DETACH_SERVERS = ("tmux", "screen", "SCREEN")
+
+REASONS = ("defunct", "orphaned", "invisible", "unattributed")
+
+
+@dataclass(frozen=True, slots=True)
+class ZombieHolder:
+    """One holder of VRAM that does no work, and how (or whether) it can be freed."""
+
+    pid: int | None  # None: `unattributed` (memory with no process at all)
+    start_ticks: int | None  # None: not visible in /proc (invisible, unattributed)
+    user: str | None
+    gpu_index: int | None
+    gpu_mem_mib: int | None  # None: holds /dev/nvidiaN but the driver gave no figure
+    cmd: str
+    reason: str  # one of REASONS
+    signallable: bool  # False: signalling this pid cannot free it (see explanation)
+    explanation: str  # one sentence: what we saw and what to do
+    parent_pid: int | None = None  # defunct: the parent that must reap it (None: init)
+    run: str | None = None  # the configured run it belonged to, if any
+
+    @property
+    def key(self) -> tuple[int | None, int | None, int | None]:
+        return (self.pid, self.start_ticks, self.gpu_index)
+
+    def to_json(self) -> dict[str, object]:
+        return {"pid": self.pid, "start_ticks": self.start_ticks, "user": self.user,
+                "gpu": self.gpu_index, "gpu_mem_mib": self.gpu_mem_mib, "cmd": self.cmd,
+                "reason": self.reason, "signallable": self.signallable,
+                "explanation": self.explanation, "parent_pid": self.parent_pid,
+                "run": self.run}
+
+
+# ---------------------------------------------------------------- helpers
+
+def _gpus_held(proc: ProcessInfo) -> set[int]:
+    """GPU indexes a process holds: the driver's attribution, else its /dev/nvidiaN minors
+    (minor N is GPU N on a stock driver install)."""
+    held = set(proc.nvidia_devs or ())
+    if proc.gpu_index is not None:
+        held.add(proc.gpu_index)
+    return held
+
+
+def _holds_gpu(proc: ProcessInfo) -> bool:
+    return bool(proc.gpu_mem_mib) or proc.gpu_index is not None or bool(proc.nvidia_devs)
+
+
+def _ancestors(proc: ProcessInfo, table: Mapping[int, ProcessInfo]) -> Iterable[ProcessInfo]:
+    seen = {proc.pid}
+    parent = table.get(proc.ppid)
+    while parent is not None and parent.pid not in seen:
+        seen.add(parent.pid)
+        yield parent
+        parent = table.get(parent.ppid)
+
+
+def _left_behind(proc: ProcessInfo, table: Mapping[int, ProcessInfo],
+                 earlier: Mapping[tuple[int, int], ProcessInfo]) -> str | None:
+    """Why this process looks abandoned by its parent, or None when it does not."""
+    if proc.zombie:
+        return None
+    if any(a.comm.startswith(DETACH_SERVERS) for a in _ancestors(proc, table)):
+        return None  # under tmux/screen: detached on purpose
+    before = earlier.get((proc.pid, proc.start_ticks))
+    if before is not None and before.ppid != proc.ppid and before.ppid not in table:
+        return f"its parent {before.ppid} exited and it was re-parented to {proc.ppid}"
+    parent = table.get(proc.ppid)
+    to_init = proc.ppid == 1 or (parent is not None and parent.comm in SUBREAPERS)
+    if to_init and proc.session != proc.pid:  # setsid nohup: a session leader, on purpose
+        return f"its parent is {'init' if proc.ppid == 1 else parent and parent.comm} " \
+               "and it does not lead its own session (not a setsid launch)"
+    return None
+
+
+def _protected(snap: HostSnapshot, table: Mapping[int, ProcessInfo],
+               earlier: Mapping[tuple[int, int], ProcessInfo],
+               seen_before: Mapping[str, set[tuple[int, int]]]) -> set[int]:
+    """Pids of live runs and their descendants: never zombies.
+
+    A run is live unless every process it has now is left behind AND some process it had
+    earlier (this boot) is gone: its other processes vanished and these stayed."""
+    members: dict[str, list[ProcessInfo]] = {}
+    configured = {r.name for r in snap.runs if getattr(r, "discovered", None) is None}
+    for sample in snap.runs:
+        if sample.name not in configured:
+            continue  # issue 8's discovered runs are gpuwatch's guess, not the user's word
+        for pid in sample.pids:
+            if pid in table:
+                members.setdefault(sample.name, []).append(table[pid])
+    for proc in table.values():
+        if proc.run in configured and proc not in members.get(proc.run, []):
+            members.setdefault(proc.run, []).append(proc)
+    live: set[int] = set()
+    for name, procs in members.items():
+        now = {(p.pid, p.start_ticks) for p in procs}
+        vanished = bool(seen_before.get(name, set()) - now)
+        abandoned = vanished and all(_left_behind(p, table, earlier) for p in procs)
+        if not abandoned:
+            live.update(p.pid for p in procs)
+    protected = set(live)
+    for proc in table.values():
+        if any(a.pid in live for a in _ancestors(proc, table)):
+            protected.add(proc.pid)
+    return protected
+
+
+def _idle(snaps: list[HostSnapshot], gpu: int, pct: float) -> bool:
+    for snap in snaps:
+        sample = next((g for g in snap.gpus if g.index == gpu), None)
+        if sample is None or sample.util_pct is None or sample.util_pct > pct:
+            return False
+    return True
+
+
+def _gpu_processes_ok(snap: HostSnapshot) -> bool:
+    return "gpus.apps" not in snap.section_errors and "gpus" not in snap.section_errors
+
+
+# ---------------------------------------------------------------- the judgement
+
+def zombie_holders(history: HostHistory) -> list[ZombieHolder]:
+    """Every VRAM zombie on the host now (U11), defunct first; [] without a current poll."""
+    snap = history.current
+    if snap is None or "processes" in snap.section_errors:
+        return []
+    th = history.thresholds
+    window = recent(history)
+    sustained = len(window) >= max(1, th.sustain_polls)
+    table = {p.pid: p for p in snap.processes}
+    earlier: dict[tuple[int, int], ProcessInfo] = {}
+    seen_before: dict[str, set[tuple[int, int]]] = {}
+    for old in list(history.snapshots)[:-1]:
+        if old.boot_id != snap.boot_id:
+            continue
+        for p in old.processes:
+            earlier[(p.pid, p.start_ticks)] = p
+            if p.run is not None:
+                seen_before.setdefault(p.run, set()).add((p.pid, p.start_ticks))
+        old_table = {p.pid: p for p in old.processes}
+        for sample in old.runs:
+            for pid in sample.pids:
+                if pid in old_table:
+                    seen_before.setdefault(sample.name, set()).add(
+                        (pid, old_table[pid].start_ticks))
+    protected = _protected(snap, table, earlier, seen_before)
+    idle_pct = th.idle_util_pct
+    out: list[ZombieHolder] = []
+
+    # defunct: dead, unreaped, and the driver still charges it memory
+    for proc in snap.processes:
+        if not proc.zombie or proc.pid in protected or not _holds_gpu(proc):
+            continue
+        parent = table.get(proc.ppid)
+        reaper = None if proc.ppid <= 1 or parent is None else proc.ppid
+        todo = (f"its parent {reaper} ({parent.comm if parent else '?'}) has not reaped it: "
+                f"signal the parent" if reaper is not None else
+                "its parent is init, so only the driver letting go, a GPU reset or a reboot "
+                "frees it")
+        out.append(ZombieHolder(
+            proc.pid, proc.start_ticks, proc.user, proc.gpu_index, proc.gpu_mem_mib, proc.cmd,
+            "defunct", False,
+            f"pid {proc.pid} is defunct yet holds GPU memory; {todo} (U11)",
+            parent_pid=reaper, run=proc.run))
+
+    # orphaned: left behind by its parent or its run, on a GPU idle for several polls
+    if sustained:
+        for proc in snap.processes:
+            if proc.zombie or proc.pid in protected or not _holds_gpu(proc):
+                continue
+            why = _left_behind(proc, table, earlier)
+            gpus = _gpus_held(proc)
+            if why is None or not gpus or not all(_idle(window, g, idle_pct) for g in gpus):
+                continue
+            gpu = proc.gpu_index if proc.gpu_index is not None else min(gpus)
+            run = f" of run {proc.run}" if proc.run else ""
+            out.append(ZombieHolder(
+                proc.pid, proc.start_ticks, proc.user, gpu, proc.gpu_mem_mib, proc.cmd,
+                "orphaned", True,
+                f"pid {proc.pid}{run} holds GPU {gpu} memory, {why}, and the GPU has been idle "
+                f"for {len(window)} polls: kill it to free the memory (U11)", run=proc.run))
+
+    if not sustained or not _gpu_processes_ok(snap):
+        return out
+
+    visible_holders: dict[int, set[int]] = {}
+    for proc in snap.processes:
+        for g in _gpus_held(proc):
+            visible_holders.setdefault(g, set()).add(proc.pid)
+
+    # invisible: the driver lists a pid this /proc does not have (another PID namespace)
+    listed: set[int] = set()
+    for app in snap.gpu_processes:
+        if app.gpu_index is not None:
+            listed.add(app.gpu_index)
+        if app.pid in table or app.gpu_index is None:
+            continue
+        gpu = app.gpu_index
+        if visible_holders.get(gpu) or not _idle(window, gpu, idle_pct):
+            continue  # someone here uses that GPU: the pid may be their host-side alias
+        out.append(ZombieHolder(
+            app.pid, None, None, gpu, app.gpu_mem_mib, app.process_name or "?",
+            "invisible", False,
+            f"nvidia-smi lists pid {app.pid} on idle GPU {gpu} but /proc here cannot see it "
+            "(another PID namespace): restart the container that owns it, or reset the GPU "
+            "(U11)"))
+
+    # unattributed: memory in use, no process anywhere
+    for dev in snap.gpus:
+        if dev.mig or dev.index in listed or visible_holders.get(dev.index):
+            continue
+        used = dev.mem_used_mib
+        if used is None or used < th.zombie_unattributed_mib:
+            continue
+        if not _idle(window, dev.index, idle_pct) or not all(
+                _mem_used(s, dev.index) >= th.zombie_unattributed_mib for s in window):
+            continue
+        unread = snap.process_counts.fd_unreadable if snap.process_counts else 0
+        caveat = (f" ({unread} processes' fds were unreadable: run the probe as root to see "
+                  "them)" if unread else "")
+        out.append(ZombieHolder(
+            None, None, None, dev.index, used, "", "unattributed", False,
+            f"GPU {dev.index} has {used} MiB in use but no process holds it{caveat}: a dead "
+            "container or crashed run left a context — restart the container or reset the "
+            "GPU (U11)"))
+    return out
+
+
+def _mem_used(snap: HostSnapshot, gpu: int) -> int:
+    sample = next((g for g in snap.gpus if g.index == gpu), None)
+    return -1 if sample is None or sample.mem_used_mib is None else sample.mem_used_mib

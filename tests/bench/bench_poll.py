@@ -1,0 +1,305 @@
+"""Poll figures against a real sshd: `.venv/bin/python -m pytest tests/bench/bench_poll.py -s`.
+
+Prints, from one run against one sshd on loopback serving a simulated 8-GPU box, each figure
+beside its target (pass/miss). Nothing here asserts a wall time.
+
+- a poll's wall time against the floor: asyncssh connect + run('true') + close (plain asyncssh,
+  no gpuwatch code), plus the probe's own run time (the document's probe_s);
+- the client's CPU per poll (time.process_time around sequential polls in this process);
+- the probe's CPU on the box: the document's cpu_s (its main(), start-up excluded), and the
+  whole probe process (interpreter start-up, inflate, compile, run; its children, the stand-in
+  nvidia-smi and dmesg, excluded) against a bare `python3 -c pass`;
+- bytes sent and received per poll in steady state (the second poll on: hints learnt);
+- `--once` start-up: time from exec to the first TCP connection to a box (a port that accepts
+  and never speaks records when it arrives) against `python -c "import asyncssh"`, and for a
+  local-only config the run's wall time minus its poll.
+
+Samples are interleaved (floor, poll, floor, ...) so that load from elsewhere on the machine hits
+both sides alike; figures are medians unless they say otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import pytest
+import tomli_w
+from gpuwatch.remote import probe_bundle, ssh
+from gpuwatch.remote.collect import Collector, PollOutcome, build_request
+from gpuwatch.remote.config import HostConfig, RunConfig, SshSettings
+from gpuwatch.remote.once import opening_keys
+from gpuwatch.remote.poller import OpeningLimiter
+from gpuwatch.remote.sim import Box, h100_sxm
+from harness.sshd import SshdBox
+
+POLLS = 30
+RUNS = 7
+BOX_PATH = "/usr/bin:/bin"
+TCK = os.sysconf("SC_CLK_TCK")
+
+rows: list[tuple[str, str, str, str]] = []
+
+
+def row(what: str, figure: str, target: str = "", ok: bool | None = None) -> None:
+    verdict = "" if ok is None else ("pass" if ok else "MISS")
+    rows.append((what, figure, target, verdict))
+    print(f"  {what:<58} {figure:>22}  {target:<26} {verdict}", flush=True)
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+
+
+async def floor_call(options: dict[str, object]) -> float:
+    """Plain asyncssh: connect + run('true') + close."""
+    t0 = time.monotonic()
+    async with asyncssh.connect(**options) as conn:
+        await conn.run("true", check=True)
+    return time.monotonic() - t0
+
+
+def self_cpu(argv: list[str], stdin: bytes, env: dict[str, str], n: int) -> tuple[float, float]:
+    """Mean CPU seconds of a process itself and of its children, read from /proc/PID/stat while
+    it is a zombie (waitid WNOWAIT), so that its own start-up counts and its children do not."""
+    own = children = 0
+    for _ in range(n):
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env)
+        assert proc.stdin and proc.stdout and proc.stderr
+        proc.stdin.write(stdin)
+        proc.stdin.close()
+        proc.stdout.read()
+        proc.stderr.read()
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        with open(f"/proc/{proc.pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        own += int(fields[11]) + int(fields[12])
+        children += int(fields[13]) + int(fields[14])
+        proc.wait()
+    return own / n / TCK, children / n / TCK
+
+
+def rusage_cpu(argv: list[str], env: dict[str, str], n: int) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for _ in range(n):
+        subprocess.run(argv, env=env, capture_output=True, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ((after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)) / n
+
+
+@contextmanager
+def first_connection_clock() -> Iterator[tuple[int, list[float]]]:
+    """A port that accepts TCP and never speaks; yields (port, arrival times, monotonic)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    arrivals: list[float] = []
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.05)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            arrivals.append(time.monotonic())
+            held.append(conn)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield int(listener.getsockname()[1]), arrivals
+    finally:
+        stop.set()
+        thread.join(timeout=2)
+        for conn in held:
+            conn.close()
+        listener.close()
+
+
+def cli(home: Path, *args: str, config: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None) -> tuple[float, subprocess.Popen[bytes], bytes]:
+    """Run `python -m gpuwatch.tui.cli ARGS`; (start time, process, stdout)."""
+    full_env = {"PATH": "/usr/bin:/bin", "HOME": str(home),
+                "XDG_STATE_HOME": str(home / "state"), **(env or {})}
+    if config is not None:
+        (home / "c.toml").write_text(tomli_w.dumps(config))
+        args = ("--config", str(home / "c.toml"), *args)
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "gpuwatch.tui.cli", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=full_env)
+    out, _ = proc.communicate(timeout=60)
+    return t0, proc, out
+
+
+def python_wall(code: str, n: int) -> float:
+    samples = []
+    for _ in range(n):
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-c", code], check=True)
+        samples.append(time.monotonic() - t0)
+    return median(samples)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def box8(tmp_path: Path, sshd_factory: Callable[..., SshdBox]) -> tuple[Box, SshdBox]:
+    sim = Box(tmp_path / "box", h100_sxm(8))
+    for gpu in range(8):
+        sim.set_gpu(gpu, util_pct=97, sm_clock_mhz=1980, power_w=650.5, mem_used_mib=70000)
+    return sim, sshd_factory(env=sim.env(base_path=BOX_PATH))
+
+
+def test_poll_figures(tmp_path: Path, box8: tuple[Box, SshdBox]) -> None:
+    sim, sshd = box8
+    host = HostConfig("gpu1", "box1", settings=SshSettings(
+        config_file=str(sshd.ssh_config), known_hosts=str(sshd.known_hosts)))
+    print(f"\nbench_poll: one sshd on loopback, a simulated 8-GPU box; load average "
+          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores at start")
+    print(f"  {'figure':<58} {'measured':>22}  {'target':<26}")
+
+    # -- 1. wall: a poll against the floor; 2. client CPU -------------------------------------
+    async def polls() -> tuple[list[float], list[float], list[PollOutcome], float]:
+        collector = Collector()
+        options = sshd.asyncssh_options()
+        await floor_call(options)  # warm: imports, first-time setup
+        await collector.poll(host)
+        floors, walls, outcomes = [], [], []
+        for _ in range(POLLS):
+            floors.append(await floor_call(options))
+            outcome = await collector.poll(host)
+            assert outcome.ok, outcome.error_message
+            walls.append(outcome.poll_s)
+            outcomes.append(outcome)
+        cpu0 = time.process_time()
+        for _ in range(POLLS):
+            await collector.poll(host)
+        client = (time.process_time() - cpu0) / POLLS
+        cpu0 = time.process_time()
+        for _ in range(POLLS):
+            await floor_call(options)
+        return floors, walls, outcomes, (client, (time.process_time() - cpu0) / POLLS)
+
+    floors, walls, outcomes, (client_cpu, floor_cpu) = asyncio.run(polls())
+    snaps = [o.snapshot for o in outcomes if o.snapshot is not None]
+    probe_s = median([s.probe_s or 0.0 for s in snaps])
+    floor = median(floors) + probe_s
+    wall = median(walls)
+    row("floor: asyncssh connect+run('true')+close", ms(median(floors)))
+    row("floor + the probe's own run time (probe_s)", ms(floor))
+    row("poll wall time (Collector.poll)", ms(wall), "<= 1.2x floor", wall <= 1.2 * floor)
+    row("  ratio poll / floor", f"{wall / floor:.2f}x")
+    row("client CPU per poll (process_time)", ms(client_cpu), "<= 10 ms", client_cpu <= 0.010)
+    row("  plain asyncssh connect+run('true')+close CPU", ms(floor_cpu))
+
+    # -- 3. the probe's CPU on the box --------------------------------------------------------
+    env = {**sim.env(base_path=BOX_PATH)}
+    bare_own, _ = self_cpu(["python3", "-c", "pass"], b"", env, 20)
+    bare_rusage = rusage_cpu(["python3", "-c", "pass"], env, 20)
+    cpu_s = statistics.mean(s.probe_cpu_s or 0.0 for s in snaps)
+    command = probe_bundle.build_command("python3")
+    request = build_request(host)
+    full_stdin = probe_bundle.build_stdin(request)  # before: the event decoder always shipped
+    trimmed = probe_bundle.build_stdin(request, trim=True)  # after: only when a run reads events
+    full_own, _ = self_cpu(["/bin/sh", "-c", command], full_stdin, env, 20)
+    probe_own, probe_children = self_cpu(["/bin/sh", "-c", command], trimmed, env, 20)
+    row("bare `python3 -c pass` CPU (own, /proc; rusage)",
+        f"{ms(bare_own)}; {ms(bare_rusage)}")
+    row("probe CPU, document's cpu_s (mean; main() only)", ms(cpu_s),
+        "<= 2x bare python", cpu_s <= 2 * bare_rusage)
+    row("probe process CPU, start-up+inflate+compile+run", ms(probe_own),
+        "<= 2x bare python", probe_own <= 2 * max(bare_own, bare_rusage))
+    row("  before: with the event decoder shipped and compiled", ms(full_own))
+    row("  its children (stand-in nvidia-smi, dmesg)", ms(probe_children))
+
+    # -- 4. bytes per poll, steady state ------------------------------------------------------
+    sent = median([float(o.bytes_sent) for o in outcomes])
+    received = median([float(o.bytes_received) for o in outcomes])
+    row("bytes sent per poll (command + stdin)", f"{sent / 1024:.1f} KB", "<= 16 KB",
+        sent <= 16 * 1024)
+    row("bytes received per poll (8 GPUs)", f"{received / 1024:.1f} KB", "<= 8 KB",
+        received <= 8 * 1024)
+    row("  before: the event decoder shipped on every poll", f"{len(full_stdin) / 1024:.1f} KB")
+    events_host = HostConfig("gpu1", "box1", runs=(RunConfig("r", events="/data/runs"),))
+    with_events = len(probe_bundle.build_stdin(build_request(events_host), trim=True))
+    row("  a host whose run reads event files", f"{with_events / 1024:.1f} KB", "<= 16 KB",
+        with_events <= 16 * 1024)
+
+    # -- before/after: the ssh config read per poll (ssh._parsed), a 51-host ssh config -------
+    fleet = sshd.fleet(50)
+    far = HostConfig(fleet[-1], fleet[-1], settings=host.settings)
+
+    async def client_cpu_with(ttl: float) -> float:
+        ssh.PARSED_TTL_S = ttl
+        limiter = OpeningLimiter()
+        collector = Collector(opening=lambda h: limiter.opening(opening_keys(h)))
+        await collector.poll(far)
+        cpu0 = time.process_time()
+        for _ in range(POLLS // 2):
+            assert (await collector.poll(far)).ok
+        return (time.process_time() - cpu0) / (POLLS // 2)
+
+    default_ttl = ssh.PARSED_TTL_S
+    try:
+        before = asyncio.run(client_cpu_with(0.0))
+        after = asyncio.run(client_cpu_with(default_ttl))
+    finally:
+        ssh.PARSED_TTL_S = default_ttl
+    row("client CPU per poll, 51-host ssh config, cache warm", ms(after), "<= 10 ms",
+        after <= 0.010)
+    row("  before: the config read 3 times per poll, not 1", ms(before))
+
+    # -- 5. --once start-up -------------------------------------------------------------------
+    home = tmp_path / "me"
+    home.mkdir()
+    first_bytes, local_startups = [], []
+    pass_wall = python_wall("pass", RUNS)
+    asyncssh_wall = python_wall("import asyncssh", RUNS)
+    with first_connection_clock() as (port, arrivals):
+        silent = {"ssh": {"connect_timeout": 0.5}, "hosts": {"q": {"ssh": f"127.0.0.1:{port}"}}}
+        for _ in range(RUNS):
+            count = len(arrivals)
+            t0, _proc, _out = cli(home, "--once", "--json", config=silent)
+            assert len(arrivals) == count + 1
+            first_bytes.append(arrivals[-1] - t0)
+    for _ in range(RUNS):
+        t0, _proc, out = cli(home, "--once", "--json", "local", env=env)
+        local_startups.append(time.monotonic() - t0 - json.loads(out)["hosts"][0]["poll_s"])
+    row("`python -c pass`", ms(pass_wall))
+    row('`python -c "import asyncssh"`', ms(asyncssh_wall))
+    first = median(first_bytes)
+    row("--once (ssh host): exec to its first TCP connection", ms(first),
+        "<= 1.1x import asyncssh", first <= 1.1 * asyncssh_wall)
+    row("  ratio to importing asyncssh", f"{first / asyncssh_wall:.2f}x")
+    local = median(local_startups)
+    row("--once local: wall time minus the poll", ms(local), "<= 100 ms", local <= 0.100)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")

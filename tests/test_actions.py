@@ -1,0 +1,751 @@
+"""Actions end to end: a real sshd on loopback, real processes, the probe and the action script
+sent over SSH exactly as for a real box. Only the GPUs are stood in for (Box(real_proc=True):
+the stand-in nvidia-smi lists REAL pids as VRAM holders, and drops them once they exit, as a
+driver frees a context when its process ends)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO
+
+import pytest
+from gpuwatch.remote import actions
+from gpuwatch.remote.collect import Collector
+from gpuwatch.remote.config import HostConfig, RunConfig, SshSettings
+from gpuwatch.remote.findings import HostHistory
+from gpuwatch.remote.model import HostSnapshot
+from gpuwatch.remote.sim import Box, h100_sxm
+from gpuwatch.remote.store import Store
+from harness.sshd import STD_PATH, SshdBox
+
+PY = sys.executable
+# Script names no other process on this machine has: the box here is this machine's real /proc,
+# shared with whatever else runs (other tests' trainers, another pytest running this file).
+_TOKEN = uuid.uuid4().hex[:8]
+TRAIN = f"gwt_train_{_TOKEN}.py"
+OLD_RANK = f"gwt_old_rank_{_TOKEN}.py"
+LIVE = f"gwt_live_{_TOKEN}.py"
+SIGHUP_BIT, SIGINT_BIT, SIGTERM_BIT = 1 << 0, 1 << 1, 1 << 14
+
+# A small training script: logs a step line (no flush: U43 is PYTHONUNBUFFERED's job), appends
+# metrics, checkpoints every 3 steps (written aside, renamed whole), and records how it was
+# started (argv, cwd, env, stdin/stdout) so a test can check what a relaunch did.
+TRAINER = r'''
+import json, os, sys, time
+args = sys.argv[1:]
+resume = args[args.index("--resume") + 1] if "--resume" in args else None
+with open("launches.jsonl", "a") as fh:
+    fh.write(json.dumps({
+        "argv": sys.argv, "cwd": os.getcwd(), "resume": resume, "pid": os.getpid(),
+        "env": {k: os.environ.get(k) for k in
+                ("PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES", "WANDB_API_KEY")},
+        "stdin": os.readlink("/proc/self/fd/0"), "stdout": os.readlink("/proc/self/fd/1"),
+    }) + "\n")
+step = int(resume.rsplit("-", 1)[-1]) if resume else 0
+os.makedirs("ckpt", exist_ok=True)
+while True:
+    step += 1
+    print("step %d loss %.4f" % (step, 1.0 / step))
+    with open("metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": step, "loss": 1.0 / step}) + "\n")
+    if step % 3 == 0:
+        final = os.path.join("ckpt", "step-%05d" % step)
+        os.makedirs(final + ".tmp")
+        with open(os.path.join(final + ".tmp", "model.pt"), "w") as out:
+            out.write("weights")
+        os.rename(final + ".tmp", final)
+    time.sleep(0.1)
+'''
+
+# A dead DDP job's rank 0: it starts two more ranks (one traps SIGTERM, as a stuck NCCL rank
+# does) and a dataloader-like worker under rank 1, prints their pids, then waits to be killed.
+RANKS = r'''
+import subprocess, sys, time
+if len(sys.argv) > 1:  # a rank
+    import signal
+    if sys.argv[1] == "stubborn":
+        signal.signal(signal.SIGTERM, lambda *a: None)
+    if sys.argv[1] == "rank1":
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print("ready", flush=True)
+    time.sleep(600)
+me, out = sys.argv[0], subprocess.PIPE
+r1 = subprocess.Popen([sys.executable, me, "rank1"], stdout=out)
+r2 = subprocess.Popen([sys.executable, me, "stubborn"], stdout=out)
+r1.stdout.readline(); r2.stdout.readline()
+print(r1.pid, r2.pid, flush=True)
+time.sleep(600)
+'''
+
+
+# ---------------------------------------------------------------- the rig
+
+@dataclass
+class Rig:
+    """A simulated-GPU box with real processes behind a real sshd, and what a test started."""
+
+    root: Path
+    box: Box
+    sshd: SshdBox
+    store: Store
+    tmux_dir: Path
+    started: list[subprocess.Popen[bytes]]
+
+    def host(self, *runs: RunConfig, **settings: float) -> HostConfig:
+        return HostConfig(name="box1", ssh="box1", python=PY, runs=runs,
+                          settings=SshSettings(config_file=str(self.sshd.ssh_config),
+                                               **settings))  # type: ignore[arg-type]
+
+    def spawn(self, argv: list[str], cwd: Path | None = None, log: Path | None = None,
+              pipe: bool = False) -> subprocess.Popen[bytes]:
+        """A process of this test in its own session (as a detached launch leaves one)."""
+        out: int | IO[bytes] = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
+        proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE if pipe else out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        if not isinstance(out, int):
+            out.close()
+        self.started.append(proc)
+        return proc
+
+
+def _kill_leftovers(root: Path) -> None:
+    """Every process this test left running: its cwd or command line is under the test's root."""
+    mine = {os.getpid()}
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in mine:
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{name}/cwd")
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if cwd.startswith(str(root)) or str(root) in cmd:
+            try:
+                os.kill(int(name), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def rig(tmp_path: Path, sshd_factory: Callable[..., SshdBox]) -> Iterator[Rig]:
+    box = Box(tmp_path / "box", h100_sxm(3), real_proc=True)
+    for gpu in range(3):
+        box.set_gpu(gpu, util_pct=0, mem_used_mib=0)
+    tmux_dir = tmp_path / "tmux"
+    tmux_dir.mkdir()
+    env = box.env(base_path=STD_PATH)
+    env["TMUX_TMPDIR"] = str(tmux_dir)  # this test's own tmux server
+    sshd = sshd_factory(env=env, bin_dir=box.bin)
+    store = Store.open(tmp_path / "state.sqlite3")
+    rig = Rig(tmp_path, box, sshd, store, tmux_dir, [])
+    try:
+        yield rig
+    finally:
+        subprocess.run(["tmux", "kill-server"], env={**os.environ, "TMUX_TMPDIR": str(tmux_dir)},
+                       capture_output=True, check=False)
+        for proc in rig.started:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        _kill_leftovers(tmp_path)
+        store.close()
+
+
+async def poll(host: HostConfig, history: HostHistory) -> HostSnapshot:
+    outcome = await Collector().poll(host, history.runs)
+    assert outcome.snapshot is not None, outcome.error_message
+    history.record(outcome.snapshot, outcome.ended_at)
+    return outcome.snapshot
+
+
+def proc_state(pid: int) -> str | None:
+    """The pid's state letter, None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2]
+
+
+def alive(pid: int) -> bool:
+    return proc_state(pid) not in (None, "Z", "X")
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        out[key] = value.strip()
+    return out
+
+
+def ppid(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def in_any_argv(text: bytes) -> list[int]:
+    """Pids whose command line holds text."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if text in Path(f"/proc/{name}/cmdline").read_bytes():
+                    found.append(int(name))
+            except OSError:
+                pass
+    return found
+
+
+def environ(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+
+
+def tty_nr(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[4])
+
+
+def wait_for(test: Callable[[], object], timeout: float = 15.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not test():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or test}")
+        time.sleep(0.05)
+
+
+def audit(rig: Rig) -> list[tuple[str, str, str]]:
+    return [(e.action, e.phase, e.outcome) for e in rig.store.audit_log("box1")]
+
+
+# ---------------------------------------------------------------- reap
+
+async def test_reap_ends_a_dead_runs_orphans_and_spares_the_live_run(rig: Rig) -> None:
+    old = rig.root / "old"
+    old.mkdir()
+    (old / OLD_RANK).write_text(RANKS)
+    live_dir = rig.root / "live"
+    live_dir.mkdir()
+    (live_dir / LIVE).write_text("import time\ntime.sleep(600)\n")
+    live = rig.spawn([PY, LIVE], cwd=live_dir)
+    rank0 = rig.spawn([PY, OLD_RANK], cwd=old, pipe=True)
+    assert rank0.stdout is not None
+    rank1, rank2 = map(int, rank0.stdout.readline().split())
+    (worker,) = children(rank1)
+    rig.box.add_compute_app(0, rank1, "python", 20000, follows_pid=True)
+    rig.box.add_compute_app(0, rank2, "python", 20000, follows_pid=True)
+    rig.box.add_compute_app(1, live.pid, "python", 30000, follows_pid=True)
+    rig.box.set_gpu(1, util_pct=96)
+    rig.box.add_compute_app(2, 4_000_000, "python", 8000)  # another PID namespace (U11)
+    host = rig.host(RunConfig("old", process=OLD_RANK, workdir=str(old)),
+                    RunConfig("live", process=LIVE, workdir=str(live_dir)))
+    history = HostHistory(host.name)
+    await poll(host, history)
+
+    rank0.kill()  # the run dies; its ranks are left behind, re-parented, holding VRAM
+    rank0.wait()
+    wait_for(lambda: ppid(rank1) != rank0.pid, what="rank 1 re-parented")
+    await poll(host, history)
+
+    plan = actions.plan_reap(host, history)
+    assert plan.refusal is None, plan.describe()
+    assert [t.pid for t in plan.targets] == [rank1, rank2, worker]
+    assert live.pid not in {t.pid for t in plan.targets}
+    assert any("4000000" in note and "container" in note for note in plan.notes)
+    text = plan.describe()
+    assert f"pid {rank1}  user root  GPU 0 20000 MiB" in text and "box1" in text
+
+    t0 = time.monotonic()
+    outcome = await actions.execute(plan, host, store=rig.store, readonly=False, grace_s=2.0)
+    assert outcome.ok is None, outcome.message
+    assert f"KILL sent to {rank2}" in outcome.message  # it trapped TERM
+    assert time.monotonic() - t0 >= 1.9  # the grace period was given
+    assert not alive(rank1) and not alive(rank2) and not alive(worker)
+    assert alive(live.pid)
+
+    await poll(host, history)
+    verdict = await actions.verify(plan, host, history, store=rig.store)
+    assert verdict.ok is True, verdict.message
+    snap = history.current
+    assert snap is not None
+    assert {a.pid for a in snap.gpu_processes} == {live.pid, 4_000_000}
+    assert actions.plan_reap(host, history).refusal is not None  # nothing left to reap
+    assert audit(rig) == [("reap", "execute", "sent"), ("reap", "verify", "verified")]
+    entry = rig.store.audit_log("box1")[0]
+    assert [t["pid"] for t in entry.targets] == [rank1, rank2, worker]
+    assert entry.targets[0]["boot_id"] == snap.boot_id and "@" in entry.who
+
+
+# ---------------------------------------------------------------- identity
+
+async def test_a_changed_start_time_or_boot_id_signals_nothing(rig: Rig) -> None:
+    holder = rig.spawn([PY, "-c", "import time; time.sleep(600)"])
+    rig.box.add_compute_app(0, holder.pid, "python", 1000, follows_pid=True)
+    host = rig.host()
+    history = HostHistory(host.name)
+    await poll(host, history)
+    plan = actions.plan_kill(host, history, holder.pid)
+    assert plan.refusal is None and [t.pid for t in plan.targets] == [holder.pid]
+
+    (target,) = plan.targets
+    reused = replace(plan, targets=(replace(target, start_ticks=target.start_ticks + 7),))
+    outcome = await actions.execute(reused, host, store=rig.store, readonly=False, grace_s=0.5)
+    assert outcome.ok is False
+    assert "start time changed" in outcome.message and str(holder.pid) in outcome.message
+    rebooted = replace(plan, targets=(replace(target, boot_id="0" * 8),))
+    outcome = await actions.execute(rebooted, host, store=rig.store, readonly=False)
+    assert outcome.ok is False and "rebooted" in outcome.message
+    await asyncio.sleep(0.3)
+    assert alive(holder.pid)
+    assert audit(rig) == [("kill", "execute", "refused")] * 2
+
+    outcome = await actions.execute(plan, host, store=rig.store, readonly=False, grace_s=2.0)
+    assert outcome.ok is None and f"pid {holder.pid} (root): TERM sent" in outcome.message
+    assert "1 exited after TERM" in outcome.message and "KILL" not in outcome.message.split(
+        "TERM sent")[1].split(";")[0]
+    holder.wait(5)
+    await poll(host, history)
+    verdict = await actions.verify(plan, host, history)
+    assert verdict.ok is True, verdict.message
+
+
+async def test_kill_with_kill_and_a_missing_pid(rig: Rig) -> None:
+    holder = rig.spawn([PY, "-c", "import signal, time\nsignal.signal(signal.SIGTERM, "
+                            "signal.SIG_IGN)\ntime.sleep(600)"])
+    rig.box.add_compute_app(1, holder.pid, "python", 5000, follows_pid=True)
+    host = rig.host()
+    history = HostHistory(host.name)
+    await asyncio.sleep(0.2)
+    await poll(host, history)
+    assert actions.plan_kill(host, history, 999_999_9).refusal is not None
+    assert "unknown signal" in (actions.plan_kill(host, history, holder.pid, "HUP").refusal or "")
+    plan = actions.plan_kill(host, history, holder.pid, "KILL")
+    assert "send KILL to 1 process:" in plan.describe()
+    outcome = await actions.execute(plan, host, store=None, readonly=False)
+    assert outcome.ok is None, outcome.message
+    holder.wait(5)
+    await poll(host, history)
+    assert (await actions.verify(plan, host, history)).ok is True
+
+
+# ---------------------------------------------------------------- relaunch
+
+def _trainer_run(workdir: Path, detach: str, name: str = "llama") -> RunConfig:
+    return RunConfig(
+        name, process=TRAIN, workdir=str(workdir), log="train.log",
+        checkpoints="ckpt/step-*",
+        relaunch=f"{shlex.quote(PY)} {TRAIN} --resume {{latest_checkpoint}}", detach=detach,
+        env={"CUDA_VISIBLE_DEVICES": "0", "WANDB_API_KEY": "sekrit-value"})
+
+
+def _launches(workdir: Path) -> list[dict]:
+    path = workdir / "launches.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.parametrize("detach", ["setsid", "tmux"])
+async def test_relaunch_resumes_from_the_latest_checkpoint_detached(rig: Rig,
+                                                                    detach: str) -> None:
+    workdir = rig.root / "llama"
+    workdir.mkdir()
+    (workdir / TRAIN).write_text(TRAINER)
+    first = rig.spawn([PY, TRAIN], cwd=workdir, log=workdir / "train.log")
+    wait_for(lambda: len(list((workdir / "ckpt").glob("step-*[0-9]"))) >= 2, what="checkpoints")
+    run = _trainer_run(workdir, detach)
+    host = rig.host(run)
+    history = HostHistory(host.name)
+    await poll(host, history)
+    assert history.runs["llama"].status == "running"
+
+    busy = actions.plan_relaunch(host, "llama", history)
+    assert busy.refusal is not None and str(first.pid) in busy.refusal
+    refused = await actions.execute(busy, host, store=rig.store, readonly=False)
+    assert refused.ok is False
+
+    kill = actions.plan_kill(host, history, first.pid)
+    assert (await actions.execute(kill, host, store=rig.store, readonly=False)).ok is None
+    first.wait(5)
+    await poll(host, history)
+    assert (await actions.verify(kill, host, history, store=rig.store)).ok is True
+    assert history.runs["llama"].status == "dead"
+    latest = history.runs["llama"].latest_checkpoint
+    assert latest is not None
+
+    plan = actions.plan_relaunch(host, "llama", history)
+    assert plan.refusal is None, plan.refusal
+    assert plan.command == f"{shlex.quote(PY)} {TRAIN} --resume {shlex.quote(latest.path)}"
+    text = plan.describe()
+    assert f"cd {workdir}" in text and plan.command in text and "WANDB_API_KEY=***" in text
+    assert "sekrit" not in text and "PYTHONUNBUFFERED=1" in text
+    log_before = (workdir / "train.log").read_bytes()
+    outcome = await actions.execute(plan, host, store=rig.store, readonly=False)
+    assert outcome.ok is None, outcome.message
+    assert ("tmux session gpuwatch-llama" if detach == "tmux" else "setsid") in outcome.message
+
+    # Survives the SSH session that started it, and sshd itself going away.
+    rig.sshd.restart()
+    await poll(host, history)
+    verdict = await actions.verify(plan, host, history, store=rig.store)
+    assert verdict.ok is True, verdict.message
+    assert history.runs["llama"].status == "running"
+
+    (second,) = [r for r in _launches(workdir) if r["resume"] is not None]
+    pid = second["pid"]
+    assert alive(pid)
+    assert second["resume"] == latest.path
+    assert second["cwd"] == str(workdir)
+    assert second["env"] == {"PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "0",
+                             "WANDB_API_KEY": "sekrit-value"}
+    assert second["stdin"] == "/dev/null" and second["stdout"] == str(workdir / "train.log")
+    # U43: unbuffered, so the log moves at once; appended, so the old run's lines stay.
+    wait_for(lambda: b"step" in (workdir / "train.log").read_bytes()[len(log_before):],
+             what="new log lines")
+    assert (workdir / "train.log").read_bytes().startswith(log_before)
+    assert in_any_argv(b"sekrit") == []  # U34: the env is in no process's argv
+    sig_ign = int(proc_status(pid)["SigIgn"], 16)
+    assert not sig_ign & (SIGTERM_BIT | SIGINT_BIT)  # it can still be stopped
+    snap = history.current
+    assert snap is not None
+    table = {p.pid: p for p in snap.processes}
+    if detach == "setsid":
+        assert tty_nr(pid) == 0  # no controlling terminal at all
+        assert sig_ign & SIGHUP_BIT  # nohup ignores SIGHUP, always (coreutils)
+        leader = table[table[pid].ppid]  # the launch shell: setsid made it a session leader
+        assert leader.session == leader.pid == table[pid].session and not leader.has_tty
+    else:
+        # Under tmux the run's terminal is tmux's pane, which no SSH session owns; SIGHUP keeps
+        # its default (only nohup ignores it).
+        assert not sig_ign & SIGHUP_BIT
+        chain, parent = [], table.get(table[pid].ppid)
+        while parent is not None:
+            chain.append(parent.comm)
+            parent = table.get(parent.ppid)
+        assert any(c.startswith("tmux") for c in chain), chain
+
+    again = actions.plan_relaunch(host, "llama", history)
+    assert again.refusal is not None and "running" in again.refusal
+    # A stale plan (made while it was dead) is refused on the box itself.
+    stale = await actions.execute(plan, host, store=rig.store, readonly=False)
+    assert stale.ok is False and "still running" in stale.message
+    assert len(_launches(workdir)) == 2
+    assert audit(rig) == [
+        ("relaunch", "execute", "refused"), ("kill", "execute", "sent"),
+        ("kill", "verify", "verified"), ("relaunch", "execute", "sent"),
+        ("relaunch", "verify", "verified"), ("relaunch", "execute", "refused")]
+    entry = rig.store.audit_log("box1")[3]
+    assert entry.targets == ({"run": "llama"},) and "sekrit" not in (entry.command or "")
+    assert plan.command in (entry.command or "")
+
+
+async def test_relaunch_refused_while_a_shell_runs_the_launch_script(rig: Rig) -> None:
+    workdir = rig.root / "job"
+    workdir.mkdir()
+    (workdir / "run.sh").write_text("sleep 600\necho done\n")
+    shell = rig.spawn(["bash", "run.sh"], cwd=workdir)
+    (workdir / "ckpt").mkdir()
+    (workdir / "ckpt" / "step-1").mkdir()
+    run = RunConfig("job", process=TRAIN, workdir=str(workdir), checkpoints="ckpt/step-*",
+                    relaunch="bash run.sh --resume {latest_checkpoint}", detach="setsid")
+    host = rig.host(run)
+    history = HostHistory(host.name)
+    await asyncio.sleep(0.2)
+    await poll(host, history)
+    plan = actions.plan_relaunch(host, "job", history)
+    assert plan.refusal is None, plan.refusal  # the probe does not list that shell: the box sees it
+    outcome = await actions.execute(plan, host, store=rig.store, readonly=False)
+    assert outcome.ok is False
+    assert "run.sh is being executed by pid" in outcome.message and str(shell.pid) in \
+        outcome.message and "U2" in outcome.message
+    assert audit(rig) == [("relaunch", "execute", "refused")]
+
+
+async def test_relaunch_needs_a_checkpoint_when_the_template_does(rig: Rig) -> None:
+    workdir = rig.root / "fresh"
+    workdir.mkdir()
+    host = rig.host(_trainer_run(workdir, "setsid", "fresh"),
+                    RunConfig("nopattern", workdir=str(workdir), relaunch="true"))
+    history = HostHistory(host.name)
+    await poll(host, history)
+    plan = actions.plan_relaunch(host, "fresh", history)
+    assert plan.refusal is not None and "no checkpoint" in plan.refusal
+    assert "ckpt/step-*" in plan.refusal
+    assert "process" in (actions.plan_relaunch(host, "nopattern", history).refusal or "")
+    assert "no run named" in (actions.plan_relaunch(host, "nope", history).refusal or "")
+
+
+# ---------------------------------------------------------------- injection
+
+WEIRD = "w; touch pwned $(touch pwned2) `touch pwned3` \"q' \n&& echo"
+
+
+@pytest.mark.parametrize("detach", ["setsid", "tmux"])
+async def test_hostile_names_and_paths_do_only_what_they_say(rig: Rig, detach: str) -> None:
+    workdir = rig.root / WEIRD
+    workdir.mkdir()
+    (workdir / TRAIN).write_text(TRAINER)
+    (workdir / "ckpt" / "step-00003").mkdir(parents=True)
+    name = "r;$(touch pwned4)\n'x"
+    run = RunConfig(name, process=TRAIN, workdir=str(workdir), log="l; touch pwned5.log",
+                    checkpoints="ckpt/step-*", detach=detach,
+                    relaunch=f"{shlex.quote(PY)} {TRAIN} --resume {{latest_checkpoint}} "
+                             "--run {run} --wd {workdir}",
+                    env={"NOTE": "$(touch pwned6); `touch pwned7`"})
+    host = rig.host(run)
+    history = HostHistory(host.name)
+    await poll(host, history)
+    plan = actions.plan_relaunch(host, name, history)
+    assert plan.refusal is None, plan.refusal
+    outcome = await actions.execute(plan, host, store=rig.store, readonly=False)
+    assert outcome.ok is None, outcome.message
+    wait_for(lambda: _launches(workdir), what="the trainer to start")
+    (launch,) = _launches(workdir)
+    ckpt = str(workdir / "ckpt" / "step-00003")
+    assert launch["argv"] == [TRAIN, "--resume", ckpt, "--run", name, "--wd",
+                                  str(workdir)]
+    assert launch["cwd"] == str(workdir)
+    assert launch["stdout"] == str(workdir / "l; touch pwned5.log")
+    await poll(host, history)
+    assert (await actions.verify(plan, host, history)).ok is True
+    env = environ(launch["pid"])
+    assert b"NOTE=$(touch pwned6); `touch pwned7`" in env
+    for where in (rig.root, workdir, rig.sshd.home, Path("/tmp"), Path.cwd()):
+        assert not list(where.glob("pwned*")), where
+
+
+# ---------------------------------------------------------------- read-only and the CLI
+
+async def test_readonly_refuses_every_action(rig: Rig) -> None:
+    holder = rig.spawn([PY, "-c", "import time; time.sleep(600)"])
+    rig.box.add_compute_app(0, holder.pid, "python", 1000, follows_pid=True)
+    workdir = rig.root / "ro"
+    workdir.mkdir()
+    (workdir / "ckpt" / "step-3").mkdir(parents=True)
+    host = rig.host(_trainer_run(workdir, "setsid", "ro"))
+    history = HostHistory(host.name)
+    await poll(host, history)
+    plans = [actions.plan_kill(host, history, holder.pid), actions.plan_reap(host, history),
+             actions.plan_relaunch(host, "ro", history)]
+    for plan in plans:
+        outcome = await actions.execute(plan, host, store=rig.store, readonly=True)
+        assert outcome.ok is False and "read-only" in outcome.message
+    assert alive(holder.pid) and not _launches(workdir)
+    assert audit(rig) == [("kill", "execute", "refused"), ("reap", "execute", "refused"),
+                          ("relaunch", "execute", "refused")]
+
+
+def _cli(rig: Rig, *args: str, config: str = "", input_: str | None = None
+         ) -> subprocess.CompletedProcess[str]:
+    path = rig.root / "config.toml"
+    path.write_text(f'{config}\n[ssh]\nconfig_file = "{rig.sshd.ssh_config}"\n\n'
+                    f'[hosts.box1]\nssh = "box1"\npython = "{PY}"\n')
+    env = {"PATH": os.environ["PATH"], "HOME": str(rig.root), "XDG_STATE_HOME":
+           str(rig.root / "xdg-state"), "GPUWATCH_CONFIG": str(path)}
+    return subprocess.run([PY, "-m", "gpuwatch.tui.cli", *args], env=env, text=True,
+                          capture_output=True, timeout=120, input=input_)
+
+
+def test_cli_kill_reap_and_their_refusals(rig: Rig) -> None:
+    holder = rig.spawn([PY, "-c", "import time; time.sleep(600)"])
+    rig.box.add_compute_app(0, holder.pid, "python", 1000, follows_pid=True)
+    time.sleep(0.2)
+
+    no_tty = _cli(rig, "kill", "box1", str(holder.pid))
+    assert no_tty.returncode == 1 and "--yes" in no_tty.stderr
+    assert f"pid {holder.pid}  user root  GPU 0 1000 MiB" in no_tty.stdout
+    ro = _cli(rig, "kill", "box1", str(holder.pid), "--yes", "--readonly")
+    assert ro.returncode == 1 and "read-only" in ro.stdout
+    ro_config = _cli(rig, "kill", "box1", str(holder.pid), "--yes", config="readonly = true")
+    assert ro_config.returncode == 1 and "read-only" in ro_config.stdout
+    ro_reap = _cli(rig, "reap", "box1", "--yes", "--readonly")
+    assert ro_reap.returncode == 1
+    ro_relaunch = _cli(rig, "relaunch", "box1", "nope", "--yes", "--readonly")
+    assert ro_relaunch.returncode == 1 and "nope" in ro_relaunch.stdout
+    assert alive(holder.pid)
+
+    done = _cli(rig, "kill", "box1", str(holder.pid), "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "TERM sent" in done.stdout and "verified:" in done.stdout
+    holder.wait(5)
+    nothing = _cli(rig, "reap", "box1", "--yes")
+    assert nothing.returncode == 1 and "no VRAM zombie" in nothing.stdout
+
+    with Store.open(rig.root / "xdg-state" / "gpuwatch" / "gpuwatch.sqlite3") as store:
+        rows = [(e.action, e.phase, e.outcome) for e in store.audit_log("box1")]
+    assert rows == [("kill", "execute", "refused"), ("kill", "execute", "refused"),
+                    ("reap", "execute", "refused"), ("relaunch", "execute", "refused"),
+                    ("kill", "execute", "sent"), ("kill", "verify", "verified"),
+                    ("reap", "execute", "refused")]
+
+    rig.sshd.stop()
+    down = _cli(rig, "kill", "box1", "1234", "--yes")
+    assert down.returncode == 2 and "could not be polled" in down.stderr
+    bad = _cli(rig, "kill", "box1", "1234", "--yes", config="interval = -1")
+    assert bad.returncode == 78
+
+
+# ---------------------------------------------------------------- local host
+
+async def test_local_host_kill(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in rig.box.env(base_path=os.environ.get("PATH", STD_PATH)).items():
+        monkeypatch.setenv(key, value)
+    holder = rig.spawn([PY, "-c", "import time; time.sleep(600)"])
+    rig.box.add_compute_app(0, holder.pid, "python", 1000, follows_pid=True)
+    host = HostConfig(name="local", ssh="local", python=PY)
+    history = HostHistory(host.name)
+    await asyncio.sleep(0.2)
+    await poll(host, history)
+    plan = actions.plan_kill(host, history, holder.pid)
+    outcome = await actions.execute(plan, host, store=None, readonly=False, grace_s=1.0)
+    assert outcome.ok is None, outcome.message
+    holder.wait(5)
+    await poll(host, history)
+    assert (await actions.verify(plan, host, history)).ok is True
+
+
+def test_simulated_procfs_is_never_signalled(tmp_path: Path) -> None:
+    """A fixture /proc names pids that are not real processes: the box script refuses."""
+    from gpuwatch.remote.actions import build_stdin
+    from gpuwatch.remote.probe_bundle import build_command
+
+    request = {"v": 1, "op": "signal", "boot_id": "x", "signal": "KILL", "wait_s": 0,
+               "targets": [{"pid": os.getpid(), "start_ticks": 0}]}
+    env = {"PATH": STD_PATH, "GPUWATCH_PROCFS": str(tmp_path)}
+    done = subprocess.run(["/bin/sh", "-c", build_command(PY)], input=build_stdin(request),
+                          env=env, capture_output=True, timeout=30)
+    doc = json.loads(done.stdout)
+    assert "simulated" in doc["refused"] and doc["results"] == []
+
+
+def test_box_script_runs_under_python_36(tmp_path: Path) -> None:
+    installs = sorted(Path.home().glob(".pyenv/versions/3.6*/bin/python"))
+    if not installs:
+        pytest.skip("no Python 3.6 interpreter here")
+    from gpuwatch.remote.actions import build_stdin
+    from gpuwatch.remote.probe_bundle import build_command
+
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        stat = Path(f"/proc/{sleeper.pid}/stat").read_text()
+        start = int(stat[stat.rindex(")") + 2:].split()[19])
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        request = {"v": 1, "op": "signal", "boot_id": boot, "signal": "TERM", "wait_s": 5,
+                   "tree": True, "targets": [{"pid": sleeper.pid, "start_ticks": start}]}
+        done = subprocess.run(["/bin/sh", "-c", build_command(str(installs[0]))],
+                              input=build_stdin(request), capture_output=True, timeout=30)
+        doc = json.loads(done.stdout)
+        assert doc["results"][0]["status"] == "signalled", doc
+        assert sleeper.wait(5) == -signal.SIGTERM
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_not_your_process_is_said_plainly() -> None:
+    from gpuwatch.remote import actions_box
+
+    status, _ = actions_box.check_target(
+        {"pid": os.getpid(), "start_ticks": actions_box.proc_stat(os.getpid())["start_ticks"]},
+        euid=os.geteuid() + 4242)
+    assert status == "not_yours"
+    assert "not your process" in actions._STATUS_TEXT["not_yours"]
+
+
+def test_a_login_that_is_not_root_may_not_signal_others(tmp_path: Path) -> None:
+    """The box script run as `nobody` against a root process: refused, and said plainly."""
+    import pwd
+
+    from gpuwatch.remote.actions import build_stdin
+    from gpuwatch.remote.probe_bundle import build_command
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the script as another user")
+    python = "/usr/bin/python3"
+    if not os.access(python, os.X_OK):
+        pytest.skip("no system python3 that another user can run")
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        stat = Path(f"/proc/{sleeper.pid}/stat").read_text()
+        start = int(stat[stat.rindex(")") + 2:].split()[19])
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        request = {"v": 1, "op": "signal", "boot_id": boot, "signal": "KILL", "wait_s": 0,
+                   "tree": True, "targets": [{"pid": sleeper.pid, "start_ticks": start}]}
+        done = subprocess.run(["/bin/sh", "-c", build_command(python)], cwd="/",
+                              input=build_stdin(request), capture_output=True, timeout=30,
+                              user=pwd.getpwnam("nobody").pw_uid, env={"PATH": STD_PATH})
+        doc = json.loads(done.stdout)
+        (row,) = doc["results"]
+        assert row["status"] == "not_yours" and row["user"] == "root"
+        assert "not your process" in actions._result_line(row, "KILL")
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+# On TERM this process kills the sshd session that carried the signal (as killing a run can tear
+# down the PTY chain of the very SSH session, U1), then keeps running: only KILL ends it.
+DROPPER = r'''
+import os, signal, sys, time
+LISTENER = int(sys.argv[1])
+
+def stat(pid):
+    raw = open("/proc/%d/stat" % pid).read()
+    return raw[raw.rindex(")") + 2:].split()
+
+def below_listener(pid):
+    while pid > 1:
+        pid = int(stat(pid)[1])
+        if pid == LISTENER:
+            return True
+    return False
+
+def on_term(*_):
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmd = open("/proc/%s/cmdline" % name, "rb").read()
+            if b"import sys,zlib;i=sys.stdin.buffer" in cmd and below_listener(int(name)):
+                os.kill(int(stat(int(name))[1]), signal.SIGKILL)  # its sshd session
+        except (OSError, ValueError):
+            continue
+
+signal.signal(signal.SIGTERM, on_term)
+while True:
+    time.sleep(1)
+'''
+
+
+async def test_a_kill_that_drops_the_ssh_connection_is_not_a_failure(rig: Rig) -> None:
+    (rig.root / "dropper.py").write_text(DROPPER)
+    target = rig.spawn([PY, str(rig.root / "dropper.py"), str(rig.sshd.pid)])
+    rig.box.add_compute_app(0, target.pid, "python", 3000, follows_pid=True)
+    host = rig.host()
+    history = HostHistory(host.name)
+    await asyncio.sleep(0.3)
+    await poll(host, history)
+    plan = actions.plan_kill(host, history, target.pid)
+    outcome = await actions.execute(plan, host, store=rig.store, readonly=False, grace_s=1.0)
+    assert outcome.ok is None, outcome.message
+    assert "connection dropped" in outcome.message and "U1" in outcome.message
+    assert f"KILL sent to {target.pid}" in outcome.message  # a call of its own, identity checked
+    target.wait(5)
+    await poll(host, history)
+    assert (await actions.verify(plan, host, history, store=rig.store)).ok is True
+    assert audit(rig) == [("kill", "execute", "sent"), ("kill", "verify", "verified")]

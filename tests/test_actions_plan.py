@@ -1,0 +1,193 @@
+"""Action plans and verdicts on plain data (no SSH): placeholders, quoting, refusals, describe(),
+and what verify() calls done."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+from gpuwatch.remote import actions
+from gpuwatch.remote.actions import (
+    ActionPlan,
+    LaunchSpec,
+    ProcessTarget,
+    fill_command,
+    plan_kill,
+    plan_relaunch,
+)
+from gpuwatch.remote.config import HostConfig, RunConfig
+from gpuwatch.remote.findings import HostHistory, PollFailure
+from gpuwatch.remote.model import GpuProcess, HostSnapshot, ProcessInfo
+
+BOOT = "1f6c1a7e-0000-4000-8000-000000000001"
+
+
+def proc(pid: int, *, ppid: int = 1, cmd: str = "python train.py", comm: str = "python",
+         run: str | None = None, tty: int = 0, hup_ignored: bool = False, state: str = "S",
+         session: int | None = None, start: int = 1000, gpu: int | None = None,
+         mem: int | None = None) -> ProcessInfo:
+    return ProcessInfo(
+        pid=pid, ppid=ppid, user="alice", state=state, comm=comm, cmd=cmd, start_ticks=start,
+        started_at=None, tty_nr=tty, session=session if session is not None else pid, pgrp=pid,
+        sighup_ignored=hup_ignored, sighup_caught=False, threads=1, cgroup=None, cwd=None,
+        exe=None, nvidia_devs=(), run=run, gpu_index=gpu, gpu_mem_mib=mem)
+
+
+def snapshot(*procs: ProcessInfo, apps: tuple[GpuProcess, ...] = (),
+             boot: str = BOOT) -> HostSnapshot:
+    return HostSnapshot(
+        host="gpu1", taken_at=1000.0, hostname="gpu1", boot_id=boot, uptime_s=100.0,
+        loadavg=None, ncpu=8, gpus=(), gpu_processes=apps, gpu_source="nvidia-smi",
+        nvidia_smi_reasons=None, processes=procs, process_counts=None, disks=(), cgroup=None,
+        kill_user_processes=None, kernel_events=(), xid_counts=MappingProxyType({}),
+        section_errors=MappingProxyType({}), probe_s=0.1, probe_cpu_s=0.1)
+
+
+def history(*snaps: HostSnapshot) -> HostHistory:
+    h = HostHistory("gpu1")
+    for i, snap in enumerate(snaps):
+        h.record(snap, 1000.0 + i)
+    return h
+
+
+HOST = HostConfig(name="gpu1", ssh="gpu1")
+
+
+# ---------------------------------------------------------------- placeholders
+
+def test_fill_quotes_every_value_and_leaves_other_braces_alone() -> None:
+    cmd = fill_command(
+        "python train.py --resume {latest_checkpoint} --name {run} --out {workdir}/x "
+        "--tag ${USER} && awk '{print $1}' log {unknown}",
+        run="r; rm -rf /", workdir="/data/my run", latest_checkpoint="/ck/$(reboot)`id`'q")
+    words = shlex.split(cmd)
+    assert words[:8] == ["python", "train.py", "--resume", "/ck/$(reboot)`id`'q", "--name",
+                         "r; rm -rf /", "--out", "/data/my run/x"]
+    assert "${USER}" in cmd and "awk '{print $1}'" in cmd and "{unknown}" in cmd
+
+
+def test_fill_keeps_a_home_relative_path_expandable() -> None:
+    cmd = fill_command("cd {workdir} && ls {latest_checkpoint}", run="r", workdir="~/runs/a b",
+                       latest_checkpoint="~")
+    assert cmd == "cd ~/'runs/a b' && ls ~"
+    filled = fill_command("{workdir}", run="r", workdir="~/x", latest_checkpoint=None)
+    out = subprocess.run(["sh", "-c", f"echo {filled}"], capture_output=True, text=True,
+                         env={"HOME": "/home/h"}).stdout
+    assert out == "/home/h/x\n"
+
+
+def test_fill_without_a_checkpoint_raises_only_when_needed() -> None:
+    assert fill_command("python t.py", run="r", workdir="/w", latest_checkpoint=None) == \
+        "python t.py"
+    with pytest.raises(ValueError):
+        fill_command("python t.py --resume {latest_checkpoint}", run="r", workdir="/w",
+                     latest_checkpoint=None)
+
+
+# ---------------------------------------------------------------- plans
+
+def test_kill_plan_lists_the_process_and_its_session_children_only() -> None:
+    tmux = proc(50, comm="tmux: server", cmd="tmux new -s x")
+    parent = proc(100, ppid=50, gpu=0, mem=40960, run="llama")
+    worker = proc(101, ppid=100, session=100, cmd="python train.py")
+    other = proc(102, ppid=50, cmd="bash")  # tmux's other shell: another session
+    plan = plan_kill(HOST, history(snapshot(tmux, parent, worker, other)), 100)
+    assert plan.refusal is None
+    assert [t.pid for t in plan.targets] == [100, 101]
+    assert plan.targets[0] == ProcessTarget(100, 1000, BOOT, "alice", "python train.py", 0,
+                                            40960)
+    text = plan.describe()
+    assert "kill on gpu1: send TERM to 2 processes, then KILL" in text
+    assert "pid 100  user alice  GPU 0 40960 MiB  python train.py" in text
+    assert "belongs to run llama" in text
+    server = plan_kill(HOST, history(snapshot(tmux, parent, worker, other)), 50)
+    assert any("tmux: server server" in n for n in server.notes)
+    assert [t.pid for t in server.targets] == [50]  # its shells lead their own sessions
+
+
+def test_kill_plan_refusals() -> None:
+    h = history(snapshot(proc(7, state="Z", ppid=3), proc(3)))
+    assert "defunct" in (plan_kill(HOST, h, 7).refusal or "")
+    assert "not in the latest poll" in (plan_kill(HOST, h, 8).refusal or "")
+    assert plan_kill(HOST, h, 1).refusal is not None
+    assert plan_kill(HOST, history(snapshot(proc(3), boot="")), 3).refusal is not None
+    failed = history(snapshot(proc(3)))
+    failed.record_failure(PollFailure("timeout", "no answer", 2000.0))
+    assert "failed" in (plan_kill(HOST, failed, 3).refusal or "")
+    assert "not been polled" in (plan_kill(HOST, HostHistory("gpu1"), 3).refusal or "")
+
+
+def test_relaunch_plan_refusals_and_describe() -> None:
+    run = RunConfig("llama", process="train.py", workdir="/data/llama", log="train.log",
+                    relaunch="bash run.sh --resume {latest_checkpoint}", detach="setsid",
+                    checkpoints="ck/*", env={"CUDA_VISIBLE_DEVICES": "0", "HF_TOKEN": "hf_x"})
+    host = replace(HOST, runs=(run, RunConfig("bare", process="x.py", workdir="/w",
+                                              relaunch="python x.py")))
+    alive = history(snapshot(proc(10, run="llama")))
+    assert "is running (pid 10)" in (plan_relaunch(host, "llama", alive).refusal or "")
+    shell = history(snapshot(proc(11, comm="bash", cmd="bash /data/llama/run.sh")))
+    refusal = plan_relaunch(host, "llama", shell).refusal or ""
+    assert "run.sh is being executed by pid 11" in refusal and "U2" in refusal
+    assert "no checkpoint" in (plan_relaunch(host, "llama", history(snapshot())).refusal or "")
+    plan = plan_relaunch(host, "bare", history(snapshot()))
+    assert plan.refusal is None and plan.command == "python x.py"
+    assert plan.launch is not None and plan.launch.log == "/w/gpuwatch-relaunch.log"
+    text = plan.describe()
+    assert "relaunch run bare on gpu1, detached under setsid nohup:" not in text  # tmux default
+    assert "in a new tmux session" in text and "cd /w" in text and "python x.py" in text
+    spec = LaunchSpec("llama", "/data/llama", "/data/llama/train.log", "setsid",
+                      (("CUDA_VISIBLE_DEVICES", "0"), ("HF_TOKEN", "hf_x")), "train.py", ())
+    shown = ActionPlan("relaunch", "gpu1", (), "bash run.sh", "", None, (), spec).describe()
+    assert "CUDA_VISIBLE_DEVICES=0 HF_TOKEN=*** PYTHONUNBUFFERED=1" in shown
+    assert "hf_x" not in shown and "under setsid nohup" in shown
+
+
+# ---------------------------------------------------------------- verdicts
+
+async def test_verify_kill_needs_the_process_gone_and_the_vram_back() -> None:
+    target = ProcessTarget(100, 1000, BOOT, "alice", "python train.py", 0, 20000)
+    plan = ActionPlan("kill", "gpu1", (target,), None, "TERM", None, ())
+    app = GpuProcess(0, "GPU-0", 100, 20000, "python")
+    still = await actions.verify(plan, HOST, history(snapshot(proc(100))))
+    assert still.ok is False and "still alive: pid 100" in still.message
+    holding = await actions.verify(plan, HOST, history(snapshot(apps=(app,))))
+    assert holding.ok is False and "still holding GPU memory" in holding.message
+    reused = await actions.verify(plan, HOST, history(snapshot(proc(100, start=5))))
+    assert reused.ok is True  # another process under that pid now: ours is gone
+    defunct = await actions.verify(plan, HOST, history(snapshot(proc(100, state="Z"))))
+    assert defunct.ok is True and "reaping" in defunct.message
+    rebooted = await actions.verify(plan, HOST, history(snapshot(proc(100), boot="other")))
+    assert rebooted.ok is True and "rebooted" in rebooted.message
+    assert (await actions.verify(plan, HOST, HostHistory("gpu1"))).ok is None
+
+
+async def test_verify_relaunch_refuses_a_tty_bound_run() -> None:
+    spec = LaunchSpec("llama", "/w", "/w/log", "setsid", (), "train.py", ())
+    plan = ActionPlan("relaunch", "gpu1", (), "python train.py", "", None, (), spec)
+    bound = history(snapshot(proc(5, comm="bash", cmd="-bash", tty=34816),
+                             proc(6, ppid=5, run="llama", tty=34816, session=5)))
+    verdict = await actions.verify(plan, HOST, bound)
+    assert verdict.ok is False and "tied to a terminal" in verdict.message
+    nohup = history(snapshot(proc(6, ppid=5, run="llama", tty=34816, hup_ignored=True)))
+    assert (await actions.verify(plan, HOST, nohup)).ok is True
+    tmux = history(snapshot(proc(4, comm="tmux: server"), proc(5, ppid=4, comm="sh"),
+                            proc(6, ppid=5, run="llama", tty=34817, session=5)))
+    assert (await actions.verify(plan, HOST, tmux)).ok is True
+    gone = await actions.verify(plan, HOST, history(snapshot()))
+    assert gone.ok is False and "not running" in gone.message
+
+
+def test_box_script_is_python_36_syntax() -> None:
+    path = Path(actions.__file__).with_name("actions_box.py")
+    compile(path.read_text(), "actions_box.py", "exec")
+    vermin = Path(sys.executable).with_name("vermin")
+    if not vermin.exists():
+        pytest.skip("vermin is not installed")
+    done = subprocess.run([str(vermin), "-t=3.6-", "--no-tips", "--violations", str(path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -1,0 +1,276 @@
+"""U3: a vanished run's cause, decided from two polls of a simulated box (and real kernel and
+training-log text), with run.dead / run.rank_dead, and the store keeping it for cron."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from findings_helpers import Watched, host_config, touch
+from gpuwatch.remote.diagnosis import Diagnosis, crash_line
+from gpuwatch.remote.findings import Severity
+from gpuwatch.remote.sim import Box, SimProcess, h100_sxm, training_process
+from gpuwatch.remote.store import Store
+from harness.captures import capture
+
+
+def box_at(tmp_path: Path, gpus: int = 2, **kwargs: object) -> Box:
+    return Box(tmp_path / "box", h100_sxm(gpus), btime=int(time.time()) - 86_400,
+               uptime_s=86_400.0, **kwargs)  # type: ignore[arg-type]
+
+
+def running(tmp_path: Path, box: Box, *, pid: int = 600, **keys: str) -> Watched:
+    work = tmp_path / "run"
+    work.mkdir(exist_ok=True)
+    (work / "train.log").write_text("step 1 loss 2.3\n")
+    box.add_process(training_process(pid, workdir=str(work), gpu=0, nohup=True))
+    box.add_compute_app(0, pid, "python", 30_000)
+    lines = ["[hosts.gpu1.runs.llama]", 'process = "train.py"', f'workdir = "{work}"',
+             'log = "train.log"'] + [f'{k} = "{v}"' for k, v in keys.items()]
+    w = Watched(box, host_config("\n".join(lines) + "\n"))
+    w.poll()
+    assert w.history.runs["llama"].status == "running" and w.findings == []
+    return w
+
+
+def dead(w: Watched) -> tuple[str, dict]:
+    f = w.one("run.dead")
+    assert f.severity == Severity.CRITICAL and f.run == "llama"
+    return f.evidence["cause"], f.evidence["diagnosis"]["evidence"]
+
+
+def test_killed_when_nothing_else_explains_it(tmp_path: Path) -> None:
+    box = box_at(tmp_path)
+    w = running(tmp_path, box)
+    box.remove_process(600)
+    w.poll()
+    cause, evidence = dead(w)
+    assert cause == "killed" and evidence["pids"] == [600]
+    assert "killed by a signal" in w.one("run.dead").message
+    w.poll()  # still dead: reported again, but as a warning (a cron run mails once)
+    again = w.one("run.dead")
+    assert again.severity == Severity.WARNING and again.evidence["cause"] == "killed"
+
+
+def test_reboot(tmp_path: Path) -> None:
+    box = box_at(tmp_path)
+    w = running(tmp_path, box)
+    old = box.boot_id
+    box.reboot()
+    w.poll()
+    cause, evidence = dead(w)
+    assert cause == "reboot" and evidence["boot_id_before"] == old
+    assert "host.rebooted" in w.codes()
+
+
+def test_oom_cgroup_counter_is_authoritative(tmp_path: Path) -> None:
+    box = box_at(tmp_path, memory_max=64 * 2**30)
+    w = running(tmp_path, box)
+    box.oom_kill(600)
+    w.poll()
+    cause, evidence = dead(w)
+    assert cause == "oom_cgroup" and evidence["oom_kill_now"] == 1
+    assert evidence["killed_pid"] == 600
+    assert "host.cgroup_oom" in w.codes()
+
+
+def test_oom_kernel_from_real_dmesg_text(tmp_path: Path) -> None:
+    """The real 'Out of memory: Kill process 456 (python) score 50 or sacrifice child'."""
+    lines = capture("system", "dmesg", "gpud__dmesg-decode-iso-xid13-oom.log").read_text(
+        errors="replace").splitlines()
+    box = box_at(tmp_path)
+    w = running(tmp_path, box, pid=456)
+    box.append_dmesg(*[line for line in lines if "Xid" not in line])
+    box.remove_process(456)
+    w.poll()
+    cause, evidence = dead(w)
+    assert cause == "oom_kernel" and evidence["pid"] == 456 and evidence["name"] == "python"
+
+
+def test_xid_on_its_gpu(tmp_path: Path) -> None:
+    box = box_at(tmp_path)
+    w = running(tmp_path, box)
+    box.xid(0, 79)
+    box.remove_process(600)
+    w.poll()
+    cause, evidence = dead(w)
+    assert cause == "xid" and evidence["xid"] == 79 and evidence["gpu"] == 0
+    assert w.one("gpu.xid").severity == Severity.CRITICAL
+
+
+def test_xid_on_another_gpu_is_not_the_cause(tmp_path: Path) -> None:
+    box = box_at(tmp_path)
+    w = running(tmp_path, box)
+    box.xid(1, 13)
+    box.remove_process(600)
+    w.poll()
+    assert dead(w)[0] == "killed"
+
+
+def test_exception_quotes_the_line_of_a_real_crash_log(tmp_path: Path) -> None:
+    """DeepSpeed's real 16-GPU crash: the tail ends in launcher lines after the tracebacks."""
+    text = capture("metrics", "train_stdout", "deepspeed-chat__llama7b_16gpu_crash.log").read_text(
+        errors="replace")
+    box = box_at(tmp_path)
+    w = running(tmp_path, box)
+    (tmp_path / "run" / "train.log").write_text(text)
+    box.remove_process(600)
+    w.poll()
+    cause, evidence = dead(w)
+    assert cause == "exception"
+    assert evidence["line"].startswith("RuntimeError: Expected all tensors to be on the same "
+                                       "device")
+    assert "RuntimeError" in w.one("run.dead").message
+
+
+@pytest.mark.parametrize(("tail", "kind", "quoted"), [
+    ("step 9\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n",
+     "cuda_oom", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
+    ("[rank3]:[E ProcessGroupNCCL.cpp:1182] [Rank 3] Watchdog caught collective operation "
+     "timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600026 ms\n",
+     "nccl_timeout", None),
+    ("Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n"
+     "    main()\nKeyError: 'lr'\n", "exception", "KeyError: 'lr'"),
+    ("step 100 loss 0.1\nstep 200 loss 0.09\n", None, None),
+])
+def test_crash_line_kinds(tail: str, kind: str | None, quoted: str | None) -> None:
+    found = crash_line(tail)
+    assert (found[0] if found else None) == kind
+    if quoted is not None:
+        assert found is not None and found[1] == quoted
+
+
+def test_sighup_when_its_terminal_session_is_gone(tmp_path: Path) -> None:
+    box = box_at(tmp_path)
+    work = tmp_path / "run"
+    work.mkdir()
+    (work / "train.log").write_text("step 1\n")
+    pts = (136 << 8) | 2
+    box.add_process(SimProcess(300, ("sshd: bob@pts/2",), comm="sshd", ppid=1))
+    box.add_process(SimProcess(310, ("-bash",), comm="bash", ppid=300, tty_nr=pts))
+    box.add_process(replace(training_process(320, ppid=310, tty_nr=pts, workdir=str(work)),
+                            session=310))
+    w = Watched(box, host_config(f'[hosts.gpu1.runs.llama]\nprocess = "train.py"\n'
+                                 f'workdir = "{work}"\nlog = "train.log"\n'))
+    w.poll()
+    assert "run.sighup_risk" in w.codes()
+    for pid in (320, 310, 300):  # the SSH session dropped
+        box.remove_process(pid)
+    w.poll()
+    cause, evidence = dead(w)
+    assert cause == "sighup" and evidence["session"] == 310
+
+
+def test_a_finished_run_is_not_dead(tmp_path: Path) -> None:
+    box = box_at(tmp_path)
+    w = running(tmp_path, box, done="DONE")
+    touch(tmp_path / "run" / "DONE", time.time())
+    box.remove_process(600)
+    w.poll()
+    assert w.history.runs["llama"].status == "finished"
+    assert "run.dead" not in w.codes() and w.history.deaths == {}
+
+
+def test_unknown_when_the_kernel_log_is_unreadable(tmp_path: Path) -> None:
+    box = box_at(tmp_path)
+    w = running(tmp_path, box)
+    box.set_faults(dmesg_denied=True)
+    box.remove_process(600)
+    w.poll()
+    cause, evidence = dead(w)
+    assert cause == "unknown" and any("kernel log" in u for u in evidence["unchecked"])
+
+
+def test_rank_dead_while_the_others_live(tmp_path: Path) -> None:
+    box = box_at(tmp_path, 4)
+    work = tmp_path / "run"
+    work.mkdir()
+    box.add_process(SimProcess(900, ("python", "-m", "torch.distributed.run", "train.py"),
+                               comm="torchrun", ppid=1))
+    for rank in range(4):
+        box.add_process(replace(training_process(901 + rank, ppid=900, gpu=rank,
+                                                 workdir=str(work)), session=900))
+        box.add_compute_app(rank, 901 + rank, "python", 30_000)
+    # a dataloader worker of rank 0: forked, same command line, no CUDA context of its own
+    box.add_process(replace(training_process(950, ppid=901, workdir=str(work)), session=900,
+                            threads=4))
+    w = Watched(box, host_config(f'[hosts.gpu1.runs.llama]\nprocess = "train.py"\n'
+                                 f'workdir = "{work}"\n'))
+    w.poll()
+    box.remove_process(950)  # a worker ending is no news
+    w.poll()
+    assert "run.rank_dead" not in w.codes()
+    box.oom_kill(903)
+    w.poll()
+    f = w.one("run.rank_dead")
+    assert f.severity == Severity.CRITICAL and f.evidence["dead_pids"] == [903]
+    assert f.evidence["cause"] == "oom_cgroup" and sorted(f.evidence["survivors"]) == [
+        901, 902, 904]
+    assert "will hang" in f.message and "run.dead" not in w.codes()
+    w.poll()
+    assert "run.rank_dead" in w.codes()  # while the survivors hang, it stays
+
+
+def test_diagnosis_state_round_trip() -> None:
+    d = Diagnosis("xid", {"xid": 79}, 12.5, (1, 2))
+    assert Diagnosis.from_state(json.loads(json.dumps(d.state()))) == d
+    assert Diagnosis.from_state({"cause": "bogus"}) is None
+
+
+# ---------------------------------------------------------------- --once, the store, the JSON
+
+def gpuwatch(tmp_path: Path, box: Box, *args: str, config: str
+             ) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "st"),
+           "XDG_CONFIG_HOME": str(tmp_path / "xdg"), **box.env(base_path="/usr/bin:/bin")}
+    env["PATH"] += f":{Path(sys.executable).parent}"
+    (tmp_path / "c.toml").write_text(config)
+    return subprocess.run([sys.executable, "-m", "gpuwatch.tui.cli", "--config",
+                           str(tmp_path / "c.toml"), *args], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_once_reports_a_death_once_with_its_diagnosis_and_stores_it(tmp_path: Path) -> None:
+    import jsonschema
+    from gpuwatch.remote.report import load_schema
+
+    box = box_at(tmp_path)
+    work = tmp_path / "run"
+    work.mkdir()
+    (work / "train.log").write_text("step 1\n")
+    box.add_process(training_process(600, workdir=str(work), nohup=True))
+    config = (f'[hosts.local]\nssh = "local"\n[hosts.local.runs.llama]\nprocess = "train.py"\n'
+              f'workdir = "{work}"\nlog = "train.log"\n')
+    first = gpuwatch(tmp_path, box, "--once", "--json", config=config)
+    assert first.returncode == 0, first.stderr
+    box.xid(0, 79)
+    box.remove_process(600)
+    second = gpuwatch(tmp_path, box, "--once", "--json", config=config)
+    assert second.returncode == 1  # critical: a dead run, a dead GPU
+    doc = json.loads(second.stdout)
+    jsonschema.validate(doc, load_schema())
+    (host,) = doc["hosts"]
+    (run,) = host["runs"]
+    assert run["status"] == "dead" and run["diagnosis"]["cause"] == "xid"
+    codes = {f["code"]: f for f in host["findings"]}
+    assert codes["run.dead"]["severity"] == "critical" and codes["gpu.xid"]["gpu"] == 0
+    third = gpuwatch(tmp_path, box, "--once", "--json", config=config)
+    assert third.returncode == 0  # still dead, said once: now a warning; the Xid is old news
+    (run,) = json.loads(third.stdout)["hosts"][0]["runs"]
+    assert run["diagnosis"]["cause"] == "xid"  # kept by the store
+    (dead_run,) = [f for f in json.loads(third.stdout)["hosts"][0]["findings"]
+                   if f["code"] == "run.dead"]
+    assert dead_run["severity"] == "warning"
+    fourth = gpuwatch(tmp_path, box, "--once", "--fail-on", "warning", config=config)
+    assert fourth.returncode == 1
+    with Store.open(tmp_path / "st" / "gpuwatch" / "gpuwatch.sqlite3") as store:
+        records = {r.code: r for r in store.findings("local")}
+        assert records["gpu.xid"].cleared_at is not None  # seen once, then cleared
+        assert records["run.dead"].active and records["run.dead"].first_seen < \
+            records["run.dead"].last_seen
+        assert store.deaths("local")["llama"]["cause"] == "xid"

@@ -1,0 +1,507 @@
+"""The TUI driven by Textual's Pilot: every key, the polling path, the overnight view, themes,
+and box text that looks like markup. Data is tests/tui_fixtures.py's deterministic fleet."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tui_fixtures as fx
+from gpuwatch.remote import actions
+from gpuwatch.remote.collect import Collector, PollOutcome
+from gpuwatch.remote.config import Config, HostConfig
+from gpuwatch.remote.findings import HostHistory
+from gpuwatch.remote.once import judge, remember
+from gpuwatch.remote.sim import Box, h100_sxm
+from gpuwatch.remote.store import Store
+from gpuwatch.tui.app import GpuwatchApp, build_app
+from gpuwatch.tui.messages import SnapshotReady
+from gpuwatch.tui.screens.confirm import ConfirmAction
+from gpuwatch.tui.screens.fleet import FleetScreen
+from gpuwatch.tui.screens.help import HelpScreen
+from gpuwatch.tui.screens.host import PANES, HostScreen
+from gpuwatch.tui.widgets.fleet_table import FleetTable
+from gpuwatch.tui.widgets.log_tail import LogTail
+from gpuwatch.tui.widgets.loss_pane import SMOOTHING, LossPane
+from gpuwatch.tui.widgets.process_table import ProcessTable
+from textual.pilot import Pilot
+
+SIZE = (200, 50)
+
+
+class FakeCollector:
+    """Answers polls with the fixture's outcomes at once, stamped with the real time (the app
+    waits for a poll that began after an action ended)."""
+
+    def __init__(self, outcomes: list[PollOutcome]) -> None:
+        self.outcomes = {o.host.name: o for o in outcomes}
+        self.calls: Counter[str] = Counter()
+
+    async def poll(self, host: HostConfig, runs: Any = None) -> PollOutcome:
+        self.calls[host.name] += 1
+        await asyncio.sleep(0)
+        outcome = self.outcomes.get(host.name) or fx.failed(host, fx.NOW)
+        return replace(outcome, started_at=time.time())
+
+
+def make_app(cfg: Config | None = None, **kwargs: Any) -> GpuwatchApp:
+    cfg = cfg or fx.config()
+    kwargs.setdefault("poll", False)
+    return build_app(cfg, store=fx.seeded_store(cfg), clock=fx.clock, **kwargs)
+
+
+async def feed(pilot: Pilot[Any], outcomes: list[PollOutcome]) -> None:
+    for o in outcomes:
+        pilot.app.post_message(SnapshotReady(o.host.name, o))
+    await pilot.pause()
+
+
+async def open_host(pilot: Pilot[Any], name: str) -> HostScreen:
+    app = pilot.app
+    assert isinstance(app, GpuwatchApp)
+    names = list(app.hosts)
+    for _ in range(names.index(name)):
+        await pilot.press("down")
+    await pilot.press("enter")
+    await pilot.pause()
+    screen = app.screen
+    assert isinstance(screen, HostScreen) and screen.host == name
+    return screen
+
+
+def screen_text(app: GpuwatchApp) -> str:
+    return "\n".join(fx.svg_lines(app.export_screenshot()))
+
+
+def notes(app: GpuwatchApp) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+# ----------------------------------------------------------------------------- fleet view
+
+async def test_fleet_shows_every_host_state_gpus_runs_and_findings() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        table = app.screen.query_one(FleetTable)
+        assert table.row_count == len(fx.HOSTS)
+        cell = lambda host, col: table.get_cell(host, col).plain  # noqa: E731
+        assert cell("gpu-healthy", "state") == "● ok"
+        assert cell("gpu-down", "state").startswith("✗ unreachable (unreachable)")
+        assert cell("gpu-new", "state") == "… waiting for the first poll"
+        assert cell("gpu-healthy", "util").startswith("████")  # one cell per GPU
+        assert cell("gpu-capped", "clock").endswith(" 37%")  # util 100 % at 37 % clock: U21
+        assert cell("gpu-healthy", "vram") == "240/319 GiB"
+        assert cell("gpu-healthy", "runs") == "llama-7b▶"
+        assert cell("gpu-zombie", "runs") == "bert-ddp✗"  # seen running overnight, gone now
+        assert "✖" in cell("gpu-down", "findings")
+
+
+async def test_fleet_scales_to_64_hosts_and_scrolls() -> None:
+    app = make_app(fx.config(n_extra=64))
+    async with app.run_test(size=(120, 30)) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        table = app.screen.query_one(FleetTable)
+        assert table.row_count == 69
+        await pilot.press("ctrl+end")
+        await pilot.pause()
+        assert table.selected_host == "node-063" and table.scroll_y > 0
+
+
+async def test_slash_filters_and_escape_clears() -> None:
+    app = make_app(fx.config(n_extra=10))
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        table = app.screen.query_one(FleetTable)
+        await pilot.press("slash")
+        assert app.focused is not None and app.focused.id == "filter"
+        await pilot.press(*"node-00")
+        await pilot.pause()
+        assert table.row_count == 10
+        await pilot.press("enter")  # back to the table, filter kept
+        assert app.focused is table and table.row_count == 10
+        await pilot.press("slash", *"unreach")
+        await pilot.pause()
+        assert table.row_count == 0 or table.selected_host is not None
+        await pilot.press("escape", "escape")
+        await pilot.pause()
+        assert table.row_count == 15 and app.focused is table
+
+
+async def test_enter_opens_a_host_with_every_pane_and_escape_goes_back() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        screen = await open_host(pilot, "gpu-capped")
+        titles = {str(screen.query_one(f"#{pane}").border_title) for pane, _ in PANES}
+        assert titles == {"GPUs", "Loss", "Checkpoints", "Disks", "Findings", "Processes",
+                          "Log"}
+        text = screen_text(app)
+        for word in ("sw_power_cap", "249/250 W", "train/loss", "checkpoint-800", "/data",
+                     "mistral ▶ running"):
+            assert word in text, word
+        await pilot.press("escape")
+        assert isinstance(app.screen, FleetScreen)
+
+
+async def test_mouse_click_opens_a_host() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        table = app.screen.query_one(FleetTable)
+        # row 0 is the header, then gpu-healthy, gpu-capped
+        await pilot.click(FleetTable, offset=(3, 2))
+        await pilot.pause()
+        if not isinstance(app.screen, HostScreen):  # first click highlights, second selects
+            await pilot.click(FleetTable, offset=(3, 2))
+            await pilot.pause()
+        assert isinstance(app.screen, HostScreen) and app.screen.host == "gpu-capped", \
+            table.cursor_row
+
+
+# ----------------------------------------------------------------------------- host view keys
+
+async def test_loss_keys_change_tag_smoothing_log_and_axis() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        screen = await open_host(pilot, "gpu-healthy")
+        pane = screen.query_one(LossPane)
+        assert pane.current_tag() == "train/loss"
+        await pilot.press("right_square_bracket")
+        assert pane.current_tag() == "train/learning_rate"
+        await pilot.press("left_square_bracket")
+        assert pane.current_tag() == "train/loss"
+        start = pane.settings.smoothing
+        await pilot.press("S")
+        assert pane.settings.smoothing == start + 1
+        await pilot.press("s", "s")
+        assert pane.settings.smoothing == start - 1
+        assert SMOOTHING[pane.settings.smoothing] < SMOOTHING[start]
+        await pilot.press("l")
+        assert pane.settings.logy
+        await pilot.press("x")
+        assert pane.settings.wall
+        plot = pane.query_one("#loss-plot")
+        assert plot.series.xlabel == "hours since the first point" and plot.series.logy  # type: ignore[attr-defined]
+        assert plot.series.checkpoints  # type: ignore[attr-defined]
+        assert "log-y  x: wall" in screen_text(app)
+
+
+async def test_markup_in_cmdlines_and_log_lines_renders_literally() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        screen = await open_host(pilot, "gpu-capped")
+        procs = screen.query_one(ProcessTable)
+        assert procs.get_cell("pid:777", "cmd").plain == f"python train.py --name {fx.HOSTILE}"
+        log = screen.query_one(LogTail)
+        assert any(fx.HOSTILE in line for line in log.lines)
+        text = screen_text(app)
+        assert f"--name {fx.HOSTILE}" in text
+        assert f"{fx.HOSTILE} a log line that looks like markup" in text
+
+
+# ----------------------------------------------------------------------------- actions
+
+@pytest.fixture
+def fake_execute(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """actions.execute and verify without SSH; records what was called."""
+    calls: list[tuple[str, Any]] = []
+
+    async def execute(plan: Any, host: Any, **kwargs: Any) -> actions.ActionOutcome:
+        calls.append(("execute", plan))
+        return actions.ActionOutcome(None, f"sent {plan.kind} to {plan.host}")
+
+    async def verify(plan: Any, host: Any, history: Any, **kwargs: Any) -> actions.ActionOutcome:
+        calls.append(("verify", plan))
+        return actions.ActionOutcome(True, f"verified {plan.kind} on {plan.host}")
+
+    monkeypatch.setattr(actions, "execute", execute)
+    monkeypatch.setattr(actions, "verify", verify)
+    return calls
+
+
+async def test_k_is_greyed_until_a_process_is_selected_and_asks_with_cancel_default(
+        fake_execute: list[tuple[str, Any]]) -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        assert app.check_action("kill", ()) is None  # fleet view: no process selected
+        screen = await open_host(pilot, "gpu-healthy")
+        assert screen.selected_pid is None  # the cursor is on the run's header row
+        assert app.check_action("kill", ()) is None
+        await pilot.press("k")
+        assert not isinstance(app.screen, ConfirmAction)
+        await pilot.press("down")
+        assert screen.selected_pid == 4121
+        assert app.check_action("kill", ()) is True
+        await pilot.press("k")
+        await pilot.pause()
+        modal = app.screen
+        assert isinstance(modal, ConfirmAction)
+        assert app.focused is not None and app.focused.id == "cancel"
+        assert "pid 4121" in modal.description and "llama.yaml --rank 0" in modal.description
+        assert app.check_action("kill", ()) is False  # no action keys inside the modal
+        await pilot.press("escape")  # Escape cancels
+        await pilot.pause()
+        assert isinstance(app.screen, HostScreen) and fake_execute == []
+        await pilot.press("k")
+        await pilot.pause()
+        await pilot.press("enter")  # Enter on the default button: Cancel
+        await pilot.pause()
+        assert isinstance(app.screen, HostScreen) and fake_execute == []
+        assert any("cancelled" in n for n in notes(app))
+        await pilot.press("k")
+        await pilot.pause()
+        await pilot.press("tab", "enter")  # a deliberate step to the Kill button
+        await app.workers.wait_for_complete()
+        assert [c[0] for c in fake_execute] == ["execute"]
+        assert fake_execute[0][1].kind == "kill" and fake_execute[0][1].targets[0].pid == 4121
+        assert "sent kill to gpu-healthy" in notes(app)
+
+
+async def test_kill_confirmation_shows_box_text_literally(
+        fake_execute: list[tuple[str, Any]]) -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        await open_host(pilot, "gpu-capped")
+        await pilot.press("down", "k")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmAction)
+        assert f"--name {fx.HOSTILE}" in screen_text(app)
+        await pilot.press("y")  # `y` confirms too
+        await app.workers.wait_for_complete()
+        assert [c[0] for c in fake_execute] == ["execute"]
+
+
+async def test_z_reaps_the_zombie_then_polls_and_reports_the_verified_outcome(
+        fake_execute: list[tuple[str, Any]]) -> None:
+    cfg = fx.config()
+    outcomes = fx.latest(cfg)
+    zombie = next(o for o in outcomes if o.host.name == "gpu-zombie")
+    assert zombie.snapshot is not None
+    # rank 3 left behind: re-parented to init, not a session leader (zombies.py, U11)
+    procs = tuple(replace(p, session=4000) for p in zombie.snapshot.processes)
+    zombie = replace(zombie, snapshot=replace(zombie.snapshot, processes=procs))
+    collector = FakeCollector([zombie])
+    app = make_app(cfg, poll=True, collector=collector)  # type: ignore[arg-type]
+    async with app.run_test(size=SIZE) as pilot:
+        for _ in range(3):  # sustained: the GPU idle over several polls
+            await feed(pilot, [zombie])
+        data = app.hosts["gpu-zombie"]
+        assert data.reap_targets == {5150}
+        screen = await open_host(pilot, "gpu-zombie")
+        assert screen.query_one(ProcessTable).get_cell("pid:5150", "flag").plain == \
+            "zombie VRAM"
+        assert app.check_action("reap", ()) is True
+        before = collector.calls["gpu-zombie"]
+        await pilot.press("z")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmAction)
+        assert "pid 5150" in app.screen.description
+        await pilot.press("tab", "enter")
+        await app.workers.wait_for_complete()
+        assert [c[0] for c in fake_execute] == ["execute", "verify"]
+        assert collector.calls["gpu-zombie"] > before  # poll_now after the action
+        assert "verified reap on gpu-zombie" in notes(app)
+
+
+async def test_z_on_the_fleet_view_and_greyed_without_zombies(
+        fake_execute: list[tuple[str, Any]]) -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        assert app.check_action("reap", ()) is None  # gpu-healthy: nothing to reap
+        await pilot.press("z")
+        assert isinstance(app.screen, FleetScreen)
+        app.hosts["gpu-healthy"].reap_targets = frozenset({4121})
+        assert app.check_action("reap", ()) is True
+
+
+async def test_r_relaunches_the_selected_dead_run_and_is_greyed_while_it_runs(
+        fake_execute: list[tuple[str, Any]]) -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        await open_host(pilot, "gpu-healthy")
+        assert app.check_action("relaunch", ()) is None  # llama-7b is running
+        await pilot.press("escape")
+        screen = await open_host(pilot, "gpu-zombie")
+        assert screen.selected_run == "bert-ddp"
+        assert app.check_action("relaunch", ()) is True
+        await pilot.press("r")
+        await pilot.pause()
+        modal = app.screen
+        assert isinstance(modal, ConfirmAction)
+        assert "bert-ddp" in modal.description
+        if modal.refusal is None:
+            await pilot.press("tab", "enter")
+            await app.workers.wait_for_complete()
+            assert fake_execute and fake_execute[0][1].kind == "relaunch"
+        else:  # a refused plan offers only Cancel: y does nothing
+            await pilot.press("y")
+            assert isinstance(app.screen, ConfirmAction)
+            await pilot.press("escape")
+            assert fake_execute == []
+
+
+async def test_readonly_greys_every_action(fake_execute: list[tuple[str, Any]]) -> None:
+    app = make_app(readonly=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        screen = await open_host(pilot, "gpu-healthy")
+        await pilot.press("down")
+        assert screen.selected_pid == 4121
+        for action in ("kill", "reap", "relaunch"):
+            assert app.check_action(action, ()) is None, action
+        await pilot.press("k", "z", "r")
+        assert isinstance(app.screen, HostScreen) and fake_execute == []
+
+
+# ----------------------------------------------------------------------------- app keys
+
+async def test_p_pauses_and_R_polls_now() -> None:
+    cfg = fx.config()
+    collector = FakeCollector(fx.latest(cfg))
+    app = make_app(cfg, poll=True, collector=collector)  # type: ignore[arg-type]
+    async with app.run_test(size=SIZE) as pilot:
+        for _ in range(50):
+            await pilot.pause(0.02)
+            if all(collector.calls[h.name] for h in cfg.hosts):
+                break
+        assert all(collector.calls[h.name] == 1 for h in cfg.hosts)
+        await pilot.press("R")  # fleet view: every host
+        await pilot.pause(0.2)
+        assert all(collector.calls[h.name] == 2 for h in cfg.hosts)
+        await pilot.press("p")
+        assert app.paused and "PAUSED" in str(app.screen.query_one("#fleet-title").render())
+        await pilot.press("R")
+        await pilot.pause(0.2)
+        assert all(collector.calls[h.name] == 2 for h in cfg.hosts)  # paused: nothing goes out
+        await pilot.press("p")
+        await pilot.pause(0.2)
+        assert not app.paused and all(collector.calls[h.name] == 3 for h in cfg.hosts)
+        await open_host(pilot, "gpu-capped")
+        await pilot.press("R")  # host view: that host only
+        await pilot.pause(0.2)
+        assert collector.calls["gpu-capped"] == 4 and collector.calls["gpu-healthy"] == 3
+        assert app.hosts["gpu-capped"].status(fx.NOW, 10).kind == "ok"
+
+
+async def test_t_cycles_themes_and_question_mark_shows_help() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        assert app.theme == "gpuwatch-dark"
+        seen = [app.theme]
+        for _ in range(4):
+            await pilot.press("t")
+            seen.append(app.theme)
+        assert seen == ["gpuwatch-dark", "gpuwatch-light", "gpuwatch-high-contrast",
+                        "gpuwatch-okabe-ito", "gpuwatch-dark"]
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        assert "relaunch the selected run" in screen_text(app)
+        await pilot.press("escape")
+        assert isinstance(app.screen, FleetScreen)
+
+
+async def test_q_quits() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("q")
+        await pilot.pause()
+        assert app.return_code == 0 and not app.is_running
+
+
+# ----------------------------------------------------------------------------- themes
+
+async def test_theme_flag_and_unknown_theme_warns(tmp_path: Path) -> None:
+    app = make_app(theme="gpuwatch-light", themes_dir=tmp_path)
+    async with app.run_test(size=SIZE):
+        assert app.theme == "gpuwatch-light"
+        assert app.theme_variables["util"] == "#1A7F37"
+    app = make_app(theme="no-such-theme", themes_dir=tmp_path)
+    async with app.run_test(size=SIZE):
+        assert app.theme == "gpuwatch-dark"
+        assert any("No theme named 'no-such-theme'" in n for n in notes(app))
+
+
+async def test_user_themes_load_and_a_broken_one_is_a_warning(tmp_path: Path) -> None:
+    (tmp_path / "solar.toml").write_text(
+        'name = "solar"\nprimary = "#268bd2"\nbackground = "#002b36"\ndark = true\n'
+        '[variables]\nutil = "#859900"\n')
+    (tmp_path / "broken.toml").write_text('primary = "not a colour"\n')
+    (tmp_path / "garbage.toml").write_text("this is = = not toml")
+    app = make_app(theme="solar", themes_dir=tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        assert app.theme == "solar"
+        assert app.theme_variables["util"] == "#859900"
+        assert app.theme_variables["sm-clock"]  # defaulted: the plots still have colours
+        warnings = [n for n in notes(app) if "not loaded" in n]
+        assert len(warnings) == 2 and any("broken.toml" in w for w in warnings)
+        assert "solar" in app.theme_names
+
+
+async def test_textual_builtin_theme_still_renders_series() -> None:
+    app = make_app(theme="textual-light")
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        await open_host(pilot, "gpu-healthy")
+        assert app.theme == "textual-light" and "util" in app.theme_variables
+
+
+# ----------------------------------------------------------------------------- data paths
+
+async def test_modal_defers_rendering_until_it_closes() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        await feed(pilot, fx.latest(app.config))
+        assert app.hosts["gpu-healthy"].outcome is not None  # judged while the modal is up
+        await pilot.press("escape")
+        await pilot.pause()
+        table = app.screen.query_one(FleetTable)
+        assert table.get_cell("gpu-healthy", "state").plain == "● ok"
+
+
+def box_env(box: Box) -> dict[str, str]:
+    env = box.env(base_path="/usr/bin:/bin")
+    env["PATH"] = f"{env['PATH']}:{Path(sys.executable).parent}"
+    return env
+
+
+async def test_overnight_the_store_is_shown_stale_before_the_first_poll(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real probe run (local, against a simulated box) as last night's gpuwatch left it."""
+    box = Box(tmp_path / "box", h100_sxm(2))
+    box.set_gpu(0, util_pct=97, sm_clock_mhz=1410, power_w=512.25, temp_c=66)
+    for key, value in box_env(box).items():
+        monkeypatch.setenv(key, value)
+    host = HostConfig(name="local", ssh="local")
+    history = HostHistory("local")
+    with Store.open(tmp_path / "state.sqlite3") as store:
+        outcome = await Collector().poll(host)
+        assert outcome.ok, outcome.error_message
+        judge(history, outcome)
+        remember(store, outcome, history)
+    with Store.open(tmp_path / "state.sqlite3") as store:
+        later = outcome.ended_at + 7 * 3600
+        app = build_app(Config(hosts=(host,)), store=store, poll=False, clock=lambda: later)
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.screen.query_one(FleetTable)
+            assert table.get_cell("local", "state").plain == "◌ stale 7 h (from the store)"
+            assert table.get_cell("local", "util").plain.startswith("█")
+            screen = await open_host(pilot, "local")
+            assert len(app.hosts["local"].gpu_history[0]) == 1
+            text = screen_text(app)
+            assert "stale 7 h (from the store)" in text and "512/" in text
+            assert screen.host == "local"

@@ -1,0 +1,420 @@
+"""The gpuwatch Textual app, and `build_app`, the one factory the CLI, the tests and the
+snapshot apps all use (posting's pattern).
+
+How data gets to the screen (STYLE 3, 4; DESIGN §2):
+  PollFeed (remote Poller in this event loop; one poll in flight per host, never overlapping)
+    → on_result posts SnapshotReady(host, outcome)  (dataclass, can_replace keyed on host)
+    → on_snapshot_ready: judge() + remember() + HostData.apply()   (plain data, no widget)
+    → the visible screen hands HostData down to its widgets, which only render.
+While a modal is open nothing is rendered; the screen underneath catches up when it resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from gpuwatch.remote.collect import Collector, PollOutcome
+from gpuwatch.remote.config import Config, HostConfig
+from gpuwatch.remote.findings import evaluate
+from gpuwatch.remote.once import history_from_store, judge, remember
+from gpuwatch.remote.store import Store
+from gpuwatch.themes import BUILTIN, DEFAULT_THEME, SERIES_VARIABLES, load_user_themes
+from textual import work
+from textual.app import App
+from textual.binding import Binding, BindingType
+from textual.screen import ModalScreen
+
+from .messages import SnapshotReady
+from .polling import PollFeed
+from .screens.confirm import ConfirmAction
+from .screens.fleet import FleetScreen
+from .screens.help import HelpScreen
+from .screens.host import HostScreen
+from .state import HostData
+
+OVERNIGHT_S = 12 * 3600.0
+"""How far back the GPU plots reach into the store's history at start."""
+TICK_S = 2.0
+"""Ages on screen ("stale 42 s") move on between polls at this pace."""
+ACTIONS = ("kill", "reap", "relaunch")
+VERIFY_POLLS = 3
+"""Polls a relaunch may take to show its new process before it counts as not verified."""
+VERIFY_PAUSE_S = 1.0
+RUNS_SAVE_S = 60.0
+
+
+def _actions() -> Any:
+    """remote/actions, or None while this build has none (actions are then greyed out)."""
+    try:
+        from gpuwatch.remote import actions
+    except ImportError:
+        return None
+    return actions
+
+
+class GpuwatchApp(App[None]):
+    CSS_PATH = "gpuwatch.tcss"
+    TITLE = "gpuwatch"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("k", "kill", "Kill"),
+        Binding("z", "reap", "Reap"),
+        Binding("r", "relaunch", "Relaunch"),
+        Binding("p", "pause", "Pause"),
+        Binding("R", "poll_now", "Poll now"),
+        Binding("t", "cycle_theme", "Theme"),
+        Binding("question_mark", "help", "Help"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(self, config: Config, *, store: Store, readonly: bool = False,
+                 theme: str | None = None, accept_new_host_keys: bool = False,
+                 clock: Callable[[], float] = time.time, poll: bool = True,
+                 themes_dir: Path | None = None, collector: Collector | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.store = store
+        self.readonly = readonly or config.readonly
+        self.accept_new_host_keys = accept_new_host_keys
+        self.clock = clock
+        self.poll_enabled = poll
+        self.requested_theme = theme or config.theme
+        self.themes_dir = themes_dir
+        self.theme_names: list[str] = []
+        self.feed: PollFeed | None = None
+        self._collector = collector
+        self._waiters: dict[str, list[tuple[float, asyncio.Event]]] = {}
+        self._store_failed = False
+        self._runs_saved: dict[str, float] = {}
+        self.hosts: dict[str, HostData] = {h.name: self._restore(h) for h in config.hosts}
+
+    # -- start and stop ----------------------------------------------------------------------
+    def _restore(self, host: HostConfig) -> HostData:
+        """Overnight: what the store holds, shown (stale, with its age) before the first poll."""
+        history = history_from_store(self.store, host)
+        data = HostData(host, history)
+        since = self.clock() - OVERNIGHT_S
+        data.restore(evaluate(history) if history.snapshots else [],
+                     self.store.gpu_history(host.name, since=since), history.last_ok_at)
+        return data
+
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        # Series colours for themes that do not set them (Textual's own, sparse user themes).
+        return dict(SERIES_VARIABLES)
+
+    def on_mount(self) -> None:
+        for theme in BUILTIN:
+            self.register_theme(theme)
+        self.theme_names = [t.name for t in BUILTIN]
+        user = load_user_themes(self.themes_dir)
+        for theme in user.themes:
+            self.register_theme(theme)
+            if theme.name not in self.theme_names:
+                self.theme_names.append(theme.name)
+        for warning in user.warnings:
+            self.notify(warning, title="Theme not loaded", severity="warning", timeout=8)
+        wanted = self.requested_theme or DEFAULT_THEME
+        if wanted not in self.available_themes:
+            self.notify(f"No theme named {wanted!r}; using {DEFAULT_THEME}. Known: "
+                        f"{', '.join(self.theme_names)}", severity="warning", timeout=8)
+            wanted = DEFAULT_THEME
+        self.theme = wanted
+        self.theme_changed_signal.subscribe(self, lambda _t: self._rerender())
+        self.push_screen(FleetScreen())
+        if self.poll_enabled:
+            self.feed = PollFeed(self.config, {n: d.history for n, d in self.hosts.items()},
+                                 self._on_result,
+                                 accept_new_host_keys=self.accept_new_host_keys,
+                                 collector=self._collector)
+            self.feed.start()
+        self.set_interval(TICK_S, self._tick)
+
+    async def on_unmount(self) -> None:
+        if self.feed is not None:
+            await self.feed.stop()
+        self._save_all_runs()
+
+    def _save_all_runs(self) -> None:
+        """What the throttled saves have not written yet (offsets, series) goes now."""
+        for name, data in self.hosts.items():
+            if data.outcome is None or not data.history.runs:
+                continue
+            with contextlib.suppress(sqlite3.Error):
+                self.store.save_runs(name, {
+                    run: (series.state(), series.points_state())
+                    for run, series in data.history.runs.items()})
+
+    # -- polling -----------------------------------------------------------------------------
+    def _on_result(self, host: HostConfig, outcome: PollOutcome) -> None:
+        """Called by the Poller in this loop: post, never touch a widget here."""
+        self.post_message(SnapshotReady(host.name, outcome))
+
+    def on_snapshot_ready(self, message: SnapshotReady) -> None:
+        data = self.hosts.get(message.host)
+        if data is None:
+            return
+        report = judge(data.history, message.outcome)
+        # Runs' series go to the store at most every RUNS_SAVE_S per host (and at exit): they
+        # are what a restart resumes from, and serialising them on every poll of 64 hosts is
+        # the handler's biggest cost. The poll itself (GPU rows, the document) goes every time.
+        now = time.monotonic()
+        save_runs = now - self._runs_saved.get(message.host, -RUNS_SAVE_S) >= RUNS_SAVE_S
+        if save_runs:
+            self._runs_saved[message.host] = now
+        try:
+            remember(self.store, message.outcome, data.history if save_runs else None)
+        except sqlite3.Error as exc:  # the store is a convenience: never fatal (DESIGN §5)
+            if not self._store_failed:
+                self._store_failed = True
+                self.notify(f"history is not being saved: {exc}", title="Store",
+                            severity="warning")
+        data.apply(message.outcome, report.findings)
+        data.reap_targets = self._reap_targets(data)
+        waiting = self._waiters.get(message.host, [])
+        for after, event in list(waiting):
+            if message.outcome.started_at >= after:
+                event.set()
+                waiting.remove((after, event))
+        self.render_host(message.host)
+
+    def _active(self) -> object | None:
+        """The visible screen, or None while the app starts or stops (no screen yet / left)."""
+        return self.screen_stack[-1] if self.screen_stack else None
+
+    def render_host(self, name: str) -> None:
+        screen = self._active()
+        if isinstance(screen, ModalScreen):
+            return  # dolphie: no rendering under a modal; the screen catches up on resume
+        if isinstance(screen, FleetScreen):
+            screen.refresh_host(name)
+        elif isinstance(screen, HostScreen) and screen.host == name:
+            screen.refresh_data()
+        if screen is not None:
+            self.refresh_bindings()
+
+    def _rerender(self) -> None:
+        screen = self._active()
+        if isinstance(screen, FleetScreen):
+            screen.refresh_all()
+        elif isinstance(screen, HostScreen):
+            screen.refresh_data()
+
+    def _tick(self) -> None:
+        screen = self._active()
+        if isinstance(screen, FleetScreen | HostScreen):
+            screen.tick()
+
+    @property
+    def paused(self) -> bool:
+        return self.feed is not None and self.feed.paused
+
+    def wait_for_poll(self, host: str, after: float = 0.0) -> asyncio.Event:
+        """An event set when an outcome of `host` whose poll began at or after `after` (epoch
+        s, the collector's clock) has been judged."""
+        event = asyncio.Event()
+        self._waiters.setdefault(host, []).append((after, event))
+        return event
+
+    # -- navigation --------------------------------------------------------------------------
+    def open_host(self, name: str) -> None:
+        if name in self.hosts:
+            self.push_screen(HostScreen(name))
+
+    def current_host(self) -> str | None:
+        screen = self._active()
+        if isinstance(screen, HostScreen):
+            return screen.host
+        if isinstance(screen, FleetScreen):
+            return screen.selected_host
+        return None
+
+    # -- actions: k z r ----------------------------------------------------------------------
+    def _reap_targets(self, data: HostData) -> frozenset[int]:
+        actions = _actions()
+        if actions is None:
+            return frozenset()
+        try:
+            plan = actions.plan_reap(data.config, data.history)
+        except Exception:  # a plan that cannot be made is no target
+            return frozenset()
+        return frozenset(t.pid for t in plan.targets)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if self._active() is None:
+            return False
+        modal = isinstance(self.screen, ModalScreen)
+        if action in ACTIONS:
+            if modal:
+                return False
+            if action in ("kill", "relaunch") and not isinstance(self.screen, HostScreen):
+                return None
+            if self.readonly or _actions() is None:
+                return None
+            name = self.current_host()
+            if name is None:
+                return None
+            data = self.hosts[name]
+            if action == "kill":
+                screen = self.screen
+                assert isinstance(screen, HostScreen)
+                return True if screen.selected_pid is not None else None
+            if action == "reap":
+                return True if data.reap_targets else None
+            screen = self.screen
+            assert isinstance(screen, HostScreen)
+            run = screen.selected_run
+            if run is None:
+                return None
+            series = data.history.runs.get(run)
+            alive = series is not None and series.status == "running"
+            return None if alive else True
+        # Inside a modal only its own keys (and quit) work.
+        return not (modal and action in ("pause", "poll_now", "cycle_theme", "help"))
+
+    def action_kill(self) -> None:
+        screen = self.screen
+        if not isinstance(screen, HostScreen) or screen.selected_pid is None:
+            return
+        pid = screen.selected_pid
+        self._confirm("kill", screen.host,
+                      lambda a, data: a.plan_kill(data.config, data.history, pid),
+                      f"Kill process {pid} on {screen.host}?", "Kill")
+
+    def action_reap(self) -> None:
+        name = self.current_host()
+        if name is None:
+            return
+        self._confirm("reap", name, lambda a, data: a.plan_reap(data.config, data.history),
+                      f"Reap the zombie VRAM holders on {name}?", "Reap")
+
+    def action_relaunch(self) -> None:
+        screen = self.screen
+        if not isinstance(screen, HostScreen) or screen.selected_run is None:
+            return
+        run = screen.selected_run
+        self._confirm("relaunch", screen.host,
+                      lambda a, data: a.plan_relaunch(data.config, run, data.history),
+                      f"Relaunch run {run} on {screen.host}?", "Relaunch")
+
+    def _confirm(self, kind: str, host: str, make_plan: Callable[[Any, HostData], Any],
+                 title: str, verb: str) -> None:
+        actions = _actions()
+        if actions is None or self.readonly:
+            self.notify("actions are off (--readonly)" if self.readonly else
+                        "actions are not available in this build", severity="warning")
+            return
+        data = self.hosts[host]
+        try:
+            plan = make_plan(actions, data)
+        except Exception as exc:
+            self.notify(f"cannot plan {kind}: {exc}", title=title, severity="error")
+            return
+
+        def done(confirmed: bool | None) -> None:
+            if confirmed:
+                self.execute_plan(plan, host)
+            else:
+                self.notify(f"{verb} cancelled; nothing was done.", title=host)
+
+        self.push_screen(ConfirmAction(title, plan.describe(), verb=verb, refusal=plan.refusal),
+                         done)
+
+    @work(group="actions", exit_on_error=False)
+    async def execute_plan(self, plan: Any, host: str) -> None:
+        """Execute a confirmed plan (its own bounded SSH call), then poll the host and report
+        what the fresh poll verified (U1: a kill's exit code proves nothing)."""
+        actions = _actions()
+        data = self.hosts[host]
+        cfg = data.config
+        title = f"{plan.kind} on {host}"
+        try:
+            outcome = await actions.execute(plan, cfg, store=self.store, readonly=self.readonly,
+                                            accept_new_host_keys=self.accept_new_host_keys)
+        except Exception as exc:
+            self.notify(f"failed: {exc}", title=title, severity="error", timeout=10)
+            return
+        self.notify(outcome.message, title=title, timeout=8,
+                    severity="error" if outcome.ok is False else "information")
+        if self.feed is None:
+            return
+        # Verified by a poll that began after the action ended (U1: a kill's exit code proves
+        # nothing; a poll already in flight saw the box before the action). A relaunched run
+        # may need a poll or two to show its process.
+        bound = (cfg.settings.connect_timeout + cfg.settings.command_timeout
+                 + self.config.interval + 5)
+        verified = None
+        for _attempt in range(VERIFY_POLLS if plan.kind == "relaunch" else 1):
+            polled = self.wait_for_poll(host, after=time.time())
+            self.feed.poll_now(cfg)
+            try:
+                await asyncio.wait_for(polled.wait(), timeout=bound)
+            except TimeoutError:
+                self.notify(f"no poll of {host} landed within {bound:.0f} s; not verified",
+                            title=title, severity="warning", timeout=10)
+                return
+            try:
+                verified = await actions.verify(plan, cfg, data.history, store=self.store)
+            except Exception as exc:
+                self.notify(f"could not verify: {exc}", title=title, severity="warning")
+                return
+            if verified.ok:
+                break
+            await asyncio.sleep(VERIFY_PAUSE_S)
+        assert verified is not None
+        self.notify(verified.message, title=f"{title}: verified" if verified.ok else title,
+                    timeout=10, severity=("information" if verified.ok else
+                                          "error" if verified.ok is False else "warning"))
+
+    # -- other keys --------------------------------------------------------------------------
+    def action_pause(self) -> None:
+        if self.feed is None:
+            self.notify("polling is off in this session", severity="warning")
+            return
+        if self.feed.paused:
+            self.feed.resume()
+            self.notify("polling resumed")
+        else:
+            self.feed.pause()
+            self.notify("polling paused (p resumes)")
+        self._rerender()
+
+    def action_poll_now(self) -> None:
+        if self.feed is None:
+            self.notify("polling is off in this session", severity="warning")
+            return
+        screen = self.screen
+        if isinstance(screen, HostScreen):
+            self.feed.poll_now(self.hosts[screen.host].config)
+            self.notify(f"polling {screen.host} now")
+        else:
+            self.feed.poll_now()
+            self.notify(f"polling all {len(self.hosts)} hosts now")
+
+    def action_cycle_theme(self) -> None:
+        names = self.theme_names or [DEFAULT_THEME]
+        i = names.index(self.theme) if self.theme in names else -1
+        self.theme = names[(i + 1) % len(names)]
+        self.notify(f"theme: {self.theme}", timeout=2)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+
+def build_app(config: Config, *, store: Store, readonly: bool = False, theme: str | None = None,
+              accept_new_host_keys: bool = False, clock: Callable[[], float] | None = None,
+              poll: bool = True, themes_dir: Path | None = None,
+              collector: Collector | None = None) -> GpuwatchApp:
+    """The app, as the CLI, the tests and the snapshot apps all build it.
+
+    clock: this machine's clock for ages (tests freeze it); poll=False: show what the store
+    holds and what is fed in by hand, never poll; themes_dir: user themes (default XDG)."""
+    return GpuwatchApp(config, store=store, readonly=readonly, theme=theme,
+                       accept_new_host_keys=accept_new_host_keys,
+                       clock=clock or time.time, poll=poll, themes_dir=themes_dir,
+                       collector=collector)

@@ -1,0 +1,49 @@
+"""Colours for Rich Text built in Python (table cells, plots): read from the theme's variables
+(STYLE 8), never hard-coded, so `t` and user themes recolour everything."""
+
+from __future__ import annotations
+
+from gpuwatch.remote.findings import Severity
+from textual.app import App
+from textual.color import Color
+
+SEVERITY_VARIABLE = {Severity.CRITICAL: "error", Severity.WARNING: "warning",
+                     Severity.INFO: "primary"}
+SEVERITY_GLYPH = {Severity.CRITICAL: "✖", Severity.WARNING: "▲", Severity.INFO: "●"}
+STATUS_VARIABLE = {"ok": "success", "stale": "warning", "unreachable": "error",
+                   "waiting": "text-muted"}
+RUN_GLYPH = {"running": "▶", "finished": "✓", "dead": "✗", "unknown": "?"}
+RUN_VARIABLE = {"running": "success", "finished": "primary", "dead": "error",
+                "unknown": "text-muted"}
+
+
+def colour(app: App[object], name: str) -> str:
+    """A theme variable as a colour Rich understands (#rrggbb); muted grey if unknown."""
+    variables = app.theme_variables
+    if name == "text-muted":  # "auto 60%" in CSS; as a plain colour: 60 % fg over bg
+        try:
+            fg = Color.parse(variables.get("foreground", "#888888"))
+            bg = Color.parse(variables.get("background", "#000000"))
+            return bg.blend(fg, 0.6).hex6
+        except Exception:
+            return "grey50"
+    value = variables.get(name)
+    if value is None:
+        return "grey50"
+    try:
+        return Color.parse(value).hex6
+    except Exception:  # a variable such as "$text 60%" that is not a plain colour
+        return "grey50"
+
+
+def rgb(app: App[object], name: str) -> tuple[int, int, int]:
+    """A theme variable as an (r, g, b) tuple, what plotext takes for 24-bit colour."""
+    value = app.theme_variables.get(name)
+    try:
+        return Color.parse(value).rgb if value else (128, 128, 128)
+    except Exception:
+        return (128, 128, 128)
+
+
+def severity_colour(app: App[object], severity: Severity) -> str:
+    return colour(app, SEVERITY_VARIABLE[severity])

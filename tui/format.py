@@ -1,0 +1,118 @@
+"""Small formatting helpers shared by the widgets: sizes, ages, bars, sparklines.
+
+Pure functions returning str or rich Text; nothing here touches Textual. Text from the box never
+goes through markup here: callers build `Text` objects from it (STYLE 10).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+SPARK = "▁▂▃▄▅▆▇█"
+EIGHTHS = " ▏▎▍▌▋▊▉█"
+
+THROTTLE_MEANING = {
+    # U23: what each active reason means for the person watching the run
+    "gpu_idle": "idle (clocks down: nothing to do)",
+    "applications_clocks_setting": "application clocks set below max",
+    "sw_power_cap": "software power cap (the power limit is reached)",
+    "hw_slowdown": "HARDWARE SLOWDOWN (power brake or overheating)",
+    "hw_thermal_slowdown": "HARDWARE THERMAL SLOWDOWN (too hot)",
+    "hw_power_brake_slowdown": "HARDWARE POWER BRAKE (PSU or chassis)",
+    "sw_thermal_slowdown": "software thermal slowdown (hot)",
+    "sync_boost": "sync boost (held to a slower GPU in its group)",
+    "display_clock_setting": "display clock setting",
+}
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(value) < 1024 or unit == "PiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} PiB"
+
+
+def human_count(n: float | None) -> str:
+    if n is None:
+        return "?"
+    value = float(n)
+    for unit in ("", "k", "M", "G", "T"):
+        if abs(value) < 1000 or unit == "T":
+            return f"{value:.0f}{unit}" if unit == "" else f"{value:.1f}{unit}"
+        value /= 1000
+    return f"{value:.1f}T"
+
+
+def human_age(seconds: float | None) -> str:
+    """5 s, 3 m, 2 h 10 m, 4 d: how long ago, in the unit a person thinks in."""
+    if seconds is None or math.isnan(seconds):
+        return "?"
+    s = max(0.0, seconds)
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 3600:
+        return f"{s / 60:.0f} m"
+    if s < 86400:
+        h, m = divmod(int(s // 60), 60)
+        return f"{h} h {m:02d} m" if m else f"{h} h"
+    return f"{s / 86400:.1f} d"
+
+
+def pct(part: float | None, whole: float | None) -> float | None:
+    if part is None or not whole:
+        return None
+    return max(0.0, min(100.0, 100.0 * part / whole))
+
+
+def sparkline(values: Sequence[float | None], width: int, lo: float = 0.0,
+              hi: float = 100.0) -> str:
+    """The last `width` values as block characters on a fixed lo..hi scale (None: a blank)."""
+    tail = list(values)[-width:] if width > 0 else []
+    span = (hi - lo) or 1.0
+    out = []
+    for v in tail:
+        if v is None or math.isnan(v):
+            out.append(" ")
+            continue
+        idx = int((min(hi, max(lo, v)) - lo) / span * (len(SPARK) - 1) + 0.5)
+        out.append(SPARK[idx])
+    return "".join(out).rjust(width)
+
+
+def bar(fraction: float | None, width: int) -> str:
+    """A horizontal bar `width` cells wide filled to `fraction` (eighth-cell resolution)."""
+    if fraction is None or width <= 0:
+        return " " * max(0, width)
+    eighths = round(max(0.0, min(1.0, fraction)) * width * 8)
+    full, part = divmod(eighths, 8)
+    text = "█" * full + (EIGHTHS[part] if part else "")
+    return text.ljust(width)[:width]
+
+
+def level_char(value: float | None) -> str:
+    """One block character for 0..100 (a GPU at a glance in the fleet table)."""
+    if value is None:
+        return "·"
+    return SPARK[int(min(100.0, max(0.0, value)) / 100 * (len(SPARK) - 1) + 0.5)]
+
+
+def ema(values: Sequence[float], weight: float) -> list[float]:
+    """TensorBoard's smoothing: a debiased exponential moving average; non-finite values pass
+    through unsmoothed (a NaN loss must stay visible), weight 0 is the raw series."""
+    if weight <= 0:
+        return list(values)
+    out: list[float] = []
+    last, n = 0.0, 0
+    for v in values:
+        if not math.isfinite(v):
+            out.append(v)
+            continue
+        last = last * weight + (1 - weight) * v
+        n += 1
+        out.append(last / (1 - weight ** n))
+    return out

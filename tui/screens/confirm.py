@@ -1,0 +1,70 @@
+"""ConfirmAction: a ModalScreen[bool] that shows exactly what an action will hit and defaults to
+Cancel (STYLE 7; k9s#146: people asked for Cancel to be the default).
+
+Focus starts on Cancel, Enter on it cancels, Escape cancels. Confirming takes a deliberate
+step: Tab to the action's button (or click it), or `y`. A plan the actions refused (a run that is
+still alive, a pid that is someone else's) shows the refusal and offers only Cancel.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Static
+
+
+class ConfirmAction(ModalScreen[bool]):
+    """Returns True only when the person confirmed."""
+
+    AUTO_FOCUS = "#cancel"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "cancel", "Cancel"),
+        Binding("n", "cancel", "Cancel", show=False),
+        Binding("y", "confirm", "Confirm"),
+        Binding("left,right", "toggle_focus", "Move", show=False),
+    ]
+
+    def __init__(self, title: str, description: str, *, verb: str,
+                 refusal: str | None = None) -> None:
+        super().__init__()
+        self.title_text = title
+        self.description = description
+        self.verb = verb
+        self.refusal = refusal
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="confirm-box"):
+            yield Static(Text(self.title_text, style="bold"), id="confirm-title")
+            with VerticalScroll(id="confirm-body"):
+                # plan.describe() holds command lines and paths from the box: Text, not markup.
+                yield Static(Text(self.description), id="confirm-description")
+                if self.refusal:
+                    yield Static(Text(f"Refused: {self.refusal}"), id="confirm-refusal")
+            with Horizontal(id="confirm-buttons"):
+                yield Button("Cancel", id="cancel", variant="primary")
+                yield Button(self.verb, id="confirm", variant="error",
+                             disabled=self.refusal is not None)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(event.button.id == "confirm" and self.refusal is None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(False)
+
+    def action_confirm(self) -> None:
+        if self.refusal is None:
+            self.dismiss(True)
+
+    def action_toggle_focus(self) -> None:
+        self.focus_next(Button)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "confirm" and self.refusal is not None:
+            return None
+        return True

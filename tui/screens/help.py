@@ -1,0 +1,52 @@
+"""HelpScreen (`?`): every key, what it does, and where."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+KEYS: tuple[tuple[str, str, str], ...] = (
+    ("Enter / click", "open the host under the cursor", "fleet"),
+    ("/", "filter hosts (name, run, state, finding code)", "fleet"),
+    ("Escape", "back / clear the filter / close", "everywhere"),
+    ("k", "kill the selected process (TERM, grace, KILL; identity re-checked)", "host"),
+    ("z", "reap: end the processes that hold VRAM as zombies (U11)", "fleet, host"),
+    ("r", "relaunch the selected run from its latest checkpoint", "host"),
+    ("[ / ]", "previous / next scalar tag", "host"),
+    ("s / S", "less / more EMA smoothing", "host"),
+    ("l", "log-y on / off", "host"),
+    ("x", "x axis: step or wall time", "host"),
+    ("Tab", "next pane or widget (runs, processes, log)", "host"),
+    ("p", "pause / resume polling", "everywhere"),
+    ("R", "poll now (this host, or every host in the fleet view)", "everywhere"),
+    ("t", "next theme", "everywhere"),
+    ("?", "this help", "everywhere"),
+    ("q", "quit", "everywhere"),
+)
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,question_mark,q", "close", "Close")]
+
+    def compose(self) -> ComposeResult:
+        table = Table(title="gpuwatch keys", expand=True, box=None, padding=(0, 1))
+        table.add_column("key", style="bold", no_wrap=True)
+        table.add_column("what it does")
+        table.add_column("where", no_wrap=True)
+        for key, what, where in KEYS:
+            table.add_row(Text(key), Text(what), Text(where))
+        with VerticalScroll(id="help-box"):
+            yield Static(table)
+            yield Static("Actions are greyed out when nothing is selected or with --readonly; "
+                         "each asks first, with Cancel as the default.", id="help-note",
+                         markup=False)
+
+    def action_close(self) -> None:
+        self.dismiss(None)

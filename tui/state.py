@@ -1,0 +1,202 @@
+"""What the TUI knows of each host, as plain data the widgets render (no Textual here).
+
+The app owns one `HostData` per configured host. Poll outcomes are folded in by the app's
+SnapshotReady handler (after `judge()`); the store's memory is folded in at start so the views
+show last night before the first poll lands (marked stale, with its age).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from gpuwatch.remote.collect import PollOutcome
+from gpuwatch.remote.config import HostConfig
+from gpuwatch.remote.findings import Finding, HostHistory, Severity
+from gpuwatch.remote.model import DiskUsage, HostSnapshot
+from gpuwatch.remote.store import GpuRow
+
+from .format import human_age
+
+GPU_HISTORY = 720
+"""GPU samples kept per GPU in memory for the sparklines (2 h at 10 s)."""
+DISK_HISTORY = 720
+FORECAST_WINDOW_S = 6 * 3600.0
+"""The disk forecast fits the growth of at most the last 6 hours."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPoint:
+    t: float
+    util_pct: float | None
+    clock_pct: float | None
+    power_w: float | None
+    power_limit_w: float | None
+    temp_c: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class DiskPoint:
+    t: float
+    bytes_free: int | None
+    inodes_free: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class HostStatus:
+    """How fresh a host's data is: kind is ok | stale | unreachable | waiting."""
+
+    kind: str
+    text: str
+    age_s: float | None
+
+
+def _clock_pct(clock: float | None, clock_max: float | None) -> float | None:
+    if clock is None or not clock_max:
+        return None
+    return max(0.0, min(100.0, 100.0 * clock / clock_max))
+
+
+def time_to_full(points: Sequence[tuple[float, float]]) -> float | None:
+    """Seconds until `free` reaches 0 at the least-squares rate of the points (t, free); None
+    when it is not shrinking (or there are too few points to say)."""
+    if len(points) < 3:
+        return None
+    t0 = points[0][0]
+    xs = [t - t0 for t, _ in points]
+    ys = [f for _, f in points]
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx <= 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    if slope >= 0 or not math.isfinite(slope):
+        return None
+    return max(0.0, ys[-1] / -slope)
+
+
+@dataclass
+class HostData:
+    """One host as the TUI shows it."""
+
+    config: HostConfig
+    history: HostHistory
+    findings: list[Finding] = field(default_factory=list)
+    first_seen: dict[tuple[str, int | None, str | None], float] = field(default_factory=dict)
+    outcome: PollOutcome | None = None
+    """The latest poll's outcome; None until the first poll of this session lands."""
+    restored_at: float | None = None
+    """When the snapshot restored from the store was taken (this machine's clock)."""
+    gpu_history: dict[int, deque[GpuPoint]] = field(default_factory=dict)
+    disk_history: dict[str, deque[DiskPoint]] = field(default_factory=dict)
+    reap_targets: frozenset[int] = frozenset()
+    """The pids a reap would hit now (from the actions' own plan: one source of truth)."""
+    version: int = 0
+    """Bumped on every change, so widgets can skip work when nothing changed."""
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def snapshot(self) -> HostSnapshot | None:
+        """The newest good snapshot, fresh or stale."""
+        return self.history.snapshots[-1] if self.history.snapshots else None
+
+    # -- folding data in -------------------------------------------------------------------
+    def restore(self, findings: list[Finding], gpu_rows: Iterable[GpuRow],
+                restored_at: float | None) -> None:
+        """What the store held at start: the last snapshot (already in history), findings as
+        they stand, and the GPU history for the plots."""
+        self.restored_at = restored_at
+        self._set_findings(findings, restored_at or 0.0)
+        for row in gpu_rows:
+            self._gpu_point(row.gpu, GpuPoint(
+                row.t, row.util_pct, _clock_pct(row.sm_clock_mhz, row.sm_clock_max_mhz),
+                row.power_w, row.power_limit_w, row.temp_c))
+        snap = self.snapshot
+        if snap is not None and restored_at is not None:
+            self._disk_points(snap.disks, restored_at)
+        self.version += 1
+
+    def apply(self, outcome: PollOutcome, findings: Sequence[Finding]) -> None:
+        """One judged poll outcome."""
+        self.outcome = outcome
+        at = outcome.ended_at
+        self._set_findings(list(findings), at)
+        snap = outcome.snapshot
+        if snap is not None:
+            for g in snap.gpus:
+                self._gpu_point(g.index, GpuPoint(
+                    at, g.util_pct, _clock_pct(g.sm_clock_mhz, g.sm_clock_max_mhz), g.power_w,
+                    g.power_limit_w, None if g.temp_c is None else float(g.temp_c)))
+            self._disk_points(snap.disks, at)
+        self.version += 1
+
+    def _set_findings(self, findings: list[Finding], at: float) -> None:
+        keys = {f.key for f in findings}
+        for key in [k for k in self.first_seen if k not in keys]:
+            del self.first_seen[key]
+        for f in findings:
+            self.first_seen.setdefault(f.key, at)
+        # Newest first; among equals, most severe first.
+        self.findings = sorted(findings, key=lambda f: (-self.first_seen[f.key], -f.severity,
+                                                        f.code))
+
+    def _gpu_point(self, index: int, point: GpuPoint) -> None:
+        ring = self.gpu_history.get(index)
+        if ring is None:
+            ring = self.gpu_history[index] = deque(maxlen=GPU_HISTORY)
+        ring.append(point)
+
+    def _disk_points(self, disks: Iterable[DiskUsage], at: float) -> None:
+        for d in disks:
+            ring = self.disk_history.get(d.path)
+            if ring is None:
+                ring = self.disk_history[d.path] = deque(maxlen=DISK_HISTORY)
+            ring.append(DiskPoint(at, d.bytes_free, d.inodes_free))
+
+    # -- what the views ask ------------------------------------------------------------------
+    def status(self, now: float, interval: float) -> HostStatus:
+        last_ok = self.history.last_ok_at
+        age = None if last_ok is None else max(0.0, now - last_ok)
+        failure = self.history.failure
+        if self.outcome is not None and failure is not None:
+            where = f"; data {human_age(age)} old" if age is not None else ""
+            return HostStatus("unreachable", f"unreachable ({failure.kind}): "
+                              f"{failure.message}{where}", age)
+        if self.outcome is None:
+            if age is None:
+                return HostStatus("waiting", "waiting for the first poll", None)
+            return HostStatus("stale", f"stale {human_age(age)} (from the store)", age)
+        if age is not None and age > 3 * interval + 5:
+            return HostStatus("stale", f"stale {human_age(age)}", age)
+        return HostStatus("ok", "ok", age)
+
+    def severity_counts(self) -> dict[Severity, int]:
+        counts = dict.fromkeys(Severity, 0)
+        for f in self.findings:
+            counts[f.severity] += 1
+        return counts
+
+    def disk_forecast(self, path: str, inodes: bool = False) -> float | None:
+        """Seconds until the disk (or its inodes) runs out at the recent growth rate."""
+        ring = self.disk_history.get(path)
+        if not ring:
+            return None
+        newest = ring[-1].t
+        pts = [(p.t, float(p.inodes_free if inodes else p.bytes_free)) for p in ring
+               if newest - p.t <= FORECAST_WINDOW_S
+               and (p.inodes_free if inodes else p.bytes_free) is not None]
+        return time_to_full(pts)
+
+    def box_now(self, now: float) -> float | None:
+        """The box's clock now, estimated from the last snapshot (boxes' clocks drift)."""
+        snap = self.snapshot
+        if snap is None or snap.taken_at is None or self.history.last_ok_at is None:
+            return None
+        return snap.taken_at + max(0.0, now - self.history.last_ok_at)
+

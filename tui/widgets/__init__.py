@@ -1,0 +1,1 @@
+"""gpuwatch.tui.widgets: one widget per file; each renders the data it is given."""

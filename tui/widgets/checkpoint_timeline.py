@@ -1,0 +1,80 @@
+"""CheckpointTimeline: when each checkpoint of the selected run landed, its size, the gaps,
+the run's cadence and the work at risk since the last one (seed 001), and leftovers (U6)."""
+
+from __future__ import annotations
+
+import itertools
+
+from gpuwatch.remote.series import RunSeries
+from rich.text import Text
+from textual.widgets import Static
+
+from ..colours import colour
+from ..format import human_age, human_bytes
+
+STRIP_CELLS = 48
+
+
+class CheckpointTimeline(Static):
+    """Renders one run's checkpoints; `show(run, box_now)`."""
+
+    def show(self, run: RunSeries | None, box_now: float | None) -> None:
+        self.update(self.render_run(run, box_now))
+
+    def render_run(self, run: RunSeries | None, box_now: float | None) -> Text:
+        muted = colour(self.app, "text-muted")
+        text = Text(no_wrap=True, overflow="ellipsis")
+        if run is None:
+            return Text("no run selected", style=muted)
+        ckpts = sorted(run.checkpoints, key=lambda c: c.mtime)
+        cadence = run.cadence_s
+        risk = run.work_at_risk_s(box_now)
+        latest = run.latest_checkpoint
+        text.append("latest ")
+        if latest is None:
+            text.append("none", style=colour(self.app, "warning"))
+        else:
+            text.append(_name(latest.path), style="bold")
+            text.append(f" {human_age(None if box_now is None else box_now - latest.mtime)} ago")
+        text.append(f"  cadence {human_age(cadence) if cadence else '?'}")
+        if risk is not None:
+            overdue = cadence is not None and risk > 1.5 * cadence
+            label = "lost" if run.status == "dead" else "at risk"
+            text.append(f"  {label} ")
+            text.append(human_age(risk),
+                        style=f"bold {colour(self.app, 'error' if overdue else 'success')}")
+        if ckpts and box_now is not None:
+            text.append("\n")
+            text.append_text(self.strip(ckpts[0].mtime, box_now, [c.mtime for c in ckpts]))
+        for prev, ck in itertools.pairwise([None, *ckpts]):
+            assert ck is not None
+            text.append("\n")
+            age = None if box_now is None else box_now - ck.mtime
+            text.append(f"{human_age(age):>8} ago  ", style=muted)
+            text.append(_name(ck.path).ljust(22))  # a path from the box: plain Text, never markup
+            text.append(f" {human_bytes(ck.bytes) + ('+' if ck.capped else ''):>10}")
+            if prev is not None:
+                text.append(f"  +{human_age(ck.mtime - prev.mtime)}", style=muted)
+        for left in run.leftovers:
+            text.append("\n")
+            text.append("leftover ", style=colour(self.app, "warning"))
+            text.append(_name(left.path))
+            text.append(f" {human_bytes(left.bytes)} (a save that never finished: U6)",
+                        style=colour(self.app, "warning"))
+        if not ckpts and not run.leftovers:
+            text.append("\nno checkpoints found", style=muted)
+        return text
+
+    def strip(self, start: float, end: float, marks: list[float]) -> Text:
+        """A time line from the first checkpoint to now with ● at each checkpoint."""
+        span = max(1.0, end - start)
+        cells = ["─"] * STRIP_CELLS
+        for m in marks:
+            cells[min(STRIP_CELLS - 1, int((m - start) / span * (STRIP_CELLS - 1)))] = "●"
+        text = Text("".join(cells), style=colour(self.app, "checkpoint"))
+        text.append("┤now", style=colour(self.app, "text-muted"))
+        return text
+
+
+def _name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1] or path

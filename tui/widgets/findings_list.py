@@ -1,0 +1,51 @@
+"""FindingsList: what is wrong on the host, newest first, coloured by severity: the sentence a
+person acts on, then the evidence behind it. Messages carry box text: Text, never markup."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuwatch.remote.findings import Finding
+from rich.text import Text
+from textual.widgets import Static
+
+from ..colours import SEVERITY_GLYPH, colour, severity_colour
+
+
+class FindingsList(Static):
+    def show(self, findings: list[Finding] | None) -> None:
+        self.update(self.render_findings(findings or []))
+
+    def render_findings(self, findings: list[Finding]) -> Text:
+        muted = colour(self.app, "text-muted")
+        if not findings:
+            return Text("nothing wrong found", style=colour(self.app, "success"))
+        text = Text()
+        for n, f in enumerate(findings):
+            if n:
+                text.append("\n")
+            sev = severity_colour(self.app, f.severity)
+            text.append(f"{SEVERITY_GLYPH[f.severity]} {f.severity.label:<8} ",
+                        style=f"bold {sev}")
+            text.append(f.code, style=sev)
+            where = " ".join(x for x in (f"GPU{f.gpu}" if f.gpu is not None else "",
+                                         f"run {f.run}" if f.run else "") if x)
+            if where:
+                text.append(f"  {where}", style=muted)
+            text.append("\n  ")
+            text.append(f.message)
+            evidence = _evidence(f.evidence)
+            if evidence:
+                text.append("\n  ")
+                text.append(evidence, style=muted)
+        return text
+
+
+def _evidence(evidence: Mapping[str, Any]) -> str:
+    parts = []
+    for key, value in evidence.items():
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        parts.append(f"{key}={value}")
+    return ", ".join(parts)

@@ -1,0 +1,93 @@
+"""GpuPanel: small multiples, one block per GPU: util against SM clock (% of max) over time,
+power against its limit, temperature, VRAM and the throttle reasons decoded.
+
+U21: util says "a kernel ran", not "the SMs were busy"; a capped GPU shows tall util beside a
+short clock. The two sparklines share one 0-100 scale so the gap is the finding.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widgets import Static
+
+from ..colours import colour
+from ..format import THROTTLE_MEANING, bar, pct, sparkline
+from ..state import HostData
+
+LABEL = 6
+
+
+class GpuPanel(Static):
+    """Renders `data` (a HostData); nothing else."""
+
+    data: reactive[HostData | None] = reactive(None, always_update=True)
+
+    def watch_data(self) -> None:
+        self.update(self.render_gpus())
+
+    def on_resize(self) -> None:
+        self.update(self.render_gpus())
+
+    def render_gpus(self) -> Text:
+        data = self.data
+        muted = colour(self.app, "text-muted")
+        if data is None or data.snapshot is None:
+            return Text("no data yet", style=muted)
+        snap = data.snapshot
+        if not snap.gpus:
+            reason = snap.section_errors.get("gpus")
+            return Text(f"no GPUs reported{': ' + reason if reason else ''}", style=muted)
+        width = max(10, self.size.width - LABEL - 6)
+        util_c, clock_c = colour(self.app, "util"), colour(self.app, "sm-clock")
+        out = Text(no_wrap=True, overflow="ellipsis")
+        for n, g in enumerate(snap.gpus):
+            if n:
+                out.append("\n")
+            util, clock = g.util_pct, pct(g.sm_clock_mhz, g.sm_clock_max_mhz)
+            out.append(f"GPU{g.index} ", style="bold")
+            out.append(g.name or "?")
+            if g.mig:
+                out.append(" MIG", style=colour(self.app, "warning"))
+            out.append("  ")
+            if g.power_w is not None:
+                frac = pct(g.power_w, g.power_limit_w)
+                at_cap = frac is not None and frac >= 97
+                out.append(f"{g.power_w:.0f}", style=colour(self.app, "power"))
+                out.append(f"/{g.power_limit_w:.0f} W" if g.power_limit_w else " W",
+                           style=colour(self.app, "warning") if at_cap else "")
+            if g.temp_c is not None:
+                hot = g.temp_c >= 85
+                out.append(f"  {g.temp_c}°C",
+                           style=colour(self.app, "error" if hot else "temp"))
+            if g.mem_total_mib:
+                out.append(f"  VRAM {(g.mem_used_mib or 0) / 1024:.1f}/"
+                           f"{g.mem_total_mib / 1024:.0f} GiB", style=colour(self.app, "vram"))
+            history = list(data.gpu_history.get(g.index, ()))
+            out.append("\n")
+            out.append("util".ljust(LABEL), style=util_c)
+            out.append(sparkline([p.util_pct for p in history], width), style=util_c)
+            out.append(_num(util), style=util_c)
+            out.append("\n")
+            out.append("clock".ljust(LABEL), style=clock_c)
+            out.append(sparkline([p.clock_pct for p in history], width), style=clock_c)
+            out.append(_num(clock), style=clock_c)
+            reasons = [r for r in (g.throttle_reasons or ()) if r != "gpu_idle"]
+            if reasons:
+                out.append("\n")
+                out.append("⚠ ".rjust(LABEL), style=colour(self.app, "warning"))
+                out.append("; ".join(f"{r}: {THROTTLE_MEANING.get(r, r)}" for r in reasons),
+                           style=colour(self.app, "warning"))
+            elif g.throttle_reasons is None:
+                out.append("\n" + " " * LABEL)
+                out.append("throttle reasons unknown (driver did not say)", style=muted)
+            if g.power_w is not None and g.power_limit_w:
+                out.append("\n")
+                out.append("power".ljust(LABEL), style=colour(self.app, "power"))
+                out.append(bar(g.power_w / g.power_limit_w, width),
+                           style=colour(self.app, "power"))
+        return out
+
+
+def _num(value: float | None) -> str:
+    return "    ?" if value is None else f" {value:3.0f}%"

@@ -1,0 +1,44 @@
+"""HostHeader: one line about the host: state and staleness, box facts, polling state."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from ..colours import STATUS_VARIABLE, colour
+from ..format import human_age
+from ..state import HostData
+
+
+class HostHeader(Static):
+    def show(self, data: HostData | None, now: float, interval: float, paused: bool) -> None:
+        self.update(self.render_header(data, now, interval, paused))
+
+    def render_header(self, data: HostData | None, now: float, interval: float,
+                      paused: bool) -> Text:
+        text = Text(no_wrap=True, overflow="ellipsis")
+        if data is None:
+            return text
+        status = data.status(now, interval)
+        text.append(data.name, style="bold")
+        text.append("  ")
+        text.append(status.text, style=f"bold {colour(self.app, STATUS_VARIABLE[status.kind])}")
+        snap = data.snapshot
+        muted = colour(self.app, "text-muted")
+        if snap is not None:
+            facts = []
+            if snap.hostname:
+                facts.append(snap.hostname)
+            if snap.uptime_s is not None:
+                facts.append(f"up {human_age(snap.uptime_s)}")
+            if snap.loadavg:
+                facts.append(f"load {snap.loadavg[0]:.1f}/{snap.ncpu or '?'} CPUs")
+            if snap.cgroup is not None and snap.cgroup.memory_max_bytes:
+                cur = snap.cgroup.memory_current_bytes or 0
+                facts.append(f"cgroup mem {cur / snap.cgroup.memory_max_bytes:.0%}")
+            if data.outcome is not None and data.outcome.poll_s:
+                facts.append(f"poll {data.outcome.poll_s:.2f} s")
+            text.append("  " + " · ".join(facts), style=muted)
+        if paused:
+            text.append("  polling paused (p)", style=f"bold {colour(self.app, 'warning')}")
+        return text

@@ -1,0 +1,79 @@
+"""LossPlot: a run's scalar series in plotext, raw and EMA-smoothed, restarts and checkpoints
+marked. It is handed an already-decimated series (STYLE 9): `replot()` only draws."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from textual_plotext import PlotextPlot
+
+from ..colours import rgb
+
+
+@dataclass(frozen=True)
+class LossSeries:
+    """What the plot draws, prepared by the pane (decimated, smoothed, x chosen)."""
+
+    title: str = ""
+    xs: list[float] = field(default_factory=list)
+    raw: list[float] = field(default_factory=list)
+    smooth: list[float] = field(default_factory=list)
+    restarts: list[float] = field(default_factory=list)
+    checkpoints: list[float] = field(default_factory=list)
+    xlabel: str = "step"
+    logy: bool = False
+    message: str = ""
+
+
+class LossPlot(PlotextPlot):
+    """Draws a LossSeries."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.series = LossSeries()
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.app.theme_changed_signal.subscribe(self, lambda _theme: self.replot())
+        self.replot()
+
+    def show(self, series: LossSeries) -> None:
+        self.series = series
+        self.replot()
+
+    def replot(self) -> None:
+        s, plt = self.series, self.plt
+        plt.clear_data()
+        plt.clear_figure()
+        plt.xlabel(s.xlabel)
+        if s.title:
+            plt.title(s.title)
+        xs, raw, smooth = s.xs, s.raw, s.smooth
+        if s.logy:
+            keep = [i for i, v in enumerate(raw) if math.isfinite(v) and v > 0]
+            xs = [xs[i] for i in keep]
+            raw = [raw[i] for i in keep]
+            smooth = [smooth[i] for i in keep if i < len(smooth)]
+            plt.yscale("log")
+        else:
+            plt.yscale("linear")
+        finite = [i for i, v in enumerate(raw) if math.isfinite(v)]
+        if not finite:
+            plt.title(s.message or s.title or "no points yet")
+            self.refresh()
+            return
+        fx = [xs[i] for i in finite]
+        plt.plot(fx, [raw[i] for i in finite], color=rgb(self.app, "loss"), marker="braille")
+        if smooth and len(smooth) == len(raw):
+            sf = [i for i in finite if math.isfinite(smooth[i])]
+            plt.plot([xs[i] for i in sf], [smooth[i] for i in sf],
+                     color=rgb(self.app, "loss-smooth"), marker="braille")
+        lo, hi = min(fx), max(fx)
+        for x in s.checkpoints:
+            if lo <= x <= hi:
+                plt.vline(x, rgb(self.app, "checkpoint"))
+        for x in s.restarts:
+            if lo <= x <= hi:
+                plt.vline(x, rgb(self.app, "restart"))
+        self.refresh()

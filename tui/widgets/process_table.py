@@ -1,0 +1,96 @@
+"""ProcessTable: the box's listed processes as a tree by run: pid, user, GPU, VRAM, run, age,
+state and the zombie flag (U11: VRAM held by a process no live run owns), command line.
+
+Command lines come from the box: they are Text, never markup (STYLE 10)."""
+
+from __future__ import annotations
+
+from gpuwatch.remote.model import ProcessInfo
+from rich.text import Text
+from textual.widgets import DataTable
+
+from ..colours import RUN_GLYPH, RUN_VARIABLE, colour
+from ..format import human_age
+from ..messages import ProcessSelected
+from ..state import HostData
+
+COLUMNS = (("pid", "pid"), ("user", "user"), ("gpu", "GPU"), ("vram", "VRAM"),
+           ("age", "age"), ("flag", "state"), ("cmd", "command"))
+NO_RUN = "(no run)"
+
+
+class ProcessTable(DataTable[Text]):
+    """Row keys: "pid:N" for processes, "run:NAME" for the run headers of the tree."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(cursor_type="row", **kwargs)  # type: ignore[arg-type]
+        self._keys: list[str] = []
+        self._version: tuple[int, int] | None = None
+
+    def on_mount(self) -> None:
+        for key, label in COLUMNS:
+            self.add_column(label, key=key)
+
+    @property
+    def selected_pid(self) -> int | None:
+        if not self._keys or not 0 <= self.cursor_row < len(self._keys):
+            return None
+        key = self._keys[self.cursor_row]
+        return int(key[4:]) if key.startswith("pid:") else None
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        event.stop()
+        self.post_message(ProcessSelected(self.selected_pid))
+
+    def show(self, data: HostData | None, box_now: float | None, force: bool = False) -> None:
+        version = (id(data), data.version if data else -1)
+        if version == self._version and not force:
+            return
+        self._version = version
+        keep = self._keys[self.cursor_row] if self._keys and 0 <= self.cursor_row < len(
+            self._keys) else None
+        self.clear()
+        self._keys = []
+        snap = data.snapshot if data is not None else None
+        if data is None or snap is None:
+            return
+        groups: dict[str, list[ProcessInfo]] = {r.name: [] for r in data.config.runs}
+        for p in sorted(snap.processes, key=lambda p: (p.run is None, p.run or "", p.pid)):
+            groups.setdefault(p.run or NO_RUN, []).append(p)
+        muted = colour(self.app, "text-muted")
+        for run, procs in groups.items():
+            series = data.history.runs.get(run)
+            status = series.status if series is not None else ("" if run == NO_RUN
+                                                                else "unknown")
+            head = Text(f"▾ {run}", style="bold")
+            if status:
+                head.append(f" {RUN_GLYPH[status]} {status}",
+                            style=colour(self.app, RUN_VARIABLE[status]))
+            self._add(f"run:{run}", [head, Text(""), Text(""), Text(""), Text(""), Text(""),
+                                     Text(f"{len(procs)} process{'es' * (len(procs) != 1)}",
+                                          style=muted)])
+            for i, p in enumerate(procs):
+                branch = "└" if i == len(procs) - 1 else "├"
+                self._add(f"pid:{p.pid}", self.cells(p, branch, data, box_now))
+        if keep in self._keys:
+            self.move_cursor(row=self._keys.index(keep))
+        self.post_message(ProcessSelected(self.selected_pid))
+
+    def _add(self, key: str, cells: list[Text]) -> None:
+        self.add_row(*cells, key=key)
+        self._keys.append(key)
+
+    def cells(self, p: ProcessInfo, branch: str, data: HostData,
+              box_now: float | None) -> list[Text]:
+        zombie = p.pid in data.reap_targets or p.zombie
+        age = (None if p.started_at is None or box_now is None
+               else box_now - p.started_at)
+        flag = Text(p.state)
+        if zombie:
+            flag = Text("ZOMBIE" if p.zombie else "zombie VRAM",
+                        style=f"bold {colour(self.app, 'error')}")
+        vram = f"{p.gpu_mem_mib / 1024:.1f} GiB" if p.gpu_mem_mib else ""
+        return [Text(f"{branch} {p.pid}"), Text(p.user),
+                Text("" if p.gpu_index is None else str(p.gpu_index)), Text(vram),
+                Text(human_age(age) if age is not None else "?"), flag,
+                Text(p.cmd, no_wrap=True, overflow="ellipsis")]
