@@ -74,6 +74,11 @@ def demo(tmp_path: Path) -> Iterator[Tmux]:
 def open_host(tmux: Tmux, name: str) -> str:
     """Open a host's view through the `/` filter (rows re-sort by severity as findings change,
     so a row number would race)."""
+    for _ in range(5):  # back to the fleet view (a key can be lost while a toast is up)
+        if tmux.capture().lstrip().startswith("gpuwatch ·"):
+            break
+        tmux.keys("Escape", pause=1.0)
+    tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view", 10)
     tmux.keys("/", "C-u")
     tmux.type(name)
     tmux.keys("Enter")
