@@ -146,7 +146,8 @@ def crash_line(tail: str | None) -> tuple[str, str] | None:
     return None
 
 
-def _ancestry(proc: ProcessInfo, table: Mapping[int, ProcessInfo]) -> list[ProcessInfo]:
+def ancestry(proc: ProcessInfo, table: Mapping[int, ProcessInfo]) -> list[ProcessInfo]:
+    """The parent, its parent, ... as far as the process table reaches (loop-safe)."""
     chain, seen = [], {proc.pid}
     parent = table.get(proc.ppid)
     while parent is not None and parent.pid not in seen:
@@ -161,7 +162,7 @@ def hup_exposed(proc: ProcessInfo, table: Mapping[int, ProcessInfo]) -> bool:
     (nohup) nor caught, and no tmux/screen above it (setsid leaves no tty: tty_nr 0)."""
     if not proc.has_tty or proc.sighup_ignored or proc.sighup_caught:
         return False
-    return not any(a.comm.startswith(DETACH_SERVERS) for a in _ancestry(proc, table))
+    return not any(a.comm.startswith(DETACH_SERVERS) for a in ancestry(proc, table))
 
 
 # ---------------------------------------------------------------- the verdict

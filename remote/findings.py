@@ -14,7 +14,14 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
-from .diagnosis import Diagnosis, diagnose, hup_exposed, new_kernel_events, xid_gpu
+from .diagnosis import (
+    Diagnosis,
+    ancestry,
+    diagnose,
+    hup_exposed,
+    new_kernel_events,
+    xid_gpu,
+)
 from .model import Scalars
 from .series import RunSeries
 
@@ -702,7 +709,7 @@ def run_sighup_risk(history: HostHistory) -> Iterable[Finding]:
         exposed = [p for p in _run_procs(sample, now) if hup_exposed(p, table)]
         if not exposed:
             continue
-        chain = [a.comm for a in _chain(exposed[0], table)]
+        chain = [a.comm for a in ancestry(exposed[0], table)]
         yield Finding(
             "run.sighup_risk", Severity.WARNING,
             f"run {sample.name} (pid {exposed[0].pid}) is tied to a terminal without nohup, "
@@ -711,16 +718,6 @@ def run_sighup_risk(history: HostHistory) -> Iterable[Finding]:
             run=sample.name,
             evidence={"pids": [p.pid for p in exposed], "tty_nr": exposed[0].tty_nr,
                       "session": exposed[0].session, "ancestry": chain})
-
-
-def _chain(proc: ProcessInfo, table: Mapping[int, ProcessInfo]) -> list[ProcessInfo]:
-    chain, seen = [], {proc.pid}
-    parent = table.get(proc.ppid)
-    while parent is not None and parent.pid not in seen:
-        seen.add(parent.pid)
-        chain.append(parent)
-        parent = table.get(parent.ppid)
-    return chain
 
 
 def host_kill_user_processes(history: HostHistory) -> Iterable[Finding]:
