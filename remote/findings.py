@@ -9,7 +9,7 @@ names the gotcha of seeds/003 it encodes.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
@@ -280,6 +280,18 @@ def _without_scalars(snapshot: HostSnapshot) -> HostSnapshot:
 
 
 Rule = Callable[[HostHistory], Iterable[Finding]]
+
+
+def _live_runs(history: HostHistory) -> Iterator[tuple[HostSnapshot, float, RunSample]]:
+    """This poll's runs that have processes, with the snapshot (ages use the box's clock, so a
+    snapshot without one yields nothing)."""
+    now = history.current
+    if now is None or now.taken_at is None:
+        return
+    at = now.taken_at
+    for sample in now.runs:
+        if sample.pids:
+            yield now, at, sample
 
 
 # ---------------------------------------------------------------- process-table helpers
@@ -606,12 +618,7 @@ def gpu_idle_while_running(history: HostHistory) -> Iterable[Finding]:
     """U38, U24: a run is alive but its GPUs sat near 0% util for idle_while_running_s (and at
     least sustain_polls polls). Steps still advancing: data-bound; not: hung or waiting."""
     th = history.thresholds
-    now = history.current
-    if now is None or now.taken_at is None:
-        return
-    for sample in now.runs:
-        if not sample.pids:
-            continue
+    for now, _at, sample in _live_runs(history):
         for gpu in sorted(_gpus_of(sample.pids, now)):
             idle: list[HostSnapshot] = []
             for snap in reversed(history.snapshots):
@@ -759,21 +766,16 @@ def run_progress(history: HostHistory) -> Iterable[Finding]:
     silent for log_buffered_s while events/metrics/checkpoints were written well after it:
     block-buffered stdout, not a dead run. Both are ages on the box's clock: no history needed."""
     th = history.thresholds
-    now = history.current
-    if now is None or now.taken_at is None:
-        return
-    for sample in now.runs:
-        if not sample.pids:
-            continue
+    for now, at, sample in _live_runs(history):
         procs = _run_procs(sample, now)
         started = _started(procs)
-        up = now.taken_at - started if started is not None else None
+        up = at - started if started is not None else None
         arts = _artifact_mtimes(sample)
         log_mtime = sample.log.mtime if sample.log is not None else None
         times = list(arts.values()) + ([log_mtime] if log_mtime is not None else [])
         if not times:
             continue
-        quiet = now.taken_at - max(times)
+        quiet = at - max(times)
         if quiet >= th.stalled_s and (up is None or up >= th.stalled_s):
             only_log = not arts
             yield Finding(
@@ -785,38 +787,35 @@ def run_progress(history: HostHistory) -> Iterable[Finding]:
                 "check its log and py-spy dump, then kill and relaunch (U43, seed 002)",
                 run=sample.name,
                 evidence={"quiet_s": quiet, "log_age_s": None if log_mtime is None
-                          else now.taken_at - log_mtime,
-                          "artifact_age_s": {k: now.taken_at - v for k, v in arts.items()},
+                          else at - log_mtime,
+                          "artifact_age_s": {k: at - v for k, v in arts.items()},
                           "uptime_s": up})
             continue
         if log_mtime is None or not arts:
             continue
-        log_age = now.taken_at - log_mtime
+        log_age = at - log_mtime
         newest_kind, newest = max(arts.items(), key=lambda kv: kv[1])
         if log_age >= th.log_buffered_s and newest - log_mtime >= th.log_buffered_s:
             yield Finding(
                 "run.log_buffered", Severity.INFO,
                 f"run {sample.name}'s log has been silent for {_dur(log_age)} while its "
-                f"{newest_kind} was written {_dur(now.taken_at - newest)} ago: stdout is "
+                f"{newest_kind} was written {_dur(at - newest)} ago: stdout is "
                 "block-buffered, the run is fine — next time launch with python -u or "
                 "PYTHONUNBUFFERED=1 (U43)",
                 run=sample.name,
                 evidence={"log_age_s": log_age, "newest": newest_kind,
-                          "newest_age_s": now.taken_at - newest})
+                          "newest_age_s": at - newest})
 
 
 def run_events_empty(history: HostHistory) -> Iterable[Finding]:
     """U39: events are configured but, after events_grace_s of the run being alive, there is no
     event file there or none holds a scalar: the writer logs somewhere else."""
     th = history.thresholds
-    now = history.current
-    if now is None or now.taken_at is None:
-        return
-    for sample in now.runs:
-        if not sample.pids or sample.events_path is None:
+    for now, at, sample in _live_runs(history):
+        if sample.events_path is None:
             continue
         started = _started(_run_procs(sample, now))
-        if started is None or now.taken_at - started < th.events_grace_s:
+        if started is None or at - started < th.events_grace_s:
             continue
         if any(f.pending for f in sample.event_files):
             continue  # still reading a big file
@@ -829,29 +828,26 @@ def run_events_empty(history: HostHistory) -> Iterable[Finding]:
                 f"{len(sample.event_files)} event file(s) without a scalar")
         yield Finding(
             "run.events_empty", Severity.WARNING,
-            f"run {sample.name} has run {_dur(now.taken_at - started)} but {sample.events_path} "
+            f"run {sample.name} has run {_dur(at - started)} but {sample.events_path} "
             f"holds {what}{f' ({error})' if error else ''}: its writer logs elsewhere — check "
             "SummaryWriter(log_dir=...) against the configured events path (U39)",
             run=sample.name,
             evidence={"events_path": sample.events_path, "files": len(sample.event_files),
-                      "error": error, "uptime_s": now.taken_at - started})
+                      "error": error, "uptime_s": at - started})
 
 
 def ckpt_overdue(history: HostHistory) -> Iterable[Finding]:
     """Seed 001: no checkpoint for ckpt_overdue_factor × the run's own cadence (the median gap
     of its last checkpoints), and at least ckpt_overdue_min_s: a crash now loses all that."""
     th = history.thresholds
-    now = history.current
-    if now is None or now.taken_at is None:
-        return
-    for sample in now.runs:
+    for _now, at, sample in _live_runs(history):
         series = history.runs.get(sample.name)
-        if not sample.pids or series is None:
+        if series is None:
             continue
         cadence, latest = series.cadence_s, series.latest_checkpoint
         if cadence is None or latest is None:
             continue
-        age = now.taken_at - latest.mtime
+        age = at - latest.mtime
         limit = max(th.ckpt_overdue_factor * cadence, th.ckpt_overdue_min_s)
         if age < limit:
             continue
@@ -862,7 +858,7 @@ def ckpt_overdue(history: HostHistory) -> Iterable[Finding]:
             "progress and that the checkpoint disk is not full (seed 001)",
             run=sample.name,
             evidence={"age_s": age, "cadence_s": cadence, "latest": latest.path,
-                      "work_at_risk_s": series.work_at_risk_s(now.taken_at)})
+                      "work_at_risk_s": series.work_at_risk_s(at)})
 
 
 def ckpt_tmp_leftover(history: HostHistory) -> Iterable[Finding]:

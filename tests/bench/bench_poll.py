@@ -24,11 +24,9 @@ import asyncio
 import json
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -44,6 +42,7 @@ from gpuwatch.remote.config import HostConfig, RunConfig, SshSettings
 from gpuwatch.remote.once import opening_keys
 from gpuwatch.remote.poller import OpeningLimiter
 from gpuwatch.remote.sim import Box, h100_sxm
+from harness.faults import silent_port
 from harness.sshd import SshdBox
 
 POLLS = 30
@@ -112,36 +111,9 @@ def rusage_cpu(argv: list[str], env: dict[str, str], n: int) -> float:
 @contextmanager
 def first_connection_clock() -> Iterator[tuple[int, list[float]]]:
     """A port that accepts TCP and never speaks; yields (port, arrival times, monotonic)."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
     arrivals: list[float] = []
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.05)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            arrivals.append(time.monotonic())
-            held.append(conn)
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield int(listener.getsockname()[1]), arrivals
-    finally:
-        stop.set()
-        thread.join(timeout=2)
-        for conn in held:
-            conn.close()
-        listener.close()
+    with silent_port(arrivals) as port:
+        yield port, arrivals
 
 
 def cli(home: Path, *args: str, config: dict[str, Any] | None = None,

@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,8 +25,9 @@ from .sshd import SshdBox, descendants, generate_key, key_fingerprint, proc_tabl
 
 
 @contextmanager
-def silent_port() -> Iterator[int]:
-    """Yield a port on 127.0.0.1 that accepts TCP connections and never speaks."""
+def silent_port(arrivals: list[float] | None = None) -> Iterator[int]:
+    """Yield a port on 127.0.0.1 that accepts TCP connections and never speaks; each accepted
+    connection's time.monotonic() is appended to `arrivals` when given (start-up benchmarks)."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
@@ -42,6 +44,8 @@ def silent_port() -> Iterator[int]:
                 continue
             except OSError:
                 return
+            if arrivals is not None:
+                arrivals.append(time.monotonic())
             held.append(conn)  # kept open, never written to
 
     thread = threading.Thread(target=accept_and_hold, name="silent-port", daemon=True)
