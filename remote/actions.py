@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from .config import HostConfig, RunConfig
+from .discovered import LaunchRecord, RelaunchError, relaunch_command
 from .findings import HostHistory
 from .model import HostSnapshot, ProcessInfo
 from .probe_bundle import build_command, strip_source
@@ -168,7 +169,8 @@ class ActionPlan:
             return [f"relaunch on {self.host}: nothing to start"]
         how = ("in a new tmux session (setsid nohup if the box has no tmux)"
                if spec.detach == "tmux" else "under setsid nohup")
-        env = " ".join(f"{k}={shown_env(k, v)}" for k, v in spec.env)
+        env = " ".join(f"{k}={shown_env(k, v)}" for k, v in spec.env
+                       if k != "PYTHONUNBUFFERED")  # always set to 1 (U43): said once below
         return [
             f"relaunch run {spec.run} on {self.host}, detached {how}:",
             f"  cd {spec.workdir}",
@@ -349,12 +351,24 @@ def _run_config(host: HostConfig, name: str) -> RunConfig | None:
     return next((r for r in host.runs if r.name == name), None)
 
 
-def plan_relaunch(host: HostConfig, run_name: str, history: HostHistory) -> ActionPlan:
-    """Start a dead run again, from its latest checkpoint when the template asks for one."""
+def plan_relaunch(host: HostConfig, run_name: str, history: HostHistory,
+                  launch: LaunchRecord | None = None) -> ActionPlan:
+    """Start a dead run again, from its latest checkpoint when the template asks for one (or,
+    for a discovered run, when its framework's resume argument is known).
+
+    A configured run is started from its config (`relaunch`, `workdir`, `process`). A run that
+    is not configured was discovered (issue 8): `launch` is how the store recorded it was
+    started while it was alive (discovered.recorded_launch); without one there is nothing to
+    start."""
     run = _run_config(host, run_name)
     if run is None:
-        return _refused("relaunch", host, f"no run named {run_name!r} is configured for "
-                                          f"{host.name}")
+        if launch is not None and launch.run == run_name:
+            return _plan_relaunch_discovered(host, launch, history)
+        return _refused("relaunch", host, (
+            f"no run named {run_name!r} is configured for {host.name}, and gpuwatch never saw "
+            "how a run of that name was started (it records a discovered run's cwd, argv and "
+            "environment while the run is alive); add it to the config with `relaunch`, "
+            "`workdir` and `process`"))
     if not run.relaunch:
         return _refused("relaunch", host, f"run {run.name} has no `relaunch` command in the "
                                           "config")
@@ -364,34 +378,15 @@ def plan_relaunch(host: HostConfig, run_name: str, history: HostHistory) -> Acti
         return _refused("relaunch", host, (
             f"run {run.name} has no `process` pattern in the config, so gpuwatch cannot tell "
             "whether it is still alive before starting another copy"))
-    snap, why = _current(history)
+    scripts = _script_words(run.relaunch)
+    snap, why = _relaunch_blocked(host, run.name, history, scripts)
     if snap is None:
         return _refused("relaunch", host, why or "no snapshot")
     series = history.runs.get(run.name)
-    alive = sorted({p.pid for p in snap.processes if p.run == run.name and not p.zombie}
-                   | set(series.pids if series else ()))
-    if alive:
-        return _refused("relaunch", host, (
-            f"run {run.name} is running (pid {', '.join(map(str, alive))}); kill it first — a "
-            "kill and a relaunch are never one step (U4)"))
     if series is not None and series.status == "finished":
         return _refused("relaunch", host, (
             f"run {run.name} finished (its done marker {run.done} exists); remove the marker to "
             "run it again"))
-    scripts = _script_words(run.relaunch)
-    for p in snap.processes:
-        argv0 = os.path.basename(p.cmd.split(" ", 1)[0]) if p.cmd else ""
-        if p.zombie or (p.comm not in SHELLS and argv0 not in SHELLS):
-            continue
-        words = p.cmd.split()[1:]
-        # Script-like words only (a file name with an extension, or a path): `python` in a
-        # shell's argv says nothing. The box checks open files and argv for real.
-        hit = next((s for s in scripts if ("." in os.path.basename(s) or "/" in s) and (
-            s in words or any(w.endswith("/" + s.lstrip("./")) for w in words))), None)
-        if hit is not None:
-            return _refused("relaunch", host, (
-                f"{hit} is being executed by pid {p.pid} ({p.cmd}): a shell reads its script "
-                "as it goes, so a second start now risks a duplicate run (U2); end it first"))
     latest = series.latest_checkpoint if series else None
     try:
         command = fill_command(run.relaunch, run=run.name, workdir=run.workdir,
@@ -413,6 +408,80 @@ def plan_relaunch(host: HostConfig, run_name: str, history: HostHistory) -> Acti
     spec = LaunchSpec(run=run.name, workdir=run.workdir, log=log, detach=run.detach,
                       env=tuple(sorted(run.env.items())), process=run.process, scripts=scripts)
     return ActionPlan("relaunch", host.name, (), command, "", None, tuple(notes), spec)
+
+
+def _plan_relaunch_discovered(host: HostConfig, launch: LaunchRecord,
+                              history: HostHistory) -> ActionPlan:
+    """A discovered run started again as it was started: the recorded cwd, argv (with the
+    resume argument where the framework's convention is known) and environment, less the old
+    login's variables and every secret-named one, which are named so the person knows what the
+    box must supply (U34, U35)."""
+    name = launch.run
+    if not launch.process:
+        return _refused("relaunch", host, (
+            f"run {name} was recorded without a command-line pattern, so gpuwatch cannot tell "
+            "whether it is still alive before starting another copy; add it to the config"))
+    snap, why = _relaunch_blocked(host, name, history, launch.scripts)
+    if snap is None:
+        return _refused("relaunch", host, why or "no snapshot")
+    series = history.runs.get(name)
+    latest = series.latest_checkpoint if series else None
+    try:
+        command, _dropped, said = relaunch_command(launch, latest)
+    except RelaunchError as exc:
+        return _refused("relaunch", host, str(exc))
+    log = launch.log or f"{launch.cwd.rstrip('/') or '/'}/{DEFAULT_LOG}"
+    notes = [f"run {name} is not in the config: this is how gpuwatch saw it started "
+             f"{_ago(launch.recorded_at)}", *said]
+    if launch.log is None:
+        notes.append(f"its output went to no file at launch: now to {log}")
+    # A discovered run has no done marker: a run that ended on its own reads as dead.
+    tail = (series.tail or "").strip().splitlines()[-1:] if series else []
+    notes.append("gpuwatch cannot tell a discovered run that finished from one that died (it "
+                 "has no done marker): check the log's end before confirming"
+                 + (f"; it ends: {tail[0][:160]}" if tail else ""))
+    spec = LaunchSpec(run=name, workdir=launch.cwd, log=log, detach=launch.detach,
+                      env=launch.env, process=launch.process, scripts=launch.scripts)
+    return ActionPlan("relaunch", host.name, (), command, "", None, tuple(notes), spec)
+
+
+def _ago(at: float) -> str:
+    minutes = max(0, int((time.time() - at) // 60))
+    if minutes < 1:
+        return "under a minute ago"
+    if minutes < 120:
+        return f"{minutes} min ago"
+    return f"{minutes // 60} h ago" if minutes < 48 * 60 else f"{minutes // 1440} days ago"
+
+
+def _relaunch_blocked(host: HostConfig, name: str, history: HostHistory,
+                      scripts: Sequence[str]) -> tuple[HostSnapshot | None, str | None]:
+    """The fresh snapshot when nothing forbids starting run `name` again; else (None, why): no
+    fresh snapshot, a process of the run alive (U4), or its launch script being executed by
+    a shell (U2)."""
+    snap, why = _current(history)
+    if snap is None:
+        return None, why
+    series = history.runs.get(name)
+    alive = sorted({p.pid for p in snap.processes if p.run == name and not p.zombie}
+                   | set(series.pids if series else ()))
+    if alive:
+        return None, (f"run {name} is running (pid {', '.join(map(str, alive))}); kill it "
+                      "first — a kill and a relaunch are never one step (U4)")
+    for p in snap.processes:
+        argv0 = os.path.basename(p.cmd.split(" ", 1)[0]) if p.cmd else ""
+        if p.zombie or (p.comm not in SHELLS and argv0 not in SHELLS):
+            continue
+        words = p.cmd.split()[1:]
+        # Script-like words only (a file name with an extension, or a path): `python` in a
+        # shell's argv says nothing. The box checks open files and argv for real.
+        hit = next((s for s in scripts if ("." in os.path.basename(s) or "/" in s) and (
+            s in words or any(w.endswith("/" + s.lstrip("./")) for w in words))), None)
+        if hit is not None:
+            return None, (f"{hit} is being executed by pid {p.pid} ({p.cmd}): a shell reads "
+                          "its script as it goes, so a second start now risks a duplicate run "
+                          "(U2); end it first")
+    return snap, None
 
 
 # ---------------------------------------------------------------- sending

@@ -51,6 +51,11 @@ PROCFS = "/proc"
 """Always the real /proc: a signal goes to a real pid, never to a fixture tree's."""
 SHELLS = ("sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox", "fish", "tcsh", "csh")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# The login's own variables (as in discover.py; each box script is sent alone): a detached
+# run does not inherit the SSH session that started it (U34).
+SESSION_NAMES = ("TERM", "STY", "DISPLAY", "SHLVL", "PWD", "OLDPWD", "_", "WINDOW",
+                 "TERMCAP", "COLUMNS", "LINES", "MAIL")
+SESSION_PREFIXES = ("SSH_", "TMUX", "XDG_SESSION_")
 SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 
 
@@ -391,9 +396,10 @@ def op_relaunch(req: dict) -> dict:
     except OSError as exc:
         out["refused"] = f"cannot append to the log {log}: {exc.strerror or exc}"
         return out
-    env = dict(os.environ)
-    env.pop("TMUX", None)  # our session is not inside tmux; never nest into someone's
-    env.pop("TMUX_PANE", None)
+    # Not the SSH session's own variables (and no TMUX: never nest into someone's session);
+    # the run's recorded or configured variables are exported over these by the script.
+    env = {k: v for k, v in os.environ.items()
+           if k not in SESSION_NAMES and not k.startswith(SESSION_PREFIXES)}
     tmux = shutil.which("tmux") if req.get("detach") == "tmux" else None
     if req.get("detach") == "tmux" and tmux is None:
         out["note"] = "tmux is not installed on the box: started with setsid nohup instead"

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from . import actions
 from .collect import Collector
 from .config import ConfigError, HostConfig, load_config, select_hosts
+from .discovered import recorded_launch
 from .findings import HostHistory, PollFailure, recent
 from .once import history_from_store, remember
 from .store import Store
@@ -64,7 +65,11 @@ async def _run(kind: str, host: HostConfig, store: Store, *, pid: int | None, si
     elif kind == "reap":
         plan = actions.plan_reap(host, history)
     else:
-        plan = actions.plan_relaunch(host, run or "", history)
+        name = run or ""
+        configured = any(r.name == name for r in host.runs)
+        # A run that is not configured was discovered: the store has how it was started.
+        launch = None if configured else recorded_launch(store, host.name, name)
+        plan = actions.plan_relaunch(host, name, history, launch)
     print(plan.describe(), flush=True)
     if plan.refusal is None and not readonly and not yes:
         if not sys.stdin.isatty():

@@ -247,11 +247,27 @@ def climbs_to(parent, procs, argv_of):
     return bool(argv) and is_python(argv[0])
 
 
+def run_key(argv, cwd):
+    # type: (list[str], str | None) -> tuple[str, str | None, str | None, list[Any]]
+    """A launcher's argv and cwd → (kind, script, module, key): the key [cwd, script's path]
+    (or [cwd, "-m module"], [cwd, argv[0]]) names a run across relaunches."""
+    kind, script, module = parse_command(argv)
+    if script:
+        target = script if os.path.isabs(script) or not cwd else os.path.join(cwd, script)
+        key = [cwd, os.path.normpath(target)]  # type: list[Any]
+    else:
+        key = [cwd, "-m " + module if module else " ".join(argv[:1])]
+    return kind, script, module, key
+
+
 def group(procs, holders, matched, request):
     # type: (Procs, list[int], dict[int, str], Obj) -> Obj
-    """GPU holders → runs by process tree (see the module's docstring). Writes each group's
-    pids into `matched`; returns the state `collect` reads."""
-    argvs = {}
+    """GPU holders → runs by process tree (see the module's docstring). A remembered run that
+    no GPU holder belongs to is also looked for by its key among all processes, so that a run
+    counts as running before its ranks have opened a GPU (a relaunch starting up: CUDA init
+    takes seconds to minutes). Writes each group's pids into `matched`; returns the state
+    `collect` reads."""
+    argvs = {}  # type: dict[int, list[str]]
 
     def argv_of(pid):
         # type: (int) -> list[str]
@@ -262,8 +278,29 @@ def group(procs, holders, matched, request):
     children = {}  # type: dict[int, list[int]]
     for pid, stat in procs.items():
         children.setdefault(stat["ppid"], []).append(pid)
+    groups = groups_of(procs, holders, matched, children, argv_of)
+    alive = set(tuple(g["key"]) for g in groups)
+    wanted = set(tuple(r["key"]) for r in remembered_runs(request)
+                 if all(k is None or isinstance(k, str) for k in r["key"])) - alive
+    if wanted:
+        seeds = [pid for pid in procs if pid not in matched and procs[pid]["state"] not in (
+            "Z", "X") and argv_of(pid) and tuple(run_key(argv_of(pid), read_link(
+                proc_path(str(pid), "cwd")))[3]) in wanted]
+        if seeds:
+            groups = groups_of(procs, list(holders) + seeds, matched, children, argv_of)
+    groups.sort(key=lambda g: (g["start_ticks"], g["root"]))
+    name_groups(groups, request)
+    for g in groups:
+        for pid in g["pids"]:
+            matched[pid] = g["name"]
+    return {"groups": groups, "procs": procs}
+
+
+def groups_of(procs, seeds, matched, children, argv_of):
+    # type: (Procs, list[int], dict[int, str], dict[int, list[int]], Callable[[int], list[str]]) -> list[Obj]
+    """Each seed climbed to its launcher; each launcher with all its descendants one group."""
     roots = {}  # type: dict[int, None]
-    for pid in holders:
+    for pid in seeds:
         if pid not in procs:
             continue
         root, seen = pid, {pid}
@@ -290,23 +327,13 @@ def group(procs, holders, matched, request):
         if not pids:
             continue  # a defunct holder: the zombie rules' business, not a run
         argv = argv_of(root)
-        kind, script, module = parse_command(argv)
         cwd = read_link(proc_path(str(root), "cwd"))
-        if script:
-            target = script if os.path.isabs(script) or not cwd else os.path.join(cwd, script)
-            key = [cwd, os.path.normpath(target)]
-        else:
-            key = [cwd, "-m " + module if module else " ".join(argv[:1])]
+        kind, script, module, key = run_key(argv, cwd)
         groups.append({"root": root, "pids": pids, "argv": argv, "kind": kind,
                        "script": script, "module": module, "cwd": cwd, "key": key,
                        "start_ticks": procs[root]["start_ticks"],
                        "base": run_name(kind, script, module)})
-    groups.sort(key=lambda g: (g["start_ticks"], g["root"]))
-    name_groups(groups, request)
-    for g in groups:
-        for pid in g["pids"]:
-            matched[pid] = g["name"]
-    return {"groups": groups, "procs": procs}
+    return groups
 
 
 def remembered_runs(request):

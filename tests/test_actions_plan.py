@@ -147,6 +147,35 @@ def test_relaunch_plan_refusals_and_describe() -> None:
     assert "hf_x" not in shown and "under setsid nohup" in shown
 
 
+def test_relaunch_plan_of_a_discovered_run_from_its_launch_record() -> None:
+    """Not configured: the store's record of how it was started is the plan (issue 8)."""
+    from gpuwatch.remote.discovered import LaunchRecord
+
+    record = LaunchRecord(
+        host="gpu1", run="train", recorded_at=0.0, boot_id=BOOT, pid=500, start_ticks=9,
+        cwd="/data/my proj", argv=("python", "train.py", "--output_dir", "out"),
+        env=(("FOO", "bar"), ("PYTHONUNBUFFERED", "1")), dropped_secret=("WANDB_API_KEY",),
+        dropped_session=("SSH_CONNECTION",), env_error=None, process="train.py",
+        script="train.py", kind="python", framework=None, log=None, detach="setsid")
+    refusal = plan_relaunch(HOST, "train", history(snapshot())).refusal or ""
+    assert "no run named 'train'" in refusal and "never saw how" in refusal
+    busy = plan_relaunch(HOST, "train", history(snapshot(proc(501, run="train"))), record)
+    assert "is running (pid 501)" in (busy.refusal or "")
+    plan = plan_relaunch(HOST, "train", history(snapshot()), record)
+    assert plan.refusal is None
+    assert plan.command == "python train.py --output_dir out"
+    assert plan.launch is not None
+    assert plan.launch.workdir == "/data/my proj" and plan.launch.process == "train.py"
+    assert plan.launch.log == "/data/my proj/gpuwatch-relaunch.log"
+    assert plan.launch.env == (("FOO", "bar"), ("PYTHONUNBUFFERED", "1"))
+    text = plan.describe()
+    assert "env: FOO=bar PYTHONUNBUFFERED=1" in text  # said once
+    assert "not passed: WANDB_API_KEY" in text and "not in the config" in text
+    assert "finished from one that died" in text
+    other = plan_relaunch(HOST, "train", history(snapshot()), replace(record, run="other"))
+    assert "no run named 'train'" in (other.refusal or "")  # a record of another run: not used
+
+
 # ---------------------------------------------------------------- verdicts
 
 async def test_verify_kill_needs_the_process_gone_and_the_vram_back() -> None:

@@ -192,6 +192,42 @@ def test_a_rank_behind_a_shell_stays_in_its_launchers_run(tmp_path: Path) -> Non
     assert list(runs) == ["launch"] and runs["launch"]["pids"] == [600, 601, 602]
 
 
+def test_a_remembered_run_is_running_before_its_ranks_hold_a_gpu(tmp_path: Path) -> None:
+    """A relaunched run starting up (CUDA init takes seconds to minutes): no process holds a
+    GPU yet, but its launcher has the remembered (cwd, script): it is that run, alive. A run
+    nobody remembers needs a GPU to be found; a remembered one already alive costs no scan."""
+    box = Box(tmp_path / "box")
+    box.process(1, "systemd", 0, cmd=["/sbin/init"], start=1)
+    box.process(700, "sh", 1, cmd=["/bin/sh", "/tmp/gpuwatch-launch-x.sh"], start=899)
+    box.process(701, "python", 700, cmd=["python", "/usr/bin/torchrun", "--nproc_per_node", "2",
+                                         "train.py"], start=900)
+    for rank in (702, 703):
+        box.process(rank, "pt_main_thread", 701, cmd=["python", "-u", "train.py"], start=901)
+    box.process(800, "python", 1, cmd=["python", "other.py"], start=950)
+    for pid in (700, 701, 702, 703, 800):
+        (box.proc / str(pid) / "cwd").unlink()
+        (box.proc / str(pid) / "cwd").symlink_to("/data/gpt")
+    request = zero_config(want={"nvml": False, "gpus": False})
+    assert discovered(probe_doc(request, box.env())) == {}  # nothing holds a GPU
+    remembered = [{"name": "train", "key": ["/data/gpt", "/data/gpt/train.py"],
+                   "searched_at": 0}]
+    doc = probe_doc({**request, "discovered_runs": remembered}, box.env())
+    runs = discovered(doc)
+    assert list(runs) == ["train"] and runs["train"]["pids"] == [701, 702, 703]
+    assert "alive" not in runs["train"]["discovered"]  # running, the shell not part of it
+    procs = {p["pid"]: p for p in rows(doc["processes"]["procs"])}
+    assert procs[702]["run"] == "train" and procs.get(800, {}).get("run") is None
+
+
+def test_the_relaunch_script_strips_the_same_login_variables_as_discovery() -> None:
+    """actions_box.py and discover.py are each sent to the box alone, so each has its copy of
+    the login's variable names (U34): they must not drift apart."""
+    from gpuwatch.remote import actions_box
+
+    assert actions_box.SESSION_NAMES == discover.SESSION_NAMES
+    assert actions_box.SESSION_PREFIXES == discover.SESSION_PREFIXES
+
+
 # ---------------------------------------------------------------- artifacts by convention
 
 def hf_project(root: Path, steps: int = 3) -> Path:

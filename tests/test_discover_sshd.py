@@ -121,6 +121,21 @@ class Rig:
         assert host["ok"], host["error"]
         return host
 
+    def relaunch(self, run: str) -> str:
+        """`gpuwatch relaunch gpu1 RUN --yes` as a user runs it → its output (exit 0: started
+        and verified running by a fresh poll)."""
+        path = self.home / "config.toml"
+        path.write_text(tomli_w.dumps(self.config()))
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(self.home),
+               "XDG_STATE_HOME": str(self.home / "state"),
+               "XDG_CONFIG_HOME": str(self.home / "xdg")}
+        result = subprocess.run([PY, "-m", "gpuwatch.tui.cli", "relaunch", "gpu1", run, "--yes",
+                                 "--config", str(path)], env=env, capture_output=True,
+                                text=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert SECRET not in result.stdout + result.stderr
+        return result.stdout
+
     @property
     def store_path(self) -> Path:
         return self.home / "state" / "gpuwatch" / "gpuwatch.sqlite3"
@@ -162,6 +177,19 @@ def pids_in(folder: Path) -> list[int]:
         if rest[0] not in ("Z", "X"):
             found.append((int(rest[19]), int(name)))
     return [pid for _, pid in sorted(found)]
+
+
+def pythons_in(folder: Path) -> list[int]:
+    """pids_in(folder) less shells (the relaunch's detached /bin/sh keeps the folder too)."""
+    found = []
+    for pid in pids_in(folder):
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]
+        except OSError:
+            continue
+        if os.path.basename(argv0).startswith(b"python"):
+            found.append(pid)
+    return found
 
 
 def wait_for(what: Callable[[], Any], timeout: float = 30.0, message: str = "") -> Any:
@@ -303,10 +331,14 @@ def test_a_launcher_and_its_ranks_are_one_run_and_it_relaunches_as_it_was_starte
     assert dropped == ("WANDB_API_KEY",)
     assert any("WANDB_API_KEY" in note for note in notes)
 
-    # ... nor passed: start it again exactly so (what the relaunch action sends: the command,
-    # in the recorded cwd, with the recorded environment exported)
-    rig.launch(folder, command, env=env)
-    pids = wait_for(lambda: len(pids_in(folder)) == 3 and pids_in(folder),
+    # ... nor passed: `gpuwatch relaunch gpu1 train --yes` starts it again in the recorded cwd
+    # with the recorded environment, shows the exact command first and names what it dropped
+    out = rig.relaunch("train")
+    assert f"  cd {folder}" in out and f"  {command}" in out, out
+    assert "not passed: WANDB_API_KEY" in out, out
+    assert SECRET not in out
+    # the relaunch's detached shell waits in the same folder: the run is the python processes
+    pids = wait_for(lambda: len(pythons_in(folder)) == 3 and pythons_in(folder),
                     message="the relaunched run")
     for gpu, rank in enumerate(pids[1:]):
         rig.box.add_compute_app(gpu, rank, "python", 30_000, follows_pid=True)

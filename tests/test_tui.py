@@ -505,3 +505,21 @@ async def test_overnight_the_store_is_shown_stale_before_the_first_poll(
             text = screen_text(app)
             assert "stale 7 h (from the store)" in text and "512/" in text
             assert screen.host == "local"
+
+
+async def test_relaunch_of_a_discovered_run_plans_from_the_stores_launch_record() -> None:
+    """`r` on a run nobody configured (issue 8): the plan comes from how the store recorded it
+    was started; a configured run's never does."""
+    from gpuwatch.remote.discovered import LaunchRecord
+
+    app = make_app()
+    async with app.run_test(size=SIZE):
+        host = app.hosts["gpu-zombie"].config
+        record = {"cwd": "/data/x", "argv": ["python", "found.py"], "env": {"FOO": "bar"},
+                  "process": "found.py", "script": "found.py", "detach": "setsid"}
+        app.store.save_launch(host.name, "found", record, 1000.0)
+        app.store.save_launch(host.name, "bert-ddp", record, 1000.0)
+        got = app._launch_record(host, "found")
+        assert isinstance(got, LaunchRecord) and got.argv == ("python", "found.py")
+        assert app._launch_record(host, "bert-ddp") is None  # configured: the config rules
+        assert app._launch_record(host, "never") is None

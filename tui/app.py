@@ -299,8 +299,20 @@ class GpuwatchApp(App[None]):
             return
         run = screen.selected_run
         self._confirm("relaunch", screen.host,
-                      lambda a, data: a.plan_relaunch(data.config, run, data.history),
+                      lambda a, data: a.plan_relaunch(data.config, run, data.history,
+                                                      self._launch_record(data.config, run)),
                       f"Relaunch run {run} on {screen.host}?", "Relaunch")
+
+    def _launch_record(self, host: HostConfig, run: str) -> Any:
+        """How a discovered (not configured) run was started, as the store recorded it."""
+        if any(r.name == run for r in host.runs):
+            return None
+        from gpuwatch.remote.discovered import recorded_launch
+
+        try:
+            return recorded_launch(self.store, host.name, run)
+        except sqlite3.Error:
+            return None  # the plan then says what is missing
 
     def _confirm(self, kind: str, host: str, make_plan: Callable[[Any, HostData], Any],
                  title: str, verb: str) -> None:
