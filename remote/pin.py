@@ -93,10 +93,12 @@ def _valid(text: str, path: Path) -> str | None:
     return None
 
 
-def pin_run(config_path: str | os.PathLike[str], host_name: str, discovered: Discovery) -> str:
+def pin_run(config_path: str | os.PathLike[str], host_name: str, discovered: Discovery,
+            ssh: str | None = None) -> str:
     """Add `[hosts.<host_name>.runs.<discovered.name>]` to the config at config_path (created
-    if missing; the host too, with `ssh = host_name`). Returns the sentence that says what was
-    done. ValueError when the run is already configured or the file is not valid TOML."""
+    if missing; the host too, with `ssh = ssh or host_name`). Returns the sentence that says
+    what was done. ValueError when the run is already configured or the file is not valid
+    TOML."""
     path = Path(config_path).expanduser()
     name = discovered.name
     old = path.read_text(encoding="utf-8") if path.exists() else ""
@@ -113,7 +115,7 @@ def pin_run(config_path: str | os.PathLike[str], host_name: str, discovered: Dis
         raise ValueError(f"run {name} is already configured for host {host_name} in {path}")
     table = run_table(discovered)
     addition = ({"hosts": {host_name: {"runs": {name: table}}}} if host is not None else
-                {"hosts": {host_name: {"ssh": host_name, "runs": {name: table}}}})
+                {"hosts": {host_name: {"ssh": ssh or host_name, "runs": {name: table}}}})
     header = f"# pinned by gpuwatch: run {name}, found running in {discovered.cwd}\n"
     sep = "" if not old or old.endswith("\n\n") else ("\n" if old.endswith("\n") else "\n\n")
     appended = old + sep + header + tomli_w.dumps(addition)
@@ -129,7 +131,8 @@ def pin_run(config_path: str | os.PathLike[str], host_name: str, discovered: Dis
                 "the file is unchanged)")
     merged = dict(data)
     merged_hosts = dict(hosts)
-    merged_host: dict[str, Any] = dict(host) if host is not None else {"ssh": host_name}
+    merged_host: dict[str, Any] = dict(host) if host is not None else {
+        "ssh": ssh or host_name}
     merged_host["runs"] = {**runs, name: table}
     merged_hosts[host_name] = merged_host
     merged["hosts"] = merged_hosts

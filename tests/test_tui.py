@@ -4,6 +4,7 @@ and box text that looks like markup. Data is tests/tui_fixtures.py's determinist
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 import time
 from collections import Counter
@@ -27,10 +28,12 @@ from gpuwatch.tui.screens.fleet import FleetScreen
 from gpuwatch.tui.screens.help import HelpScreen
 from gpuwatch.tui.screens.host import PANES, HostScreen
 from gpuwatch.tui.widgets.fleet_table import FleetTable
+from gpuwatch.tui.widgets.key_footer import KeyFooter
 from gpuwatch.tui.widgets.log_tail import LogTail
 from gpuwatch.tui.widgets.loss_pane import SMOOTHING, LossPane
 from gpuwatch.tui.widgets.process_table import ProcessTable
 from textual.pilot import Pilot
+from textual.widgets._footer import FooterKey
 
 SIZE = (200, 50)
 
@@ -473,6 +476,34 @@ async def test_modal_defers_rendering_until_it_closes() -> None:
         assert table.get_cell("gpu-healthy", "state").plain == "● ok"
 
 
+async def test_polls_do_not_pile_up_footer_key_widgets() -> None:
+    """Issue 7's soak: every poll asks for a bindings refresh. Textual's Footer rebuilt its keys
+    each time and kept every old key widget alive (Textual #6666): RSS grew ~3 MB a second.
+    The footer is rebuilt only when its keys change, and dropped keys are released."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        screen = await open_host(pilot, "gpu-healthy")
+        footer = screen.query_one(KeyFooter)
+        await pilot.pause()
+        shown = list(footer.query(FooterKey))
+        for _ in range(5):
+            await feed(pilot, fx.latest(app.config))
+            await pilot.pause()
+        assert list(footer.query(FooterKey)) == shown  # nothing changed: not rebuilt
+        await pilot.press("down")  # a process selected: `k` is enabled, the keys are rebuilt
+        await pilot.pause()
+        assert app.check_action("kill", ()) is True
+        assert list(footer.query(FooterKey)) != shown
+        del shown
+        for _ in range(5):
+            await pilot.press("up", "down")
+            await pilot.pause()
+        gc.collect()
+        alive = [k for k in gc.get_objects() if isinstance(k, FooterKey)]
+        assert alive and all(k.is_attached for k in alive)
+
+
 def box_env(box: Box) -> dict[str, str]:
     env = box.env(base_path="/usr/bin:/bin")
     env["PATH"] = f"{env['PATH']}:{Path(sys.executable).parent}"
@@ -523,3 +554,59 @@ async def test_relaunch_of_a_discovered_run_plans_from_the_stores_launch_record(
         assert isinstance(got, LaunchRecord) and got.argv == ("python", "found.py")
         assert app._launch_record(host, "bert-ddp") is None  # configured: the config rules
         assert app._launch_record(host, "never") is None
+
+
+async def test_a_discovered_run_gets_a_tab_shows_what_was_found_and_p_pins_it(
+        tmp_path: Path) -> None:
+    """Issue 8 in the TUI: a run nobody configured is a tab like a configured one (added when
+    it appears), the line under the tabs says what was found where (box text, never markup),
+    and P writes it into the config."""
+    from gpuwatch.remote.discovered import Discovery
+    from gpuwatch.remote.series import RunSeries
+
+    config_path = tmp_path / "config.toml"
+    config_path.write_text("# mine\n[hosts.gpu-healthy]\nssh = \"gpu-healthy\"\n")
+    app = make_app(replace(fx.config(), path=config_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        screen = await open_host(pilot, "gpu-healthy")
+        configured = [r.name for r in app.hosts["gpu-healthy"].config.runs]
+        assert screen.selected_run == configured[0]
+        assert not screen.query_one("#run-found").display
+        assert screen.check_action("pin", ()) is False  # P hidden for a configured run
+
+        series = RunSeries("sft[bold]")
+        series.discovery = Discovery(
+            name="sft[bold]", key=("/data/sft", "/data/sft/sft.py"), alive=True,
+            kind="torchrun", script="sft.py", process="sft.py", cwd="/data/sft",
+            argv=("torchrun", "sft.py"), log="/data/sft/[red]train.log",
+            events="/data/sft/runs", checkpoints="/data/sft/out/checkpoint-*")
+        data = app.hosts["gpu-healthy"]
+        data.history.runs["sft[bold]"] = series
+        assert data.run_names() == [*configured, "sft[bold]"]
+        screen.refresh_data()
+        await pilot.pause()
+        tabs = [t.label.plain for t in screen.query("#run-tabs Tab").results()]
+        assert len(tabs) == len(configured) + 1 and tabs[-1].startswith("sft[bold]")
+        fleet = next(s for s in app.screen_stack if isinstance(s, FleetScreen))
+        assert "sft[bold]" in fleet.query_one(FleetTable).runs_cell(data).plain
+
+        assert screen.check_action("next_run", ()) is (len(tabs) > 1)
+        await pilot.press("N")  # back from the first tab: the last one, the discovered run
+        await pilot.pause()
+        assert screen.selected_run == "sft[bold]"
+        found = screen.query_one("#run-found")
+        assert found.display
+        shown = str(found.render())
+        assert "discovered run sft[bold]" in shown and "log /data/sft/[red]train.log" in shown
+        assert "P pins it into the config" in shown
+        assert screen.check_action("pin", ()) is True
+        await pilot.press("P")
+        await pilot.pause()
+        text = config_path.read_text()
+        assert text.startswith("# mine\n")  # the person's file is kept
+        assert "sft.py" in text and "pinned run sft[bold] of gpu-healthy" in " ".join(notes(app))
+        await pilot.press("P")  # again: already configured, said, file unchanged
+        await pilot.pause()
+        assert config_path.read_text() == text
+        assert any("already configured" in n for n in notes(app))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from gpuwatch.remote.collect import PollOutcome
 from gpuwatch.remote.config import HostConfig
+from gpuwatch.remote.discovered import Discovery, discovered_names
 from gpuwatch.remote.findings import Finding, HostHistory, Severity
 from gpuwatch.remote.model import DiskUsage, HostSnapshot
 from gpuwatch.remote.store import GpuRow
@@ -105,6 +106,18 @@ class HostData:
     def snapshot(self) -> HostSnapshot | None:
         """The newest good snapshot, fresh or stale."""
         return self.history.snapshots[-1] if self.history.snapshots else None
+
+    def run_names(self) -> list[str]:
+        """The configured runs, then the discovered ones (issue 8: shown like configured)."""
+        return [r.name for r in self.config.runs] + discovered_names(self.history.runs,
+                                                                     self.config)
+
+    def discovery(self, run: str | None) -> Discovery | None:
+        """What discovery found of `run` when it is a discovered (not configured) run."""
+        if run is None or any(r.name == run for r in self.config.runs):
+            return None
+        series = self.history.runs.get(run)
+        return series.discovery if series is not None else None
 
     # -- folding data in -------------------------------------------------------------------
     def restore(self, findings: list[Finding], gpu_rows: Iterable[GpuRow],

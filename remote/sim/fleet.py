@@ -10,7 +10,9 @@ A controller task steps every box once per tick (1 s): GPU state follows the rea
 each run, logs, event files and checkpoints move because real (pretend) trainers write them,
 and each box plays its scenario:
 
-- ``demo-healthy``: a trainer that trains: GPU busy at full clock, loss going down, checkpoints.
+- ``demo-healthy``: a trainer that trains: GPU busy at full clock, loss going down, checkpoints;
+  and on GPU 1 a second run, ``sft``, that the config does not name: gpuwatch finds it from the
+  GPU's process (issue 8), with its log, event files and checkpoints.
 - ``demo-capped``: the same, on a GPU capped to 250 W: util 100 % at ~37 % of max SM clock,
   power at the limit, ``sw_power_cap`` active (U21, U23).
 - ``demo-zombie``: a DDP job died; an orphaned rank 3 (a real process) still holds VRAM on GPU 3
@@ -232,6 +234,8 @@ class DemoRun:
     trainer_args: tuple[str, ...] = ()
     relaunchable: bool = True
     env: Mapping[str, str] = field(default_factory=dict)
+    configured: bool = True
+    """False: left out of the config, for gpuwatch to discover (issue 8)."""
 
     @property
     def log(self) -> Path:
@@ -302,13 +306,14 @@ class DemoBox:
         return env
 
     def add_run(self, name: str, *, gpu: int = 0, trainer_args: Sequence[str] = (),
-                relaunchable: bool = True) -> DemoRun:
+                relaunchable: bool = True, configured: bool = True) -> DemoRun:
         workdir = self.home / name
         workdir.mkdir(parents=True, exist_ok=True)
-        script = workdir / "train.py"
+        # a discovered run is named after its script (issue 8): sft.py is found as "sft"
+        script = workdir / ("train.py" if configured else f"{name}.py")
         shutil.copyfile(TRAINER_SOURCE, script)
         run = DemoRun(name, workdir, gpu, script, tuple(trainer_args), relaunchable,
-                      {"CUDA_VISIBLE_DEVICES": str(gpu)})
+                      {"CUDA_VISIBLE_DEVICES": str(gpu)}, configured)
         self.runs.append(run)
         return run
 
@@ -332,7 +337,8 @@ class DemoBox:
 
     def host_config(self) -> dict[str, Any]:
         return {"ssh": self.name, "python": "python3", "disks": ["/", *self.disks],
-                "runs": {run.name: self.run_config(run) for run in self.runs}}
+                "runs": {run.name: self.run_config(run) for run in self.runs
+                         if run.configured}}
 
     # -- starting processes ------------------------------------------------------------------
     async def start_detached(self, command: str, *, log: Path, cwd: Path,
@@ -482,16 +488,25 @@ class DemoBox:
 
 
 class HealthyBox(DemoBox):
-    story = "a healthy run: GPU busy at full clock, loss going down, checkpoints on schedule"
+    story = ("a healthy run: GPU busy at full clock, loss going down, checkpoints on schedule; "
+             "on GPU 1 a run nobody configured (sft), found from its GPU process")
+
+    @classmethod
+    def make_gpus(cls) -> Preset:
+        return h100_sxm(2)
 
     def prepare(self) -> None:
         t = self.timeline
         self.add_run("llama-7b", trainer_args=(
             "--step-s", f"{t.step_s:g}", "--save-every", str(t.save_every),
             "--save-total-limit", "3"))
+        self.add_run("sft", gpu=1, configured=False, trainer_args=(
+            "--step-s", f"{t.step_s * 1.5:g}", "--save-every", str(t.save_every),
+            "--save-total-limit", "2", "--seed", "99"))
 
     async def launch(self) -> None:
-        await self.start_run(self.runs[0])
+        for run in self.runs:
+            await self.start_run(run)
 
 
 class CappedBox(DemoBox):

@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING, ClassVar
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Input, Static
+from textual.widgets import DataTable, Input, Static
 
 from ..state import HostData
 from ..widgets.fleet_table import FleetTable
+from ..widgets.key_footer import KeyFooter
 
 if TYPE_CHECKING:
     from ..app import GpuwatchApp
@@ -34,7 +35,7 @@ class FleetScreen(Screen[None]):
         yield Static(id="fleet-title", markup=False)
         yield Input(placeholder="filter: host, run, state or finding code", id="filter")
         yield FleetTable(id="fleet-table")
-        yield Footer(compact=True)
+        yield KeyFooter(compact=True)
 
     def on_mount(self) -> None:
         self.query_one("#filter", Input).display = False
@@ -61,7 +62,7 @@ class FleetScreen(Screen[None]):
         now, interval = self.gw.clock(), self.gw.config.interval
 
         def words(h: HostData) -> str:
-            return " ".join([h.name, h.config.ssh, *(r.name for r in h.config.runs),
+            return " ".join([h.name, h.config.ssh, *h.run_names(),
                              h.status(now, interval).text, *(f.code for f in h.findings)]
                             ).lower()
 

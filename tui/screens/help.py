@@ -19,6 +19,8 @@ KEYS: tuple[tuple[str, str, str], ...] = (
     ("k", "kill the selected process (TERM, grace, KILL; identity re-checked)", "host"),
     ("z", "reap: end the processes that hold VRAM as zombies (U11)", "fleet, host"),
     ("r", "relaunch the selected run from its latest checkpoint", "host"),
+    ("n / N", "next / previous run (configured, then discovered ones)", "host"),
+    ("P", "pin the selected discovered run into the config", "host"),
     ("[ / ]", "previous / next scalar tag", "host"),
     ("s / S", "less / more EMA smoothing", "host"),
     ("l", "log-y on / off", "host"),

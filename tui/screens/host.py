@@ -10,6 +10,9 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, ClassVar
 
+from gpuwatch.remote.config import find_config
+from gpuwatch.remote.discovered import describe
+from gpuwatch.remote.pin import pin_run
 from gpuwatch.remote.series import RunSeries
 from rich.text import Text
 from textual.app import ComposeResult
@@ -17,7 +20,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import Footer, Tab, Tabs
+from textual.widgets import Static, Tab, Tabs
 
 from ..colours import RUN_GLYPH
 from ..messages import ProcessSelected
@@ -27,6 +30,7 @@ from ..widgets.disk_gauges import DiskGauges
 from ..widgets.findings_list import FindingsList
 from ..widgets.gpu_panel import GpuPanel
 from ..widgets.host_header import HostHeader
+from ..widgets.key_footer import KeyFooter
 from ..widgets.log_tail import LogTail
 from ..widgets.loss_pane import LossPane
 from ..widgets.process_table import ProcessTable
@@ -49,12 +53,17 @@ class HostScreen(Screen[None]):
         Binding("S", "smoothing(1)", "Smooth+"),
         Binding("l", "logy", "Log-y"),
         Binding("x", "axis", "X axis"),
+        Binding("n", "next_run(1)", "Run"),
+        Binding("N", "next_run(-1)", "Run", show=False),
+        Binding("P", "pin", "Pin run"),
     ]
 
     def __init__(self, host: str) -> None:
         super().__init__(classes="host-screen")
         self.host = host
         self.selected_pid: int | None = None
+        self._tab_names: list[str] = []
+        """Run names in tab order (tab id run-N): configured, then discovered as they come."""
         self.selected_run: str | None = None
 
     @property
@@ -66,10 +75,11 @@ class HostScreen(Screen[None]):
         return self.gw.hosts[self.host]
 
     def compose(self) -> ComposeResult:
-        runs = self.data.config.runs
+        self._tab_names = self.data.run_names()
         yield HostHeader(id="host-header")
-        yield Tabs(*(Tab(Text(r.name), id=f"run-{i}") for i, r in enumerate(runs)),
+        yield Tabs(*(Tab(Text(name), id=f"run-{i}") for i, name in enumerate(self._tab_names)),
                    id="run-tabs")
+        yield Static(id="run-found")
         with VerticalScroll(id="panes"):
             with VerticalScroll(id="pane-gpus", classes="pane"):
                 yield GpuPanel(id="gpus")
@@ -85,14 +95,13 @@ class HostScreen(Screen[None]):
                 yield ProcessTable(id="procs")
             with Vertical(id="pane-log", classes="pane"):
                 yield LogTail(id="log")
-        yield Footer(compact=True)
+        yield KeyFooter(compact=True)
 
     def on_mount(self) -> None:
         for pane_id, title in PANES:
             self.query_one(f"#{pane_id}").border_title = title
-        runs = self.data.config.runs
-        self.selected_run = runs[0].name if runs else None
-        if not runs:
+        self.selected_run = self._tab_names[0] if self._tab_names else None
+        if not self._tab_names:
             self.query_one("#run-tabs").display = False
         self.refresh_data()
         self.query_one(ProcessTable).focus()
@@ -120,16 +129,34 @@ class HostScreen(Screen[None]):
         self.query_one(LossPane).show_run(run)
         self.query_one(CheckpointTimeline).show(run, box_now)
         self.query_one(LogTail).show(run.tail if run is not None else None,
-                                     "no run configured" if run is None else "no log lines yet")
+                                     "no run configured or discovered yet" if run is None
+                                     else "no log lines yet")
         tabs = self.query_one(Tabs)
-        for i, r in enumerate(data.config.runs):
-            series = data.history.runs.get(r.name)
+        for name in data.run_names():  # a run discovered since: one more tab (issue 8)
+            if name not in self._tab_names:
+                self._tab_names.append(name)
+                tabs.add_tab(Tab(Text(name), id=f"run-{len(self._tab_names) - 1}"))
+                tabs.display = True
+        for i, name in enumerate(self._tab_names):
+            series = data.history.runs.get(name)
             status = series.status if series is not None else "unknown"
-            tab = tabs.query_one(f"#run-{i}", Tab)
-            label = Text(f"{r.name} {RUN_GLYPH[status]} {status}")
-            if tab.label.plain != label.plain:
-                tab.label = label
+            with contextlib.suppress(NoMatches):  # added above, mounting
+                tab = tabs.query_one(f"#run-{i}", Tab)
+                label = Text(f"{name} {RUN_GLYPH[status]} {status}")
+                if tab.label.plain != label.plain:
+                    tab.label = label
+        self._show_found()
         gw.refresh_bindings()
+
+    def _show_found(self) -> None:
+        """For a discovered run: what was found, and where (box text: never markup)."""
+        found = self.query_one("#run-found", Static)
+        d = self.data.discovery(self.selected_run)
+        found.display = d is not None
+        if d is not None:
+            text = Text("\n".join(describe(d)), no_wrap=False)
+            text.append("  P pins it into the config", style="bold")
+            found.update(text)
 
     def tick(self) -> None:
         gw = self.gw
@@ -143,9 +170,9 @@ class HostScreen(Screen[None]):
         if event.tab is None or event.tab.id is None:
             return
         index = int(event.tab.id.removeprefix("run-"))
-        runs = self.data.config.runs
-        if 0 <= index < len(runs) and runs[index].name != self.selected_run:
-            self.selected_run = runs[index].name
+        names = self._tab_names
+        if 0 <= index < len(names) and names[index] != self.selected_run:
+            self.selected_run = names[index]
             self.refresh_data()
 
     def on_process_selected(self, event: ProcessSelected) -> None:
@@ -167,3 +194,32 @@ class HostScreen(Screen[None]):
 
     def action_axis(self) -> None:
         self.query_one(LossPane).toggle_axis()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "pin":  # only a discovered run can be pinned; the key is hidden otherwise
+            return self.data.discovery(self.selected_run) is not None and not self.gw.readonly
+        if action == "next_run":  # shown once there is another run to go to
+            return len(self._tab_names) > 1
+        return True
+
+    def action_next_run(self, delta: int) -> None:
+        names = self._tab_names
+        if len(names) < 2:
+            return
+        index = names.index(self.selected_run) if self.selected_run in names else 0
+        self.query_one(Tabs).active = f"run-{(index + delta) % len(names)}"
+
+    def action_pin(self) -> None:
+        """Write the selected discovered run into the config as a configured run (issue 8)."""
+        d = self.data.discovery(self.selected_run)
+        if d is None or self.gw.readonly:
+            return
+        config = self.gw.config
+        path = config.path if config.path is not None else find_config(None)[0]
+        try:
+            said = pin_run(path, self.host, d, ssh=self.data.config.ssh)
+        except (ValueError, OSError) as exc:
+            self.notify(str(exc), title="Not pinned", severity="error", timeout=10)
+            return
+        self.notify(f"{said}; gpuwatch reads it as a configured run from its next start",
+                    title="Pinned", timeout=10)

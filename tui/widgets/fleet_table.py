@@ -109,12 +109,12 @@ class FleetTable(DataTable[Text]):
 
     def runs_cell(self, data: HostData) -> Text:
         text = Text()
-        for i, run in enumerate(data.config.runs):
-            series = data.history.runs.get(run.name)
+        for i, name in enumerate(data.run_names()):  # configured, then discovered (issue 8)
+            series = data.history.runs.get(name)
             status = series.status if series is not None else "unknown"
             if i:
                 text.append(" ")
-            text.append(run.name)  # a run name is the person's own config: still plain Text
+            text.append(name)  # a config's or the box's name: plain Text, never markup
             text.append(RUN_GLYPH[status], style=colour(self.app, RUN_VARIABLE[status]))
         return text
 

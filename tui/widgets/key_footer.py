@@ -1,0 +1,60 @@
+"""KeyFooter: Textual's Footer, rebuilt only when the keys it shows change, without the leak.
+
+The app asks for a bindings refresh after every poll (a poll can enable `z` or `r`), and Textual's
+Footer answers every such refresh by recomposing: a new FooterKey widget per key. Each FooterKey
+binds `compact` to the footer (`data_bind`), which leaves a watcher entry on the footer that
+Textual only prunes when `compact` changes, which it never does (Textual issue #6666). So each
+old key widget, styles and caches included, stayed alive: at two polls a second plus 64 hosts
+every 10 s that was ~190 leaked widgets a second, the whole of issue 7's growing RSS.
+
+Here a refresh recomposes only when what the footer shows (each key, its label, enabled or
+not) differs from what it shows now, and after a recompose the watcher entries of key widgets
+that are gone are dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.screen import Screen
+from textual.widgets import Footer
+
+WATCHERS = "__watchers"
+"""Where Textual's reactive machinery keeps `watch`/`data_bind` entries on the watched node."""
+
+
+class KeyFooter(Footer):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._shown: tuple[object, ...] | None = None
+
+    def bindings_changed(self, screen: Screen[Any]) -> None:
+        self._bindings_ready = True
+        if not screen.app.app_focus:
+            return
+        if self.is_attached and screen is self.screen:
+            self.call_after_refresh(self._recompose_if_changed)
+
+    def _keys(self) -> tuple[object, ...]:
+        """What compose would show: the shown bindings with their state, in order."""
+        return tuple((binding.key, binding.action, binding.description, enabled, tooltip,
+                      binding.group)
+                     for _node, binding, enabled, tooltip in self.screen.active_bindings.values()
+                     if binding.show)
+
+    async def _recompose_if_changed(self) -> None:
+        if not self.is_attached:
+            return
+        keys = self._keys()
+        if keys == self._shown:
+            return
+        self._shown = keys
+        await self.recompose()
+        self._drop_dead_watchers()
+
+    def _drop_dead_watchers(self) -> None:
+        """Textual #6666: forget the watcher entries of key widgets no longer in the DOM."""
+        watchers: dict[str, list[tuple[Any, Any]]] = getattr(self, WATCHERS, {})
+        for entries in watchers.values():
+            entries[:] = [(node, callback) for node, callback in entries
+                          if node is self or getattr(node, "is_attached", True)]
