@@ -23,6 +23,7 @@ from gpuwatch.remote.actions import (
 from gpuwatch.remote.config import HostConfig, RunConfig
 from gpuwatch.remote.findings import HostHistory, PollFailure
 from gpuwatch.remote.model import GpuProcess, HostSnapshot, ProcessInfo
+from harness.captures import missing
 
 BOOT = "1f6c1a7e-0000-4000-8000-000000000001"
 
@@ -216,7 +217,7 @@ def test_box_script_is_python_36_syntax() -> None:
     compile(path.read_text(), "actions_box.py", "exec")
     vermin = Path(sys.executable).with_name("vermin")
     if not vermin.exists():
-        pytest.skip("vermin is not installed")
+        missing("vermin is not installed (pip install -e .[test])")
     done = subprocess.run([str(vermin), "-t=3.6-", "--no-tips", "--violations", str(path)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -23,6 +23,7 @@ from gpuwatch.remote.ssh import (
     parse_target,
     run_once,
 )
+from harness.captures import missing
 from harness.faults import (
     change_host_key,
     frozen_sessions,
@@ -117,7 +118,7 @@ def ssh_agent(sshd_box: SshdBox) -> Iterator[Path]:
     agent_bin = Path(require_ssh()).with_name("ssh-agent")
     add_bin = Path(require_ssh()).with_name("ssh-add")
     if not (agent_bin.exists() and add_bin.exists()):
-        pytest.skip("ssh-agent/ssh-add are not installed")
+        missing("ssh-agent/ssh-add are not installed (apt-get install openssh-client)")
     sock = sshd_box.root / "agent.sock"
     agent = subprocess.Popen([str(agent_bin), "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
     try:

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from harness.captures import missing
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
+pytestmark = [pytest.mark.slow]
 
 GPUWATCH = Path(sys.executable).parent / "gpuwatch"
 PANES = ("GPUs", "Loss", "Checkpoints", "Disks", "Findings", "Processes", "Log")
@@ -57,6 +57,8 @@ class Tmux:
 
 @pytest.fixture
 def demo(tmp_path: Path) -> Iterator[Tmux]:
+    if shutil.which("tmux") is None:
+        missing("tmux is not installed (apt-get install tmux)")
     name = f"gpuwatch-test-{uuid.uuid4().hex[:8]}"
     env = {"XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state"),
            "TERM": "xterm-256color"}
