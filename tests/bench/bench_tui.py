@@ -8,8 +8,9 @@ a time.
   on a small machine the boxes' probes compete for the same cores);
 - idle CPU of the app between polls (share of one core);
 - how long `q` takes to give the terminal back on the real demo in tmux;
-- RSS over a soak in which one run's loss series receives 1,000,000 points (10,000 per poll)
-  with its host view open, sampled as it goes (flat = bounded).
+- RSS over a soak in which one run's loss series receives 1,000,000 points (20,000 per poll)
+  with its host view open, sampled as it goes (flat = bounded); the baseline is the RSS of the
+  app just mounted, before any poll has landed.
 
 Durations: GPUWATCH_BENCH_LAG_S (default 30), GPUWATCH_BENCH_IDLE_S (20),
 GPUWATCH_BENCH_SOAK_S (120; the target soak is 600 s: set it to 600 for the full figure).
@@ -169,6 +170,7 @@ async def test_rss_soak_with_a_million_point_loss_series(tmp_path: Path) -> None
         app = build_app(config, store=store, collector=collector,
                         themes_dir=Path("/nonexistent"))
         async with app.run_test(size=(200, 50)) as pilot:
+            mounted = rss_mib()
             await pilot.pause(1)
             app.open_host("sim-00")
             await pilot.pause()
@@ -189,6 +191,7 @@ async def test_rss_soak_with_a_million_point_loss_series(tmp_path: Path) -> None
               f"{collector.step['sim-00']:,} loss points ({HOT_POINTS:,} per poll up to "
               f"{SERIES_POINTS:,}), host view open; "
               f"{kept:,} kept in memory (bounded, spikes kept)")
+        print(f"  the app just mounted, no poll landed yet: RSS {mounted:6.1f} MiB")
         for elapsed, points, rss in samples:
             print(f"  t={elapsed:6.1f} s  points={points:>9,}  RSS {rss:6.1f} MiB")
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
