@@ -324,6 +324,11 @@ class HostSnapshot:
     probe_cpu_s: float | None
     poll_s: float | None = None  # set by the poller, which alone sees the whole round trip
     runs: tuple[RunSample, ...] = ()
+    discovery_reuse: Mapping[str, Any] | None = None
+    """What the next poll sends back instead of the discover module (issue 3, probe.py)."""
+    discovery_need: str | None = None
+    """"now" | "next": the probe could not reuse the last discovery, or a run's folder is due
+    for a search: the client sends the discover module again, now or on the next poll."""
 
 
 # ---------------------------------------------------------------- validating reader
@@ -771,7 +776,19 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
         probe_s=doc.opt_float("probe_s"),
         probe_cpu_s=doc.opt_float("cpu_s"),
         runs=_runs(doc, errors) + _discovered_runs(doc, errors),
+        **_discovery_note(doc),
     )
+
+
+def _discovery_note(doc: _Node) -> dict[str, Any]:
+    """The probe's word on its discovery (issue 3): the cache to send back, or the need for the
+    module. Malformed reads as absent: the next poll sends the module, which is always right."""
+    note = doc.data.get("discovery")
+    if not isinstance(note, dict):
+        return {}
+    reuse = note.get("reuse")
+    return {"discovery_reuse": MappingProxyType(reuse) if isinstance(reuse, dict) else None,
+            "discovery_need": note.get("need") if note.get("need") in ("now", "next") else None}
 
 
 def parse_probe_output(data: bytes, host: str) -> HostSnapshot:

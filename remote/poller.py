@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    import random
 
 BACKOFF_CAP_S = 300.0
 JITTER = 0.1
@@ -60,7 +62,11 @@ def next_delay(interval: float, failures: int, *, rng: random.Random | None = No
     """Seconds until a host's next poll: the interval, doubled per consecutive failure up to the
     cap, spread by ±jitter so a fleet does not poll in lockstep."""
     base = interval if failures == 0 else min(cap, interval * 2 ** min(failures, 30))
-    spread = (rng or random).uniform(1 - jitter, 1 + jitter)
+    if rng is None:
+        import random  # the TUI's loops only: not on `--once`'s start-up path
+
+        rng = random.Random()
+    spread = rng.uniform(1 - jitter, 1 + jitter)
     return min(cap * (1 + jitter), base * spread)
 
 
@@ -85,7 +91,11 @@ class Poller(Generic[H, R]):
                  interval: float | Callable[[H], float], rng: random.Random | None = None) -> None:
         self._poll, self._on_result, self._ok = poll, on_result, ok
         self._interval = interval if callable(interval) else (lambda _h: float(interval))
-        self._rng = rng or random.Random()
+        if rng is None:
+            import random
+
+            rng = random.Random()
+        self._rng = rng
         self._loops = [_HostLoop(h) for h in hosts]
         self._resumed = asyncio.Event()
         self._resumed.set()

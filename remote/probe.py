@@ -20,7 +20,8 @@ Request (unknown keys are ignored):
      "want": {"gpus", "processes", "disks", "cgroup", "logind", "kernel", "runs", "nvml",
               "discover": bool},
      "discovered_runs": [...] (issue 8, see discover.py: runs found earlier, to keep reading),
-     "compress": bool}
+     "discovery_reuse": {...} (issue 3: what the last discovery found, see discovery_cache),
+     "compress": bool}   (the request itself may come zlib-compressed)
     RUN = {"name": str, "process": str (whole command-line words, see run_pattern),
            "log", "events", "checkpoints" (a glob), "done": path, "metrics": [path, ...]
            (absolute, or ~ expanded here; events and metrics paths may be globs),
@@ -29,7 +30,9 @@ Request (unknown keys are ignored):
 
 Output: {"v": 1, "probe_s", "cpu_s", "errors": {section: message}, and the sections
 "host", "gpus", "processes", "disks", "cgroup", "logind", "kernel", "runs", "discovered"
-(issue 8: run objects as in "runs", each with a "discovered" object, see discover.py)}.
+(issue 8: run objects as in "runs", each with a "discovered" object, see discover.py),
+"discovery": {"reuse": {...}} | {"need": "now" | "next", "why"} (issue 3, see
+discovery_state)}.
 A section that fails is {"error": message} (also listed in "errors") and the rest of the
 document stands.
 Tables are {"fields": [...], "rows": [[...], ...]} to keep the document small. With
@@ -719,9 +722,7 @@ def match_runs(procs, runs):
 def related(procs, seeds):
     """Ancestors (SIGHUP risk is read from the parent chain) and descendants (dataloader
     workers) of the seed processes, ancestors first."""
-    children = {}
-    for pid, stat in procs.items():
-        children.setdefault(stat["ppid"], []).append(pid)
+    children = children_of(procs)
     ancestors, descendants = [], []
     for pid in seeds:
         parent = procs[pid]["ppid"]
@@ -751,6 +752,24 @@ def read_link(path):
         return os.readlink(path)
     except OSError:
         return None
+
+
+def children_of(procs):
+    children = {}
+    for pid, stat in procs.items():
+        children.setdefault(stat["ppid"], []).append(pid)
+    return children
+
+
+def subtree(root, children):
+    """A process and all its descendants."""
+    members, stack = {root}, [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in members:
+                members.add(child)
+                stack.append(child)
+    return members
 
 
 def process_row(stat, users, limits, devices, run):
@@ -794,7 +813,7 @@ def collect_processes(request, limits, gpu_pids, found):
     holders = [pid for pid in procs if isinstance(devices[pid], list) and devices[pid]]
     holders += [pid for pid in gpu_pids if pid in procs and pid not in holders]
     if want(request, "discover"):  # issue 8: GPU holders grouped into runs (discover.py)
-        found["discovery"] = load_module("discover").group(procs, holders, matched, request)
+        found["discovery"] = discovery_state(procs, holders, matched, request)
     seeds = holders + [pid for pid in matched if pid not in holders]
     ancestors, descendants = related(procs, seeds)
     zombies = [pid for pid, stat in procs.items() if stat["state"] == "Z"]
@@ -1007,7 +1026,37 @@ def collect_kernel(limits):
     return parse_kernel_log(out.splitlines(), limits["kernel_events"], limits["msg_chars"])
 
 
-# ---------------------------------------------------------------- training runs (issue 4)
+# ---------------------------------------------------------------- modules beside the probe
+
+def load_tfevents():
+    """The event decoder (see load_module)."""
+    return load_module("tfevents")
+
+
+def load_module(name):
+    """A module shipped beside the probe (tfevents, discover): on the box the bundle's loader
+    installed it as gpuwatch_NAME, or the client left it out of this poll (ImportError: nothing
+    is ever imported from the box's disk); on the client it is this package's; run as a
+    script, the file beside this one."""
+    shipped = sys.modules.get("gpuwatch_" + name)
+    if shipped is not None:
+        return shipped
+    if __file__.startswith("<"):  # installed by the bundle's loader (probe_bundle.LOADER)
+        raise ImportError("gpuwatch_%s was not sent with this poll" % name)
+    import importlib
+
+    if __package__:
+        return importlib.import_module(__package__ + "." + name)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    return importlib.import_module(name)
+
+
+# ================================================================ run files (issue 4)
+# Reading a run's log, event files, metrics and checkpoints, from here to "end of run files":
+# the bundle sends this part only to a poll that may read a run (a configured one, one that
+# discovery remembers, or a discovery that may find one): a box without runs gets the probe
+# without it (issue 3, U15; probe_bundle.RUN_FILES). Nothing outside it calls into it unless
+# a run is to be read.
 
 # U6: torch.save's `latest.pth.tmp`, HuggingFace's `tmp-checkpoint-N`, downloaders' `.partial`
 LEFTOVER = re.compile(r"(?:\.tmp|\.partial)$|^tmp")
@@ -1175,26 +1224,6 @@ def find_event_files(path, limits):
     files.sort(key=lambda item: (os.path.basename(item[0]), item[0]))
     return files, capped
 
-
-def load_tfevents():
-    """The event decoder (see load_module)."""
-    return load_module("tfevents")
-
-
-def load_module(name):
-    """A module shipped beside the probe (tfevents, discover): on the box the bundle's loader
-    installed it as gpuwatch_NAME; on the client it is this package's; run as a script, the
-    file beside this one."""
-    import importlib
-
-    try:
-        return importlib.import_module("gpuwatch_" + name)
-    except ImportError:
-        pass
-    if __package__:
-        return importlib.import_module(__package__ + "." + name)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    return importlib.import_module(name)
 
 
 def read_event_file(path, st, offset, budget, limits):
@@ -1573,6 +1602,32 @@ def collect_run(run, pids, budget, limits):
     return out
 
 
+def read_known_run(known, pids, details, budget, limits, has_decoder):
+    """A discovered run read like a configured one from the paths the client remembers (as
+    discover.read_run reads it)."""
+    run = {"name": known["name"]}
+    for key in ("log", "events", "checkpoints"):
+        if isinstance(known.get(key), str):
+            run[key] = known[key]
+    metrics = known.get("metrics") if isinstance(known.get("metrics"), list) else []
+    if any(isinstance(m, str) for m in metrics):
+        run["metrics"] = [m for m in metrics if isinstance(m, str)]
+    for key in ("offsets", "cursors", "log_seen"):
+        if key in known:
+            run[key] = known[key]
+    if run.get("events") and not has_decoder:
+        del run["events"]  # read from the next poll on, which ships the decoder
+        details["events_deferred"] = True
+    result = collect_run(run, pids, budget, limits)
+    result["discovered"] = details
+    return result
+
+
+# ================================================================ end of run files
+
+
+# ---------------------------------------------------------------- runs, configured and discovered
+
 def collect_runs(request, limits, found):
     runs = [r for r in request.get("runs") or () if isinstance(r, dict)]
     if "matched" not in found:  # the processes section was not asked for, or failed
@@ -1599,6 +1654,9 @@ def collect_discovered(request, limits, found):
     (after them: they share the event budget)."""
     if "discovery" not in found:
         raise ProbeFailure("discovery needs the processes section")
+    state = found["discovery"]
+    if "need" in state:
+        raise ProbeFailure("no discover module sent, no discovery to reuse: %s" % state["need"])
     budget = found.get("budget") or {"bytes": limits["events_bytes"],
                                      "deadline": time.monotonic() + limits["events_time_s"]}
     try:
@@ -1606,20 +1664,222 @@ def collect_discovered(request, limits, found):
         has_decoder = True
     except ImportError:  # left out of this poll's bundle: no run asked for event files
         has_decoder = False
-    return load_module("discover").collect(found["discovery"], request, limits, budget,
-                                           collect_run, has_decoder)
+    if "reused" in state:
+        return collect_reused(state, request, limits, budget, has_decoder)
+    return load_module("discover").collect(state, request, limits, budget, collect_run,
+                                           has_decoder)
+
+
+# -------------------------------- discovery between searches (issue 3)
+# The discover module was a quarter of what every poll sent up, half with the event decoder that
+# came with it (U15: each byte goes up every few seconds). The client sends it on a host's first
+# poll and when the probe asks for it; on the polls between, it sends back what the last
+# discovery found (the request's "discovery_reuse", made by discovery_cache) and the probe
+# checks here that discover.group would find just that again: the same launchers, a GPU holder
+# of each still in its tree (new holders only inside them: dataloader workers), every other
+# holder accounted for, the same remembered runs, and no new process that could be one of them.
+# Then each run is read from the paths the client remembers, as discover.collect reads a run
+# whose launch the client has seen and whose folder is not due for a search. When the probe
+# cannot tell, its document says {"discovery": {"need": "now"}} and the client polls again at
+# once with the module; a folder due for a search says "next" (the next poll searches it).
+# Processes are known by pid and start time: one that exec()s another program in place is seen
+# as such by the next poll that sends the module (every discover_every_s at the latest).
+
+def discovery_state(procs, holders, matched, request):
+    """found["discovery"]: discover.group's state with the cache for the next poll, the reused
+    state, or {"need": why} when neither can be had without the module."""
+    reuse, why = request.get("discovery_reuse"), "none sent"
+    if isinstance(reuse, dict):
+        try:
+            state, why = reuse_discovery(reuse, procs, holders, matched, request)
+        except Exception as exc:  # malformed: discover afresh
+            state, why = None, describe(exc)
+        if state is not None:
+            return state
+    try:
+        discover = load_module("discover")
+    except ImportError:
+        return {"need": why}
+    configured = dict(matched)
+    state = discover.group(procs, holders, matched, request)
+    try:
+        state["cache"] = discovery_cache(state, procs, holders, configured, request,
+                                         discover.DEFAULTS)
+    except Exception:  # never by design; without a cache the next poll sends the module again
+        pass
+    return state
+
+
+def boot_id():
+    try:
+        return read_text(proc_path("sys", "kernel", "random", "boot_id")).strip()
+    except OSError:
+        return None
+
+
+def remembered(request):
+    """The request's remembered discovered runs (as discover.remembered_runs reads them)."""
+    runs = request.get("discovered_runs")
+    return [r for r in runs if isinstance(r, dict) and isinstance(r.get("name"), str)
+            and isinstance(r.get("key"), list)] if isinstance(runs, list) else []
+
+
+def runs_digest(runs):
+    return zlib.crc32(json.dumps(sorted(json.dumps([r["name"], r["key"]]) for r in runs))
+                      .encode())
+
+
+def lookalikes(procs, inside, configured, runs):
+    """discover.group also looks among all processes for a remembered run's key [cwd, script]:
+    the live processes outside every run that could have one (that cwd, and the script's name
+    in the command line) → [[pid, start_ticks, crc32 of cwd and command line]]."""
+    words = {}
+    for r in runs:
+        cwd, what = r["key"]
+        words.setdefault(cwd, set()).add(os.path.basename(what.split()[-1]) if what.split()
+                                         else "")
+    out = []
+    for pid in sorted(procs) if words else ():
+        if pid in inside or pid in configured or procs[pid]["state"] in ("Z", "X"):
+            continue
+        cwd = read_link(proc_path(str(pid), "cwd"))
+        if cwd in words:
+            cmd = read_cmdline(str(pid))
+            if any(word in cmd for word in words[cwd]):
+                out.append([pid, procs[pid]["start_ticks"],
+                            zlib.crc32(("%s\0%s" % (cwd, cmd)).encode("utf-8", "replace"))])
+    return out
+
+
+def owner_of(pid, procs, children, configured):
+    """The nearest ancestor (or itself) whose tree holds a configured run's process: why
+    discover.group put a GPU holder in no run (the configured run is that run)."""
+    while pid in procs:
+        if any(p in configured for p in subtree(pid, children)):
+            return pid
+        pid = procs[pid]["ppid"]
+    return None
+
+
+def discovery_cache(state, procs, holders, configured, request, defaults):
+    """What the next poll sends back as "discovery_reuse": per run [name, launcher pid, its
+    start ticks, its ppid, a GPU holder in its tree (the launcher when found by its key) and
+    that one's start ticks]; the other holders in no run (not a configured run's) [pid, start
+    ticks, ppid, defunct, owner (owner_of), owner's start ticks]; the processes that could be
+    a remembered run (lookalikes); a digest of the runs the next request will remember (their
+    names and keys)."""
+    children = children_of(procs)
+    groups, inside = [], set()
+    for g in state["groups"]:
+        tree = subtree(g["root"], children)
+        inside |= tree
+        anchor = next((pid for pid in holders if pid in tree), g["root"])
+        groups.append([g["name"], g["root"], g["start_ticks"], procs[g["root"]]["ppid"], anchor,
+                       procs[anchor]["start_ticks"]])
+    outside = []
+    for pid in holders:
+        if pid not in inside and pid not in configured:  # a configured run's: its run
+            owner = owner_of(pid, procs, children, configured)
+            outside.append([pid, procs[pid]["start_ticks"], procs[pid]["ppid"],
+                            procs[pid]["state"] in ("Z", "X"), owner,
+                            procs[owner]["start_ticks"] if owner is not None else None])
+    runs = remembered(request) + [{"name": g["name"], "key": g["key"]} for g in state["groups"]
+                                  if not g["remembered"]]
+    return {"boot": boot_id(), "groups": groups, "outside": outside,
+            "seen": lookalikes(procs, inside, configured, runs), "remembered": runs_digest(runs),
+            "every_s": defaults["discover_every_s"], "cap": defaults["discover_runs"]}
+
+
+def reuse_discovery(reuse, procs, holders, matched, request):
+    """→ (state, None) when discover.group would find what the poll that made `reuse` found
+    (discovery_cache), with each run's pids written into `matched`; else (None, why)."""
+    if reuse["boot"] != boot_id():
+        return None, "rebooted"
+    runs = remembered(request)
+    if runs_digest(runs) != reuse["remembered"]:
+        return None, "remembered runs changed"
+    known = dict((r["name"], r) for r in runs)
+    configured = set(r.get("name") for r in request.get("runs") or () if isinstance(r, dict))
+    children = children_of(procs)
+    groups, inside, keys = [], set(), []
+    for name, root, start, ppid, anchor, anchor_start in reuse["groups"]:
+        tree = subtree(root, children) if root in procs else ()
+        pids = sorted(p for p in tree if procs[p]["state"] not in ("Z", "X"))
+        run = known.get(name) or {}
+        if (root not in pids or [procs[root]["start_ticks"], procs[root]["ppid"]] != [start, ppid]
+                or anchor not in tree or procs[anchor]["start_ticks"] != anchor_start
+                or (anchor != root and anchor not in holders) or run.get("key") in keys
+                or name in configured or run.get("launch_seen") != [root, start]):
+            return None, "run %s changed" % name
+        if any(p in matched for p in tree):
+            return None, "configured run's process in run %s" % name
+        inside |= tree
+        keys.append(run["key"])
+        groups.append({"name": name, "root": root, "start_ticks": start, "pids": pids})
+    outside = dict((rec[0], rec[1:]) for rec in reuse["outside"])
+    for pid in holders:
+        if pid in inside or pid in matched:  # a configured run's process: that run's
+            continue
+        stat, rec = procs[pid], outside.get(pid)
+        dead = stat["state"] in ("Z", "X")
+        if rec is None or rec[:3] != [stat["start_ticks"], stat["ppid"], dead] or not (
+                dead if rec[3] is None else rec[3] in procs and procs[rec[3]]["start_ticks"]
+                == rec[4] and owner_of(pid, procs, children, matched) == rec[3]):
+            return None, "GPU holder %d in no run" % pid
+    seen = [tuple(s) for s in reuse["seen"]]
+    for found in lookalikes(procs, inside, matched, runs):
+        if tuple(found) not in seen:
+            return None, "%d may be a remembered run" % found[0]
+    for g in groups:
+        for pid in g["pids"]:
+            matched[pid] = g["name"]
+    return {"reused": groups, "every_s": reuse["every_s"], "cap": reuse["cap"]}, None
+
+
+def collect_reused(state, request, limits, budget, has_decoder):
+    """The discovered section from a reused discovery: each live run as discover.collect reads
+    one whose launch the client has seen, less what the client keeps from the last answer
+    (Discovery.merged: how it was launched, its paths), then the remembered runs that are
+    not running."""
+    now, out = time.time(), []
+    given = request.get("limits")
+    every_s = number_setting(given, "discover_every_s", state["every_s"])
+    cap = int(number_setting(given, "discover_runs", state["cap"]))
+    runs = remembered(request)
+    known = dict((r["name"], r) for r in runs)
+    groups = state["reused"]
+    if len(groups) > cap:  # the newest launches, as discover.collect keeps them
+        groups = sorted(groups, key=lambda g: (g["start_ticks"], g["root"]))[-cap:]
+    for g in groups:
+        run = known[g["name"]]
+        searched_at = run.get("searched_at")
+        if not isinstance(searched_at, (int, float)) or now - searched_at >= every_s:
+            state["due"] = True  # the next poll sends the module, which searches
+        details = {"key": run["key"], "same": True,
+                   "launcher": {"pid": g["root"], "start_ticks": g["start_ticks"]}}
+        out.append(read_known_run(run, g["pids"], details, budget, limits, has_decoder))
+    alive = set(g["name"] for g in state["reused"])
+    configured = set(r.get("name") for r in request.get("runs") or () if isinstance(r, dict))
+    for run in runs:
+        if run["name"] not in alive and run["name"] not in configured:
+            out.append(read_known_run(run, [], {"key": run["key"], "alive": False}, budget,
+                                      limits, has_decoder))
+    return out
 
 
 # ---------------------------------------------------------------- request and document
 
 def read_request(stream):
-    """The request JSON from the rest of stdin → (request, problem or None)."""
+    """The request JSON from the rest of stdin, zlib-compressed when that paid (a run's event
+    file offsets, U15) → (request, problem or None)."""
     raw = stream.read()
     if not raw.strip():
         return {}, None
     try:
+        if raw[:1] == b"x":  # a zlib stream's first byte; JSON's is "{"
+            raw = zlib.decompress(raw)
         request = json.loads(raw.decode("utf-8"))
-    except ValueError as exc:
+    except (ValueError, zlib.error) as exc:
         return {}, "request is not JSON: %s" % exc
     if not isinstance(request, dict):
         return {}, "request is not a JSON object"
@@ -1673,6 +1933,13 @@ def gather(request):
         section("runs", collect_runs, request, limits, found)
     if want(request, "discover"):
         section("discovered", collect_discovered, request, limits, found)
+        state = found.get("discovery") or {}
+        if "cache" in state:  # issue 3: sent back by the next poll instead of the module
+            doc["discovery"] = {"reuse": state["cache"]}
+        elif "need" in state:
+            doc["discovery"] = {"need": "now", "why": state["need"]}
+        elif state.get("due"):
+            doc["discovery"] = {"need": "next", "why": "a search is due"}
     section("cgroup", collect_cgroup)
     section("logind", collect_logind)
     section("kernel", collect_kernel, limits)

@@ -2,14 +2,19 @@
 
 The command carries no secrets and no config values (U34), only the interpreter's name,
 shell-quoted. stdin is `<N>\\n`, then N bytes of zlib-compressed payload (about 3x smaller
-than the sources: fewer bytes on every poll, U15), then the request JSON, which the probe
-reads to the end of stdin.
+than the sources: fewer bytes on every poll, U15), then the request JSON (compressed too when
+long), which the probe reads to the end of stdin.
 
-The payload is a small loader and the sources of the probe's modules (the probe and the
-TensorBoard event decoder it uses). The loader installs each one into `sys.modules` under a
-`gpuwatch_` name (types.ModuleType + exec: any Python 3.6+, nothing written to the box's
-disk, nothing imported from it), then runs the probe's main(). The command stays the same
-whatever the payload holds.
+The payload is a small loader and the sources of the probe's modules (the probe, and its part
+that reads runs' files, the TensorBoard event decoder and the discovery of runs nobody
+configured when this poll needs them, see modules_for). The loader installs each one into
+`sys.modules` under a `gpuwatch_` name (types.ModuleType + exec: any Python 3.6+, nothing
+written to the box's disk, nothing imported from it), then runs the probe's main(). The
+command stays the same whatever the payload holds.
+
+Stripping the sources costs ~50 ms of tokenizing on this side, so each compressed payload is
+kept under $XDG_CACHE_HOME/gpuwatch/, named by a hash of what it is made from: a cron
+`--once` pays it once per gpuwatch version, not on every run before its first connection.
 
 If the interpreter is missing, the shell answers "not found" with exit status 127
 (PYTHON_MISSING_EXIT) and nothing on stdout; the probe itself never exits 127. (A pyenv shim
@@ -21,7 +26,9 @@ from __future__ import annotations
 import functools
 import io
 import json
+import os
 import shlex
+import time
 import tokenize
 import zlib
 from pathlib import Path
@@ -32,10 +39,20 @@ MODULES = (("gpuwatch_tfevents", Path(__file__).with_name("tfevents.py")),
            ("gpuwatch_discover", Path(__file__).with_name("discover.py")),  # issue 8
            ("gpuwatch_probe", PROBE_PATH))
 """Installed in this order on the box; the last one's main() runs."""
+RUN_FILES = "gpuwatch_probe:run_files"
+"""The part of the probe that reads runs' files, between these two lines of probe.py: sent
+only to a poll that may read a run (modules_for; a quarter of the probe)."""
+RUN_FILES_LINES = ("# " + "=" * 64 + " run files (issue 4)\n",
+                   "# " + "=" * 64 + " end of run files\n")
 PYTHON_MISSING_EXIT = 127
+REQUEST_COMPRESSED_FROM = 256
+"""A request JSON longer than this goes zlib-compressed (the probe tells by its first byte)."""
 
 # Runs on the box under any Python 3.6+: read the length line, inflate, run the loader.
-BOOTSTRAP = "import sys,zlib;i=sys.stdin.buffer;exec(zlib.decompress(i.read(int(i.readline()))))"
+# `python -c` puts the login folder ('') first on sys.path: a json.py or zlib.py lying there
+# would be imported, that is executed, by the probe. It goes before any other import.
+BOOTSTRAP = ("import sys;sys.path=[p for p in sys.path if p not in('','.')];import zlib;"
+             "i=sys.stdin.buffer;exec(zlib.decompress(i.read(int(i.readline()))))")
 
 LOADER = '''
 import sys, types
@@ -56,8 +73,10 @@ last.main()
 
 
 def strip_source(text: str) -> str:
-    """Source without comments, docstrings and blank lines: a third fewer bytes on the wire,
-    the same code. A docstring becomes `0`, so a body that held only one stays a body."""
+    """Source without comments, docstrings and blank lines, indented by one space a level: a
+    third fewer bytes on the wire, the same code. A docstring that is all its body holds
+    becomes `0`, so the body stays one. Only a statement's first line is re-indented (lines
+    continued inside brackets keep theirs: they may be inside a string)."""
     tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
     starts = [0]
     for line in text.splitlines(keepends=True):
@@ -70,37 +89,120 @@ def strip_source(text: str) -> str:
     significant = [t for t in tokens if t.type not in skip]
     statement_start = (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
     cuts = [(at(t.start), at(t.end), "") for t in tokens if t.type == tokenize.COMMENT]
-    for before, tok, after in zip([None, *significant[:-1]], significant, [*significant[1:], None],
-                                  strict=True):
-        if (tok.type == tokenize.STRING and (before is None or before.type in statement_start)
+    depth = 0
+    for before, tok, after, then in zip([None, *significant[:-1]], significant,
+                                        [*significant[1:], None], [*significant[2:], None, None],
+                                        strict=True):
+        depth += {tokenize.INDENT: 1, tokenize.DEDENT: -1}.get(tok.type, 0)
+        starts_statement = before is None or before.type in statement_start
+        if starts_statement and tok.type not in statement_start and tok.start[1]:
+            offset = starts[tok.start[0] - 1]
+            cuts.append((offset, offset + tok.start[1], " " * depth))
+        if (tok.type == tokenize.STRING and starts_statement
                 and after is not None and after.type == tokenize.NEWLINE):
-            cuts.append((at(tok.start), at(tok.end), "0"))  # a string alone: a docstring
+            # a string alone (a docstring): gone, or `0` where it is all its block holds
+            alone = then is None or then.type in (tokenize.DEDENT, tokenize.ENDMARKER)
+            cuts.append((at(tok.start), at(tok.end), "0" if alone else ""))
     out = text
     for start, end, replacement in sorted(cuts, reverse=True):
         out = out[:start] + replacement + out[end:]
     return "".join(line.rstrip() + "\n" for line in out.splitlines() if line.strip())
 
 
-def payload(tfevents: bool = True) -> str:
-    """The Python source the bootstrap executes: the module sources, then the loader. Without
-    `tfevents` the event decoder is left out (the probe imports it only to read event files)."""
-    sources = [(name, strip_source(path.read_text(encoding="utf-8"))) for name, path in MODULES
-               if tfevents or name != "gpuwatch_tfevents"]
+def module_source(name: str, path: Path, parts: tuple[str, ...] | None) -> str:
+    text = path.read_text(encoding="utf-8")
+    if name == "gpuwatch_probe" and parts is not None and RUN_FILES not in parts:
+        start, end = (text.index(line) for line in RUN_FILES_LINES)
+        text = text[:start] + text[end:]
+    return text
+
+
+def payload(parts: tuple[str, ...] | None = None) -> str:
+    """The Python source the bootstrap executes: the sources of the modules in `parts` (by
+    their `gpuwatch_` names, and RUN_FILES for the probe's whole source; None: everything),
+    then the loader."""
+    sources = [(name, strip_source(module_source(name, path, parts))) for name, path in MODULES
+               if parts is None or name in parts]
     return f"SOURCES = {sources!r}\n{LOADER}"
 
 
+CACHE_MAX_AGE_S = 30 * 86400.0
+"""A cached payload not written for this long is removed when another one is written."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuwatch"
+
+
 @functools.cache
-def compressed_probe(tfevents: bool = True) -> bytes:
-    return zlib.compress(payload(tfevents).encode("utf-8"), 9)
+def compressed_probe(parts: tuple[str, ...] | None = None) -> bytes:
+    """payload(parts), zlib-compressed; from the cache when it holds this very payload."""
+    import hashlib  # only to build a payload: not on `--once`'s start-up path
+
+    digest = hashlib.blake2b(Path(__file__).read_bytes(), digest_size=16)  # strip, loader
+    for name, path in MODULES:
+        if parts is None or name in parts:
+            digest.update(b"\0%s\0%s" % (name.encode(), path.read_bytes()))
+    digest.update(b"\0" + (RUN_FILES.encode() if parts is None or RUN_FILES in parts else b""))
+    path = cache_dir() / f"probe-{digest.hexdigest()}.z"
+    try:
+        if path.stat().st_uid == os.getuid():  # it is sent to every box: only our own file
+            blob = path.read_bytes()
+            zlib.decompress(blob)  # whole and readable
+            return blob
+    except (OSError, zlib.error):
+        pass
+    blob = zlib.compress(payload(parts).encode("utf-8"), 9)
+    _keep(path, blob)
+    return blob
+
+
+def _keep(path: Path, blob: bytes) -> None:
+    """Write a payload into the cache (atomically; old ones go); a cache that cannot be
+    written is no error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for old in path.parent.glob("probe-*.z"):
+            if time.time() - old.stat().st_mtime > CACHE_MAX_AGE_S:
+                old.unlink()
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(blob)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def wants_discovery(request: dict[str, Any]) -> bool:
+    wanted = request.get("want")
+    return not isinstance(wanted, dict) or wanted.get("discover", True) is not False
 
 
 def reads_event_files(request: dict[str, Any]) -> bool:
-    """Whether a run of the request asks for TensorBoard event files."""
-    wanted = request.get("want")
-    if not isinstance(wanted, dict) or wanted.get("discover", True) is not False:
-        return True  # issue 8: discovery may find event files on this very poll
-    runs = request.get("runs")
-    return isinstance(runs, list) and any(isinstance(r, dict) and r.get("events") for r in runs)
+    """Whether a run of the request, configured or discovered earlier, names event files."""
+    return any(isinstance(r, dict) and r.get("events") for r in _runs(request))
+
+
+def _runs(request: dict[str, Any]) -> list[Any]:
+    return [r for key in ("runs", "discovered_runs") if isinstance(request.get(key), list)
+            for r in request[key]]
+
+
+def modules_for(request: dict[str, Any]) -> tuple[str, ...]:
+    """What a poll with this request needs on the box (the `parts` of payload). Discovery
+    (issue 8, a quarter of the upload) unless the request carries the last discovery for the
+    probe to reuse (issue 3, probe.reuse_discovery: on a box whose runs did not change, every
+    poll but the first); the probe's run files part when the request has runs or discovery
+    may find some; the event decoder when a run reads event files, or when discovery may find
+    some this poll."""
+    discover = wants_discovery(request) and not isinstance(request.get("discovery_reuse"), dict)
+    wanted = {"gpuwatch_probe"}
+    if discover:
+        wanted |= {"gpuwatch_discover", "gpuwatch_tfevents", RUN_FILES}
+    if _runs(request):
+        wanted.add(RUN_FILES)
+    if reads_event_files(request):
+        wanted.add("gpuwatch_tfevents")
+    return tuple(part for part in (*(name for name, _ in MODULES), RUN_FILES) if part in wanted)
 
 
 def build_command(python: str = "python3") -> str:
@@ -110,8 +212,9 @@ def build_command(python: str = "python3") -> str:
 
 def build_stdin(request: dict[str, Any], *, trim: bool = False) -> bytes:
     """The bytes to feed the command's stdin: the framed payload, then the request. `trim`
-    leaves out what this request does not use: the event decoder (5 KB of the 18.6 KB
-    compressed, and 7 ms of compiling on the box) when no run reads event files."""
-    probe = compressed_probe(not trim or reads_event_files(request))
+    leaves out what this request does not use (modules_for); without it every module goes."""
+    probe = compressed_probe(modules_for(request) if trim else None)
     body = json.dumps(request, separators=(",", ":")).encode()
+    if len(body) > REQUEST_COMPRESSED_FROM:  # remembered runs, event-file offsets
+        body = min(body, zlib.compress(body, 9), key=len)
     return b"%d\n" % len(probe) + probe + body

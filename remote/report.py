@@ -8,7 +8,6 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
 from .collect import PollOutcome
@@ -21,6 +20,8 @@ EXIT_OK, EXIT_FINDING, EXIT_UNPOLLED = 0, 1, 2
 
 def load_schema() -> dict[str, Any]:
     """The JSON Schema of `--once --json`, shipped in the package."""
+    from importlib import resources  # 2.5 ms (tempfile, shutil, bz2, lzma): only when asked
+
     text = resources.files("gpuwatch.remote").joinpath("gpuwatch-1.schema.json").read_text()
     data: dict[str, Any] = json.loads(text)
     return data

@@ -22,7 +22,6 @@ import contextlib
 import itertools
 import math
 import os
-import statistics
 from array import array
 from bisect import bisect_left
 from collections import deque
@@ -389,7 +388,11 @@ class RunSeries:
         keeps only the newest two still has a cadence); None with fewer than two."""
         times = sorted(self.checkpoint_times.values())[-CADENCE_CHECKPOINTS:]
         gaps = [b - a for a, b in itertools.pairwise(times) if b > a]
-        return statistics.median(gaps) if gaps else None
+        if not gaps:
+            return None
+        import statistics  # with fractions, decimal and random: 3 ms of every `--once` start
+
+        return statistics.median(gaps)
 
     def work_at_risk_s(self, now: float | None = None) -> float | None:
         """Seed 001: the work a crash would lose. Running: now − the latest checkpoint;

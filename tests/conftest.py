@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from harness.sshd import SshdBox
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The probe's payload cache ($XDG_CACHE_HOME/gpuwatch) of the whole run, and of the
+    gpuwatch processes the tests start, in a temporary folder: never the machine's ~/.cache."""
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
+
 
 # --------------------------------------------------------------------------------------------
 # A real OpenSSH sshd on loopback (tests/harness/sshd.py)

@@ -721,7 +721,7 @@ def on_term(*_):
             continue
         try:
             cmd = open("/proc/%s/cmdline" % name, "rb").read()
-            if b"import sys,zlib;i=sys.stdin.buffer" in cmd and below_listener(int(name)):
+            if b"i=sys.stdin.buffer" in cmd and below_listener(int(name)):
                 os.kill(int(stat(int(name))[1]), signal.SIGKILL)  # its sshd session
         except (OSError, ValueError):
             continue

@@ -4,7 +4,9 @@ A real process (this machine's /proc) holding a stand-in GPU, started in a proje
 HuggingFace-like layout (events under runs/, outputs/checkpoint-N/) and N files of a dataset
 under data/. The probe runs as one poll runs it (sh -c, bundle on stdin, stand-in nvidia-smi on
 PATH) with discovery off, with discovery on as a first look (the folder searched), and on in
-the steady state (the client sends the run back: no search until discover_every_s has passed).
+the steady state (the client sends the run back: no search until discover_every_s has passed),
+with the discover module sent as before issue 3, and as now: the last discovery sent back for the
+probe to reuse instead.
 Prints the median probe_s the probe reports over several polls, the search's entries, time and
 what bound cut it, and the bytes sent and received. Nothing here asserts a wall time.
 """
@@ -60,7 +62,7 @@ def poll(request: dict, env: dict[str, str]) -> tuple[dict, int, int, float]:
     return json.loads(zlib.decompress(result.stdout)), len(stdin), len(result.stdout), wall
 
 
-def in_process(pid: int, remembered: dict) -> None:
+def in_process(pid: int, remembered: dict, reuse: dict) -> None:
     """The discovery steps alone, in this process (no interpreter start, no nvidia-smi)."""
     from gpuwatch.remote import probe
 
@@ -82,9 +84,11 @@ def in_process(pid: int, remembered: dict) -> None:
     grouping = timed(base, "processes")
     first = timed(base, "processes+discovered")
     steady = timed({**base, "discovered_runs": [remembered]}, "processes+discovered")
+    reused = timed({**base, "discovered_runs": [remembered], "discovery_reuse": reuse},
+                   "processes+discovered")
     print(f"  in-process, median of 30: process table {off:.1f} ms; with grouping "
           f"{grouping:.1f} ms; + discovered section, first look {first:.1f} ms, steady "
-          f"{steady:.1f} ms")
+          f"{steady:.1f} ms, reused {reused:.1f} ms")
 
 
 @pytest.mark.parametrize("files", SIZES)
@@ -108,8 +112,13 @@ def test_discovery_cost(tmp_path: Path, files: int) -> None:
         d = parse_discovery(run["name"], run["discovered"])
         remembered = {**d.to_request(), "offsets": {
             f["path"]: f["offset"] for f in run["events"]["files"]}}
-        steady = [poll({**base, "discovered_runs": [remembered]}, env) for _ in range(POLLS)]
-        rows.append(("on, steady (no search)", steady, steady[-1][0]))
+        before = [poll({**base, "discovered_runs": [remembered]}, env) for _ in range(POLLS)]
+        rows.append(("steady, module sent (before)", before, before[-1][0]))
+        reuse = first[-1][0]["discovery"]["reuse"]
+        steady = [poll({**base, "discovered_runs": [remembered], "discovery_reuse": reuse}, env)
+                  for _ in range(POLLS)]
+        assert all("discovery" not in p[0] for p in steady)  # reused: no need for the module
+        rows.append(("steady, reused (issue 3)", steady, steady[-1][0]))
         print(f"\n{files:,} files under the cwd ({root}), median of {POLLS} polls:")
         print(f"  {'':28} {'probe_s':>8} {'wall_s':>7} {'sent':>7} {'received':>9}  search")
         for label, polls, doc in rows:
@@ -126,7 +135,7 @@ def test_discovery_cost(tmp_path: Path, files: int) -> None:
         found = d.found
         print(f"  found: events {found['events']}, checkpoints {found['checkpoints']}, "
               f"metrics {found['metrics']}")
-        in_process(proc.pid, remembered)
+        in_process(proc.pid, remembered, reuse)
         assert found["events"] == str(root / "runs")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
