@@ -4,6 +4,7 @@ and `q` quits with exit code 0. Slow (the demo's OOM happens a minute in): marke
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -55,22 +56,29 @@ class Tmux:
         return self.wait(lambda s: text in s, repr(text), limit_s)
 
 
-@pytest.fixture
-def demo(tmp_path: Path) -> Iterator[Tmux]:
+@contextlib.contextmanager
+def demo_in_tmux(folder: Path, label: str = "test") -> Iterator[Tmux]:
+    """The real `gpuwatch --demo --interval 1` in a new 200×50 tmux session (its config and
+    state under folder); on exit it prints GPUWATCH-EXITED-<code>. Killed at the end."""
     if shutil.which("tmux") is None:
         missing("tmux is not installed (apt-get install tmux)")
-    name = f"gpuwatch-test-{uuid.uuid4().hex[:8]}"
-    env = {"XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state"),
+    name = f"gpuwatch-{label}-{uuid.uuid4().hex[:8]}"
+    env = {"XDG_CONFIG_HOME": str(folder / "config"), "XDG_STATE_HOME": str(folder / "state"),
            "TERM": "xterm-256color"}
     exports = " ".join(f"{k}={v}" for k, v in env.items())
     command = f"env {exports} {GPUWATCH} --demo --interval 1; echo GPUWATCH-EXITED-$?; sleep 600"
     subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "200", "-y", "50", command],
                    check=True, env={**os.environ, **env})
-    tmux = Tmux(name)
     try:
-        yield tmux
+        yield Tmux(name)
     finally:
         subprocess.run(["tmux", "kill-session", "-t", name], check=False)
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Tmux]:
+    with demo_in_tmux(tmp_path) as tmux:
+        yield tmux
 
 
 def open_host(tmux: Tmux, name: str) -> str:
