@@ -474,9 +474,15 @@ async def _exec(
                 lambda: _Collector(max_stdout, max_stderr), command, encoding=None
             )
             collector = cast(_Collector, session)
-            if stdin:
-                chan.write(stdin)
-            chan.write_eof()
+            try:
+                if stdin:
+                    chan.write(stdin)
+                chan.write_eof()
+            except BrokenPipeError:
+                # The command ended before we could feed it (a missing interpreter: the shell
+                # exits 127 at once): its exit status still comes; a lost connection shows in
+                # collector.done as it would have anyway.
+                pass
             exc = await collector.done
     except TimeoutError:
         raise SshError(

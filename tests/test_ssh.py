@@ -86,6 +86,26 @@ async def test_exit_status_and_stderr_are_a_result_not_an_error(sshd_box: SshdBo
 
 
 @pytest.mark.asyncio
+async def test_a_command_gone_before_its_stdin_is_a_result(sshd_box: SshdBox,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing interpreter: the shell exits 127 before the probe could be fed, and the
+    channel is closed by the time stdin is written. That is the command's answer (exit 127),
+    not a dropped connection (CI saw it as one under load)."""
+    import asyncssh
+
+    create = asyncssh.SSHClientConnection.create_session
+
+    async def late(self: Any, *args: Any, **kwargs: Any) -> Any:
+        opened = await create(self, *args, **kwargs)
+        await asyncio.sleep(0.5)  # the command has exited and its channel closed meanwhile
+        return opened
+
+    monkeypatch.setattr(asyncssh.SSHClientConnection, "create_session", late)
+    result = await call(sshd_box, "exit 127", os.urandom(50_000))
+    assert result.exit_status == 127 and result.stdout == b""
+
+
+@pytest.mark.asyncio
 async def test_death_by_signal(sshd_box: SshdBox) -> None:
     result = await call(sshd_box, "kill -KILL $$")
     assert (result.exit_status, result.exit_signal) == (None, "KILL")
