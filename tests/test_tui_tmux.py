@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -55,6 +56,23 @@ class Tmux:
     def wait_for(self, text: str, limit_s: float = 60.0) -> str:
         return self.wait(lambda s: text in s, repr(text), limit_s)
 
+    def stacks(self) -> str:
+        """Where a gpuwatch that does not exit is stuck: SIGABRT makes its faulthandler
+        (PYTHONFAULTHANDLER=1) print every thread's stack into the pane, which is returned."""
+        shell = subprocess.run(["tmux", "list-panes", "-t", self.name, "-F", "#{pane_pid}"],
+                               capture_output=True, text=True, check=False).stdout.split()
+        for pid in Path("/proc").iterdir():
+            try:
+                stat = (pid / "stat").read_text()
+                if stat[stat.rindex(")") + 2:].split()[1] in shell and b"gpuwatch" in (
+                        pid / "cmdline").read_bytes():
+                    os.kill(int(pid.name), signal.SIGABRT)
+            except (OSError, ValueError):
+                continue
+        time.sleep(2)
+        return subprocess.run(["tmux", "capture-pane", "-p", "-S", "-400", "-t", self.name],
+                              capture_output=True, text=True, check=False).stdout
+
 
 @contextlib.contextmanager
 def demo_in_tmux(folder: Path, label: str = "test") -> Iterator[Tmux]:
@@ -66,7 +84,8 @@ def demo_in_tmux(folder: Path, label: str = "test") -> Iterator[Tmux]:
     env = {"XDG_CONFIG_HOME": str(folder / "config"), "XDG_STATE_HOME": str(folder / "state"),
            "TERM": "xterm-256color"}
     exports = " ".join(f"{k}={v}" for k, v in env.items())
-    command = f"env {exports} {GPUWATCH} --demo --interval 1; echo GPUWATCH-EXITED-$?; sleep 600"
+    command = (f"env PYTHONFAULTHANDLER=1 {exports} {GPUWATCH} --demo --interval 1; "
+               "echo GPUWATCH-EXITED-$?; sleep 600")
     subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "200", "-y", "50", command],
                    check=True, env={**os.environ, **env})
     try:
@@ -139,6 +158,10 @@ def test_demo_in_tmux_relaunch_reap_and_quit(demo: Tmux) -> None:
     tmux.keys("q", pause=0)
     tmux.wait(lambda s: "q Quit" not in s, "the TUI to leave the screen", 30)
     gone = time.monotonic() - start
-    tmux.wait_for("GPUWATCH-EXITED-0", 30)
+    try:
+        tmux.wait_for("GPUWATCH-EXITED-0", 30)
+    except AssertionError as exc:  # say where it is stuck (CI saw this once)
+        raise AssertionError(f"{exc}\nits threads, as faulthandler printed them:\n"
+                             f"{tmux.stacks()}") from None
     exited = time.monotonic() - start
     print(f"q: TUI gone after {gone:.2f} s, process exited after {exited:.2f} s")
