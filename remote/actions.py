@@ -111,6 +111,9 @@ class LaunchSpec:
     process: str
     scripts: tuple[str, ...]
     """Words of the command that may be a launch script (U2: checked on the box)."""
+    in_workdir: bool = False
+    """A process counts as the run only when its cwd is the workdir too (a discovered run: its
+    pattern is just its script's name, and another folder's train.py is another run)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,7 +444,8 @@ def _plan_relaunch_discovered(host: HostConfig, launch: LaunchRecord,
                  "has no done marker): check the log's end before confirming"
                  + (f"; it ends: {tail[0][:160]}" if tail else ""))
     spec = LaunchSpec(run=name, workdir=launch.cwd, log=log, detach=launch.detach,
-                      env=launch.env, process=launch.process, scripts=launch.scripts)
+                      env=launch.env, process=launch.process, scripts=launch.scripts,
+                      in_workdir=True)
     return ActionPlan("relaunch", host.name, (), command, "", None, tuple(notes), spec)
 
 
@@ -750,6 +754,7 @@ async def _relaunch(plan: ActionPlan, host: HostConfig,
     spec = plan.launch
     assert spec is not None and plan.command is not None
     request = {"v": 1, "op": "relaunch", "run": spec.run, "process": spec.process,
+               "in_workdir": spec.in_workdir,
                "scripts": list(spec.scripts), "workdir": spec.workdir, "log": spec.log,
                "command": plan.command, "env": dict(spec.env), "detach": spec.detach,
                "session": f"gpuwatch-{spec.run}", "settle_s": SETTLE_S}

@@ -20,15 +20,16 @@ Requests (unknown keys are ignored):
 
     {"v": 1, "op": "relaunch", "run": str, "process": str, "scripts": [str, ...],
      "workdir": str, "log": str, "command": str, "env": {NAME: value}, "detach": "tmux" |
-     "setsid", "session": str, "settle_s": float}
+     "setsid", "session": str, "settle_s": float, "in_workdir": bool}
 
         Refuses while a process whose command line matches `process` (the probe's whole-word
-        match) is alive, or while a shell has one of `scripts` open or in its argv (U2). Then
-        starts `command` detached: in a new tmux session when asked and tmux is here, else
-        under setsid + nohup; either way through a private 0600 script that deletes itself,
-        exports the env and PYTHONUNBUFFERED=1 (U2, U43), cds to the workdir and runs the
-        command with stdin from /dev/null, stdout and stderr appended to the log (U18). The
-        env never appears in any process's argv (U34).
+        match; with in_workdir, one whose cwd is the workdir too) is alive, or while a shell
+        has one of `scripts` open or in its argv (U2). Then starts `command` detached: in a
+        new tmux session when asked and tmux is here, else under setsid + nohup; either way
+        through a private 0600 script that deletes itself, exports the env and
+        PYTHONUNBUFFERED=1 (U2, U43), cds to the workdir and runs the command with stdin from
+        /dev/null, stdout and stderr appended to the log (U18). The env never appears in any
+        process's argv (U34).
 
 Answer: one JSON object on stdout: {"v": 1, "op", "boot_id", "euid", ...}; "refused": reason
 when the whole request was refused.
@@ -299,12 +300,14 @@ def still_running(req: dict, workdir: str) -> "str | None":
         if os.path.isfile(path) and not is_binary(path):  # an interpreter is not a script
             scripts[path] = str(word)
     family = own_family()
+    here = os.path.realpath(workdir) if req.get("in_workdir") else None
     for pid, st in sorted(all_stats().items()):
         if pid in family or st["state"] in ("Z", "X"):
             continue
         argv = cmdline(pid)
         text = " ".join(argv)
-        if pattern is not None and pattern.search(text):
+        if pattern is not None and pattern.search(text) and (
+                here is None or os.path.realpath(read_cwd(pid) or "") == here):
             return (f"run {req.get('run')} is still running: pid {pid} ({text[:200]}) "
                     f"matches its process pattern {req.get('process')!r}")
         if not scripts:

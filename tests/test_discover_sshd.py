@@ -331,6 +331,14 @@ def test_a_launcher_and_its_ranks_are_one_run_and_it_relaunches_as_it_was_starte
     assert dropped == ("WANDB_API_KEY",)
     assert any("WANDB_API_KEY" in note for note in notes)
 
+    # another folder's train.py is another run: it does not block this one's relaunch
+    other = rig.root / "other"
+    other.mkdir()
+    (other / "train.py").write_text("import time\ntime.sleep(600)\n")
+    subprocess.Popen([PY, "train.py"], cwd=other, start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    wait_for(lambda: pids_in(other), message="the other folder's train.py")
+
     # ... nor passed: `gpuwatch relaunch gpu1 train --yes` starts it again in the recorded cwd
     # with the recorded environment, shows the exact command first and names what it dropped
     out = rig.relaunch("train")
