@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from .discovered import Discovery, parse_discovery
+from .raw_events import expand_raw_events
 
 PROBE_VERSION = 1
 
@@ -800,6 +801,6 @@ def parse_probe_output(data: bytes, host: str) -> HostSnapshot:
         if raw.get("v") != PROBE_VERSION:
             version = raw.get("v")
             raise _Bad("v", f"version {version!r}; this gpuwatch reads version {PROBE_VERSION}")
-        return _snapshot(_Node(raw, ""), host)
+        return _snapshot(_Node(expand_raw_events(raw), ""), host)
     except _Bad as bad:
         raise ProbeError(host, bad.where or "document", bad.problem) from None

@@ -1243,7 +1243,10 @@ def read_event_file(path, st, offset, budget, limits):
         entry["offset"] = offset
         entry["stopped"] = "budget"
         return entry
-    tfevents = load_tfevents()
+    try:
+        tfevents = load_tfevents()
+    except ImportError:  # not sent with this poll: the records go as they are (issue 3)
+        return read_raw_records(entry, path, offset, st.st_size, budget)
     points, new_offset, errors, info = tfevents.read_scalars(
         path, offset, max_bytes=budget["bytes"], deadline_s=budget["deadline"])
     budget["bytes"] -= info["bytes_read"]
@@ -1256,6 +1259,55 @@ def read_event_file(path, st, offset, budget, limits):
                            for e in errors[:limits["errors_per_source"]]]
         entry["error_count"] = len(errors)
     return entry
+
+
+# ================================================================ raw records (issue 3)
+# Sent only to a poll that reads event files without the decoder (probe_bundle.RAW_RECORDS).
+
+RAW_CAP = 24 * 1024
+"""Event-file bytes sent raw per poll, all files (issue 3): a poll whose probe carries no
+decoder (the client's steady state, modules_for) sends the new records as they are and the
+client decodes them; more than this, and the next poll ships the decoder."""
+
+
+def read_raw_records(entry, path, offset, size, budget):
+    """The whole TFRecords from `offset` on, within RAW_CAP and the poll's byte budget, walked
+    by their lengths alone (8-byte length, its 4-byte CRC, data, the data's 4-byte CRC): the
+    client checks both CRCs and decodes them (remote/raw_events.py) into what read_scalars
+    would have given; nothing of a file read from 0 that is larger than that (a first load:
+    the decoder, shipped next poll, reads it on the box). A record cut short at the end of the
+    file stays for the next poll, as the decoder leaves it; its header goes as "head" so that
+    the client can tell a live writer's record from a damaged length (which the decoder,
+    shipped next, resynchronises over)."""
+    import binascii
+
+    cap = min(budget.setdefault("raw", RAW_CAP), budget["bytes"])
+    data = b""
+    if offset or size <= cap:  # a first load larger than that: the decoder, next poll
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(max(0, min(cap, size - offset)))
+    n = len(data)
+    pos = stopped = 0
+    while not stopped:
+        if pos + 12 > n:
+            stopped = "bytes" if offset + n < size else "partial" if pos < n else "eof"
+            continue
+        end = pos + 16 + int.from_bytes(data[pos:pos + 8], "little")
+        if end > n:
+            stopped = "partial" if offset + end > size else "bytes"
+        else:
+            pos = end
+    budget["raw"] -= pos
+    budget["bytes"] -= pos
+    entry.update({"start": offset, "offset": offset + pos, "stopped": stopped,
+                  "raw": binascii.b2a_base64(data[:pos], newline=False).decode()})
+    if stopped == "partial" and pos + 12 <= n:
+        entry["head"] = binascii.b2a_base64(data[pos:pos + 12], newline=False).decode()
+    return entry
+
+
+# ================================================================ end of raw records
 
 
 def collect_events(path, offsets, budget, limits):
@@ -1615,10 +1667,7 @@ def read_known_run(known, pids, details, budget, limits, has_decoder):
     for key in ("offsets", "cursors", "log_seen"):
         if key in known:
             run[key] = known[key]
-    if run.get("events") and not has_decoder:
-        del run["events"]  # read from the next poll on, which ships the decoder
-        details["events_deferred"] = True
-    result = collect_run(run, pids, budget, limits)
+    result = collect_run(run, pids, budget, limits)  # without the decoder: records raw
     result["discovered"] = details
     return result
 

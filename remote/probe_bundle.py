@@ -44,6 +44,12 @@ RUN_FILES = "gpuwatch_probe:run_files"
 only to a poll that may read a run (modules_for; a quarter of the probe)."""
 RUN_FILES_LINES = ("# " + "=" * 64 + " run files (issue 4)\n",
                    "# " + "=" * 64 + " end of run files\n")
+RAW_RECORDS = "gpuwatch_probe:raw_records"
+"""Inside the run files part, between these two lines: the reader that sends event files'
+new records raw (probe.read_raw_records, issue 3), sent only to a poll that reads event files
+without the decoder."""
+RAW_RECORDS_LINES = ("# " + "=" * 64 + " raw records (issue 3)\n",
+                     "# " + "=" * 64 + " end of raw records\n")
 PYTHON_MISSING_EXIT = 127
 REQUEST_COMPRESSED_FROM = 256
 """A request JSON longer than this goes zlib-compressed (the probe tells by its first byte)."""
@@ -111,9 +117,10 @@ def strip_source(text: str) -> str:
 
 def module_source(name: str, path: Path, parts: tuple[str, ...] | None) -> str:
     text = path.read_text(encoding="utf-8")
-    if name == "gpuwatch_probe" and parts is not None and RUN_FILES not in parts:
-        start, end = (text.index(line) for line in RUN_FILES_LINES)
-        text = text[:start] + text[end:]
+    for part, lines in ((RAW_RECORDS, RAW_RECORDS_LINES), (RUN_FILES, RUN_FILES_LINES)):
+        if name == "gpuwatch_probe" and parts is not None and part not in parts:
+            start, end = (text.index(line) for line in lines)
+            text = text[:start] + text[end:]
     return text
 
 
@@ -143,7 +150,8 @@ def compressed_probe(parts: tuple[str, ...] | None = None) -> bytes:
     for name, path in MODULES:
         if parts is None or name in parts:
             digest.update(b"\0%s\0%s" % (name.encode(), path.read_bytes()))
-    digest.update(b"\0" + (RUN_FILES.encode() if parts is None or RUN_FILES in parts else b""))
+    for part in (RUN_FILES, RAW_RECORDS):
+        digest.update(b"\0" + (part.encode() if parts is None or part in parts else b""))
     path = cache_dir() / f"probe-{digest.hexdigest()}.z"
     try:
         if path.stat().st_uid == os.getuid():  # it is sent to every box: only our own file
@@ -182,6 +190,16 @@ def reads_event_files(request: dict[str, Any]) -> bool:
     return any(isinstance(r, dict) and r.get("events") for r in _runs(request))
 
 
+def decodes_event_files(request: dict[str, Any]) -> bool:
+    """Whether this poll needs the event decoder on the box (issue 3): a run names event files
+    and its entry does not say "raw" (RunSeries.events_raw: a run's first poll, a first load
+    or a growth larger than probe.RAW_CAP still going, a damaged record to resynchronise
+    over). Without the decoder the probe sends the new records raw (probe.read_raw_records)
+    and the client decodes them (raw_events.py): the steady state of a run being watched."""
+    return any(isinstance(r, dict) and r.get("events") and r.get("raw") is not True
+               for r in _runs(request))
+
+
 def _runs(request: dict[str, Any]) -> list[Any]:
     return [r for key in ("runs", "discovered_runs") if isinstance(request.get(key), list)
             for r in request[key]]
@@ -192,17 +210,21 @@ def modules_for(request: dict[str, Any]) -> tuple[str, ...]:
     (issue 8, a quarter of the upload) unless the request carries the last discovery for the
     probe to reuse (issue 3, probe.reuse_discovery: on a box whose runs did not change, every
     poll but the first); the probe's run files part when the request has runs or discovery
-    may find some; the event decoder when a run reads event files, or when discovery may find
-    some this poll."""
+    may find some; the event decoder when discovery may find event files this poll, or when a
+    run's event files need it (decodes_event_files), else, where a run reads event files, the
+    probe's raw records part: in steady state their new records go raw (issue 3)."""
     discover = wants_discovery(request) and not isinstance(request.get("discovery_reuse"), dict)
     wanted = {"gpuwatch_probe"}
     if discover:
         wanted |= {"gpuwatch_discover", "gpuwatch_tfevents", RUN_FILES}
     if _runs(request):
         wanted.add(RUN_FILES)
-    if reads_event_files(request):
+    if decodes_event_files(request):
         wanted.add("gpuwatch_tfevents")
-    return tuple(part for part in (*(name for name, _ in MODULES), RUN_FILES) if part in wanted)
+    elif reads_event_files(request):
+        wanted.add(RAW_RECORDS)
+    return tuple(part for part in (*(name for name, _ in MODULES), RUN_FILES, RAW_RECORDS)
+                 if part in wanted)
 
 
 def build_command(python: str = "python3") -> str:

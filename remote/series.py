@@ -31,6 +31,7 @@ from typing import Any
 from .config import RunConfig
 from .discovered import Discovery
 from .model import Checkpoint, RunSample
+from .raw_events import RAW_CAP
 
 MAX_POINTS = 100_000
 """Points kept per tag (24 bytes each: 2.4 MB at most per tag)."""
@@ -247,6 +248,9 @@ class RunSeries:
         self.checkpoint_times: dict[str, float] = {}  # seen over history: rotation deletes old
         self.errors: Mapping[str, str] = {}
         self.discovery: Discovery | None = None  # issue 8: a run nobody configured
+        self.events_raw = False
+        """Issue 3: the next poll may go without the event decoder (the probe sends new records
+        raw): an answer came, and no event file has more left than one poll sends raw."""
 
     # -- what goes out
     def request_state(self) -> dict[str, Any]:
@@ -257,6 +261,8 @@ class RunSeries:
             state["cursors"] = dict(self.cursors)
         if self.log_seen is not None:
             state["log_seen"] = list(self.log_seen)
+        if self.events_raw:
+            state["raw"] = True  # probe_bundle.modules_for: no decoder needed for this run
         return state
 
     # -- what comes back
@@ -276,6 +282,9 @@ class RunSeries:
         elif "log" in sample.errors:
             self.log_seen, self.tail = None, None
         self._update_events(sample)
+        self.events_raw = not any(
+            f.error is None and (f.pending or f.bytes - f.offset > RAW_CAP)
+            for f in sample.event_files)
         self._update_metrics(sample)
         for ckpt in sample.checkpoints:
             self.checkpoint_times[ckpt.path] = ckpt.mtime

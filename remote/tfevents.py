@@ -570,98 +570,105 @@ def read_scalars(path, offset=0, max_bytes=DEFAULT_MAX_BYTES, deadline_s=None, t
     ``sink.append(point)`` instead of the returned list; ``fast(buf, pos, n, sink)`` may
     consume a run of records at ``pos`` and return the position after them (tfevents_fast).
     """
+    with open(path, "rb") as f:
+        return read_open(f, os.fstat(f.fileno()).st_size, path, offset, max_bytes, deadline_s,
+                         tags, sink, fast)
+
+
+def read_open(f, size, path, offset=0, max_bytes=DEFAULT_MAX_BYTES, deadline_s=None, tags=None,
+              sink=None, fast=None):
+    # type: (Any, int, str, int, int, float | None, set[str] | None, Any, Any) -> tuple[Any, int, list[dict[str, Any]], dict[str, Any]]
+    """read_scalars on an open file `f` (seek, read) of `size` bytes, named `path`: the client
+    decodes the records a probe without the decoder sent raw with it (raw_events.py)."""
     points = [] if sink is None else sink
     errors = []  # type: list[dict[str, Any]]
-    info = {"file": path, "size": 0, "start": offset, "offset": offset, "bytes_read": 0,
+    info = {"file": path, "size": size, "start": offset, "offset": offset, "bytes_read": 0,
             "records": 0, "skipped_unread": 0, "stopped": "eof", "crc": CRC_IMPL,
             "first_wall_time": None}  # type: dict[str, Any]
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        info["size"] = size
-        if offset > size:
-            info["stopped"] = "shrunk"
-            return points, offset, errors, info
-        budget = max(int(max_bytes), 16)
+    if offset > size:
+        info["stopped"] = "shrunk"
+        return points, offset, errors, info
+    budget = max(int(max_bytes), 16)
 
-        def read(at, n):
-            # type: (int, int) -> bytes
-            f.seek(at)
-            return f.read(n)
+    def read(at, n):
+        # type: (int, int) -> bytes
+        f.seek(at)
+        return f.read(n)
 
-        base = offset  # file offset of buf[0]
-        buf = read(base, min(budget, size - base))
-        budget -= len(buf)
-        info["bytes_read"] += len(buf)
-        n = len(buf)
-        pos = 0
-        records = 0
-        stopped = "eof"
-        while True:
-            if fast is not None and pos < n and base + pos != 0:
-                new_pos, count = fast(buf, pos, n, points)
-                if count:
-                    records += count
-                    pos = new_pos
-            if (deadline_s is not None and records and pos < n
-                    and time.monotonic() >= deadline_s):
-                stopped = "time"
-                break
-            if pos + 12 > n:
-                at_eof = base + n >= size
-                stopped = ("eof" if pos == n else "partial") if at_eof else "bytes"
-                break
-            length, stored = _HEADER.unpack_from(buf, pos)
-            if length >= MAX_RECORD or not _length_crc_ok(buf[pos:pos + 8], stored):
-                pos, buf, n, extra = _resync(buf, pos, n, base, size, read, errors, path)
-                info["bytes_read"] += extra
-                continue
-            rec_end = pos + 16 + length
-            if base + rec_end > size:
-                stopped = "partial"  # a live writer has not finished this record
-                break
-            if length > LARGE_RECORD and not _may_hold_scalar(read, base + pos + 12, length):
-                info["skipped_unread"] += 1
-                records += 1
-                if rec_end > n:  # continue from a fresh buffer after the skipped payload
-                    base += rec_end
-                    buf = read(base, max(0, min(budget, size - base)))
-                    budget -= len(buf)
-                    info["bytes_read"] += len(buf)
-                    n = len(buf)
-                    pos = 0
-                else:
-                    pos = rec_end
-                continue
-            if rec_end > n:
-                if pos > 0:
-                    stopped = "bytes"
-                    break
-                # one record bigger than the budget: read it whole so that reading progresses
-                buf = buf + read(base + n, rec_end - n)
-                info["bytes_read"] += len(buf) - n
-                n = len(buf)
-                budget = 0
-            data_end = pos + 12 + length
-            data = buf[pos + 12:data_end]
-            if masked_crc32c(data) != _U32_LE.unpack_from(buf, data_end)[0]:
-                errors.append({"file": path, "offset": base + pos,
-                               "message": f"data CRC mismatch; record of {length} bytes skipped"})
-                pos = rec_end
-                continue
-            try:
-                wall, step, values = decode_event(data)
-            except DecodeError as exc:
-                errors.append({"file": path, "offset": base + pos,
-                               "message": f"undecodable event ({exc}); record skipped"})
-                pos = rec_end
-                continue
-            if base + pos == 0:
-                info["first_wall_time"] = wall
-            for tag, value in values:
-                if tags is None or tag in tags:
-                    points.append((tag, step, value, wall))
+    base = offset  # file offset of buf[0]
+    buf = read(base, min(budget, size - base))
+    budget -= len(buf)
+    info["bytes_read"] += len(buf)
+    n = len(buf)
+    pos = 0
+    records = 0
+    stopped = "eof"
+    while True:
+        if fast is not None and pos < n and base + pos != 0:
+            new_pos, count = fast(buf, pos, n, points)
+            if count:
+                records += count
+                pos = new_pos
+        if (deadline_s is not None and records and pos < n
+                and time.monotonic() >= deadline_s):
+            stopped = "time"
+            break
+        if pos + 12 > n:
+            at_eof = base + n >= size
+            stopped = ("eof" if pos == n else "partial") if at_eof else "bytes"
+            break
+        length, stored = _HEADER.unpack_from(buf, pos)
+        if length >= MAX_RECORD or not _length_crc_ok(buf[pos:pos + 8], stored):
+            pos, buf, n, extra = _resync(buf, pos, n, base, size, read, errors, path)
+            info["bytes_read"] += extra
+            continue
+        rec_end = pos + 16 + length
+        if base + rec_end > size:
+            stopped = "partial"  # a live writer has not finished this record
+            break
+        if length > LARGE_RECORD and not _may_hold_scalar(read, base + pos + 12, length):
+            info["skipped_unread"] += 1
             records += 1
+            if rec_end > n:  # continue from a fresh buffer after the skipped payload
+                base += rec_end
+                buf = read(base, max(0, min(budget, size - base)))
+                budget -= len(buf)
+                info["bytes_read"] += len(buf)
+                n = len(buf)
+                pos = 0
+            else:
+                pos = rec_end
+            continue
+        if rec_end > n:
+            if pos > 0:
+                stopped = "bytes"
+                break
+            # one record bigger than the budget: read it whole so that reading progresses
+            buf = buf + read(base + n, rec_end - n)
+            info["bytes_read"] += len(buf) - n
+            n = len(buf)
+            budget = 0
+        data_end = pos + 12 + length
+        data = buf[pos + 12:data_end]
+        if masked_crc32c(data) != _U32_LE.unpack_from(buf, data_end)[0]:
+            errors.append({"file": path, "offset": base + pos,
+                           "message": f"data CRC mismatch; record of {length} bytes skipped"})
             pos = rec_end
+            continue
+        try:
+            wall, step, values = decode_event(data)
+        except DecodeError as exc:
+            errors.append({"file": path, "offset": base + pos,
+                           "message": f"undecodable event ({exc}); record skipped"})
+            pos = rec_end
+            continue
+        if base + pos == 0:
+            info["first_wall_time"] = wall
+        for tag, value in values:
+            if tags is None or tag in tags:
+                points.append((tag, step, value, wall))
+        records += 1
+        pos = rec_end
     new_offset = base + pos
     info["offset"] = new_offset
     info["records"] = records

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import math
 import random
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 
 import pytest
 from gpuwatch.remote.config import RunConfig
 from gpuwatch.remote.model import Checkpoint, EventFile, LogInfo, RunSample, Scalars
+from gpuwatch.remote.raw_events import RAW_CAP
 from gpuwatch.remote.series import (
     RunSeries,
     TagSeries,
@@ -144,7 +146,7 @@ def test_run_series_offsets_restarts_and_json():
     a = event_file("/w/runs/events.out.tfevents.1.a", T0,
                    [(s, 1.0, T0 + s) for s in range(100)], offset=4000)
     run.update(sample((1,), files=(a,)), T0 + 100)
-    assert run.request_state() == {"offsets": {a.path: 4000}}
+    assert run.request_state() == {"offsets": {a.path: 4000}, "raw": True}  # issue 3
     b = event_file("/w/runs/events.out.tfevents.2.b", T0 + 500,
                    [(s, float("nan") if s == 90 else 2.0, T0 + 500 + s) for s in range(40, 91)],
                    offset=900)
@@ -167,7 +169,10 @@ def test_state_round_trip_and_garbage():
     a = event_file("/w/runs/e.tfevents", T0, [(1, 1.0, T0)], offset=77)
     run.update(sample((5,), files=(a,), log_mtime=T0), T0)
     back = RunSeries.from_state("r", json.loads(json.dumps(run.state())))
-    assert back.request_state() == run.request_state() and back.seen_running
+    assert run.request_state().pop("raw") is True
+    assert "raw" not in back.request_state()  # after a restore, the first poll ships the decoder
+    assert back.request_state() == {k: v for k, v in run.request_state().items() if k != "raw"}
+    assert back.seen_running
     back.update(sample(), T0 + 10)
     assert back.status == "dead"  # the store remembered it running
     junk = RunSeries.from_state("r", {"offsets": {"x": -1, "y": "z"}, "log_seen": 3,
@@ -195,3 +200,22 @@ def test_run_request_resolves_paths_and_carries_state():
     entry = run_request(config, series)
     assert entry["offsets"] == {"/data/llama/runs/e.tfevents": 10}
     assert entry["log_seen"] == [5, T0]
+
+
+def test_events_raw_only_while_nothing_big_is_left():
+    """Issue 3: the next poll may go without the event decoder once an answer came and no event
+    file has more left than the probe sends raw; a pending read (a budget, the raw cap, a
+    damaged length) asks for the decoder again."""
+    run = RunSeries("r")
+    assert "raw" not in run.request_state()  # the run's first poll: the decoder
+    done = event_file("/w/runs/e.tfevents", T0, [(1, 1.0, T0)], offset=77)
+    run.update(sample((5,), files=(done,)), T0)
+    assert run.request_state()["raw"] is True
+    cut = replace(done, stopped="bytes")
+    run.update(sample((5,), files=(cut,)), T0 + 5)
+    assert "raw" not in run.request_state()
+    behind = replace(done, bytes=done.offset + RAW_CAP + 1)  # grew past the cap since
+    run.update(sample((5,), files=(behind,)), T0 + 10)
+    assert "raw" not in run.request_state()
+    run.update(sample((5,), files=(done,)), T0 + 15)
+    assert run.request_state()["raw"] is True

@@ -153,6 +153,78 @@ def box8(tmp_path: Path, sshd_factory: Callable[..., SshdBox]) -> tuple[Box, Ssh
     return sim, sshd_factory(env=sim.env(base_path=BOX_PATH))
 
 
+EVENT_TAGS, EVENT_STEPS = 8, 5
+"""The steady state of a run whose event file grows: 8 scalar tags written at 5 steps between
+two polls (40 records, ~2 KB a poll), read from the offset the last poll left."""
+
+
+def event_run_polls(tmp_path: Path, host: HostConfig) -> None:
+    """Issue 3: real polls of the box with a run whose event file grows between them. The
+    decoder goes with the run's first poll only; after it, the new records go raw (the client
+    decodes them) and the poll sends no decoder."""
+    from gpuwatch.remote.series import RunSeries
+    from tensorboardX.event_file_writer import EventsWriter
+    from tensorboardX.proto import event_pb2
+    from tensorboardX.summary import scalar
+
+    folder = tmp_path / "events"
+    folder.mkdir()
+    writer = EventsWriter(str(folder / "events"), "")
+    step = 0
+
+    def grow() -> int:
+        nonlocal step
+        before = sum(p.stat().st_size for p in folder.iterdir())
+        for _ in range(EVENT_STEPS):
+            for tag in range(EVENT_TAGS):
+                writer.write_event(event_pb2.Event(
+                    wall_time=time.time(), step=step,
+                    summary=scalar(f"train/t{tag}", 1.0 / (step + 1))))
+            step += 1
+        writer.flush()
+        return sum(p.stat().st_size for p in folder.iterdir()) - before
+
+    run_host = HostConfig(host.name, host.ssh, settings=host.settings,
+                          runs=(RunConfig("r", process="train.py", events=str(folder)),))
+    series = {"r": RunSeries("r")}
+    shipped: list[bool] = []
+
+    def spy(request: dict[str, Any], *, trim: bool = False) -> bytes:
+        shipped.append("gpuwatch_tfevents" in probe_bundle.modules_for(request))
+        return probe_bundle.build_stdin(request, trim=trim)
+
+    async def polls() -> tuple[list[PollOutcome], list[int]]:
+        collector, outcomes, growth = Collector(), [], []
+        for i in range(POLLS // 2 + 2):
+            growth.append(grow())
+            outcome = await collector.poll(run_host, series)
+            assert outcome.ok and outcome.snapshot is not None, outcome.error_message
+            (sample,) = outcome.snapshot.runs
+            series["r"].update(sample, outcome.snapshot.taken_at)
+            if i >= 2:  # the first poll and the one after (discovery's module) left out
+                outcomes.append(outcome)
+        return outcomes, growth[2:]
+
+    collect.build_stdin = spy  # type: ignore[assignment]
+    try:
+        outcomes, growth = asyncio.run(polls())
+    finally:
+        collect.build_stdin = probe_bundle.build_stdin
+    sent = median([float(o.bytes_sent) for o in outcomes])
+    received = median([float(o.bytes_received) for o in outcomes])
+    steady = shipped[2:]
+    row(f"a run's event file growing {median([float(g) for g in growth]) / 1024:.1f} KB/poll",
+        f"{EVENT_TAGS * EVENT_STEPS} records")
+    row("  bytes sent per poll, steady (records go raw)", f"{sent / 1024:.1f} KB", "<= 16 KB",
+        sent <= 16 * 1024)
+    row("  bytes received per poll, steady", f"{received / 1024:.1f} KB", "<= 8 KB",
+        received <= 8 * 1024)
+    row("  polls that shipped the decoder (first two left out)",
+        f"{sum(steady)} of {len(steady)}", "0", not any(steady))
+    row("  points read", str(len(series["r"].series["train/t0"])), str(step),
+        len(series["r"].series["train/t0"]) == step)
+
+
 def test_poll_figures(tmp_path: Path, box8: tuple[Box, SshdBox]) -> None:
     sim, sshd = box8
     host = HostConfig("gpu1", "box1", settings=SshSettings(
@@ -250,8 +322,15 @@ def test_poll_figures(tmp_path: Path, box8: tuple[Box, SshdBox]) -> None:
                                  checkpoints="/data/r/ckpt/*.pt")),
                       ("a host whose run reads event files, steady",
                        RunConfig("r", process="train.py", events="/data/runs"))):
-        n = up({**build_request(HostConfig("gpu1", "box1", runs=(run,))), "discovery_reuse": reuse})
+        request = {**build_request(HostConfig("gpu1", "box1", runs=(run,))),
+                   "discovery_reuse": reuse}
+        if run.events:  # issue 3: steady, the run's state says its new records may go raw
+            before = up(request)
+            request["runs"][0]["raw"] = True
+        n = up(request)
         row(f"  {what}", f"{n / 1024:.1f} KB", "<= 16 KB", n <= 16 * 1024)
+    row("    before: the event decoder shipped on every poll", f"{before / 1024:.1f} KB")
+    event_run_polls(tmp_path, host)
 
     # -- before/after: the ssh config read per poll (ssh._parsed), a 51-host ssh config -------
     fleet = sshd.fleet(50)
