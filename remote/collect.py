@@ -129,6 +129,8 @@ class Collector:
         if snapshot.nvidia_smi_reasons:
             self._hints.setdefault(host.name, {})["nvidia_smi_reasons"] = (
                 snapshot.nvidia_smi_reasons)
+        if snapshot.pynvml is not None:  # issue 3: the NVML reader goes only where it imports
+            self._hints.setdefault(host.name, {})["pynvml"] = snapshot.pynvml
         if snapshot.discovery_reuse is not None:
             self._discovery[host.name] = dict(snapshot.discovery_reuse)
         elif reuse is not None and snapshot.discovery_need is None:

@@ -330,6 +330,8 @@ class HostSnapshot:
     discovery_need: str | None = None
     """"now" | "next": the probe could not reuse the last discovery, or a run's folder is due
     for a search: the client sends the discover module again, now or on the next poll."""
+    pynvml: bool | None = None
+    """Whether the box's python imports pynvml (the client sends the NVML reader only then)."""
 
 
 # ---------------------------------------------------------------- validating reader
@@ -777,6 +779,7 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
         probe_s=doc.opt_float("probe_s"),
         probe_cpu_s=doc.opt_float("cpu_s"),
         runs=_runs(doc, errors) + _discovered_runs(doc, errors),
+        pynvml=gpu_section.opt_bool("pynvml") if gpu_section else None,
         **_discovery_note(doc),
     )
 

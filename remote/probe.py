@@ -32,7 +32,8 @@ Output: {"v": 1, "probe_s", "cpu_s", "errors": {section: message}, and the secti
 "host", "gpus", "processes", "disks", "cgroup", "logind", "kernel", "runs", "discovered"
 (issue 8: run objects as in "runs", each with a "discovered" object, see discover.py),
 "discovery": {"reuse": {...}} | {"need": "now" | "next", "why"} (issue 3, see
-discovery_state)}.
+discovery_state)}. "gpus" also says "pynvml": whether this python imports it (the client sends
+the NVML reader only then, issue 3) and "nvml": why NVML was not used, when it was not.
 A section that fails is {"error": message} (also listed in "errors") and the rest of the
 document stands.
 Tables are {"fields": [...], "rows": [[...], ...]} to keep the document small. With
@@ -538,6 +539,7 @@ def collect_gpus_smi(hint, deadline):
 
 # ---------------------------------------------------------------- NVML
 
+# ================================================================ nvml (issue 3)
 def collect_gpus_nvml(nvml):
     """Same shape as the nvidia-smi path; every call guarded (NotSupported → None)."""
     def ask(fn, *args):
@@ -588,12 +590,13 @@ def collect_gpus_nvml(nvml):
                 "apps": table(APP_FIELDS, apps)}
     finally:
         ask(nvml.nvmlShutdown)
+# ================================================================ end of nvml
 
 
 def collect_gpus(request):
     timeout_s = number_setting(request, "nvidia_smi_timeout_s", DEFAULT_NVIDIA_SMI_TIMEOUT_S)
     deadline = time.monotonic() + timeout_s
-    nvml_problem = None
+    nvml_problem, importable = None, False
     if SIM_DIR:
         nvml_problem = "simulated box: GPUs come from the stand-in nvidia-smi"
     elif want(request, "nvml"):
@@ -602,11 +605,19 @@ def collect_gpus(request):
         except ImportError:
             nvml_problem = "pynvml not importable"
         else:
-            try:
-                return call_with_deadline(lambda: collect_gpus_nvml(pynvml), timeout_s)
-            except Exception as exc:  # no driver library, no GPU, hung: try nvidia-smi
-                nvml_problem = describe(exc)
+            importable = True
+            reader = globals().get("collect_gpus_nvml")  # sent only where pynvml imports
+            if reader is None:
+                nvml_problem = "pynvml imports now: NVML is read from the next poll on"
+            else:
+                try:
+                    section = call_with_deadline(lambda: reader(pynvml), timeout_s)
+                    section["pynvml"] = True
+                    return section
+                except Exception as exc:  # no driver library, no GPU, hung: try nvidia-smi
+                    nvml_problem = describe(exc)
     section = collect_gpus_smi(request.get("nvidia_smi_reasons"), deadline)
+    section["pynvml"] = importable  # the client sends the NVML part only where it imports
     if nvml_problem:
         section["nvml"] = nvml_problem
     return section

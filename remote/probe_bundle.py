@@ -50,6 +50,14 @@ new records raw (probe.read_raw_records, issue 3), sent only to a poll that read
 without the decoder."""
 RAW_RECORDS_LINES = ("# " + "=" * 64 + " raw records (issue 3)\n",
                      "# " + "=" * 64 + " end of raw records\n")
+NVML = "gpuwatch_probe:nvml"
+"""The probe's NVML reader, between these two lines: sent unless the last poll of the host
+said its python cannot import pynvml (most boxes' system python3; the probe then reads
+nvidia-smi, and says so when pynvml starts to import)."""
+NVML_LINES = ("# " + "=" * 64 + " nvml (issue 3)\n", "# " + "=" * 64 + " end of nvml\n")
+PARTS = ((RAW_RECORDS, RAW_RECORDS_LINES), (RUN_FILES, RUN_FILES_LINES), (NVML, NVML_LINES))
+"""Optional parts of the probe's source, each cut out of it unless `parts` names it (inner
+ones first: the raw records lie inside the run files)."""
 PYTHON_MISSING_EXIT = 127
 REQUEST_COMPRESSED_FROM = 256
 """A request JSON longer than this goes zlib-compressed (the probe tells by its first byte)."""
@@ -117,7 +125,7 @@ def strip_source(text: str) -> str:
 
 def module_source(name: str, path: Path, parts: tuple[str, ...] | None) -> str:
     text = path.read_text(encoding="utf-8")
-    for part, lines in ((RAW_RECORDS, RAW_RECORDS_LINES), (RUN_FILES, RUN_FILES_LINES)):
+    for part, lines in PARTS:
         if name == "gpuwatch_probe" and parts is not None and part not in parts:
             start, end = (text.index(line) for line in lines)
             text = text[:start] + text[end:]
@@ -150,7 +158,7 @@ def compressed_probe(parts: tuple[str, ...] | None = None) -> bytes:
     for name, path in MODULES:
         if parts is None or name in parts:
             digest.update(b"\0%s\0%s" % (name.encode(), path.read_bytes()))
-    for part in (RUN_FILES, RAW_RECORDS):
+    for part, _lines in PARTS:
         digest.update(b"\0" + (part.encode() if parts is None or part in parts else b""))
     path = cache_dir() / f"probe-{digest.hexdigest()}.z"
     try:
@@ -223,7 +231,11 @@ def modules_for(request: dict[str, Any]) -> tuple[str, ...]:
         wanted.add("gpuwatch_tfevents")
     elif reads_event_files(request):
         wanted.add(RAW_RECORDS)
-    return tuple(part for part in (*(name for name, _ in MODULES), RUN_FILES, RAW_RECORDS)
+    wanted_want = request.get("want")
+    if request.get("pynvml") is not False and not (
+            isinstance(wanted_want, dict) and wanted_want.get("nvml") is False):
+        wanted.add(NVML)
+    return tuple(part for part in (*(name for name, _ in MODULES), RUN_FILES, RAW_RECORDS, NVML)
                  if part in wanted)
 
 

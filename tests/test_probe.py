@@ -22,9 +22,11 @@ import pytest
 from gpuwatch.remote import probe
 from gpuwatch.remote.probe_bundle import (
     MODULES,
+    NVML,
     PYTHON_MISSING_EXIT,
     build_command,
     build_stdin,
+    modules_for,
     strip_source,
 )
 from harness.captures import capture
@@ -549,6 +551,39 @@ def test_nvml_path_yields_the_nvidia_smi_shape(box: Box, tmp_path: Path):
     assert rows(doc["gpus"]["apps"])[1] == {"uuid": "GPU-nvml-1", "pid": 831,
                                             "gpu_mem_mib": None, "process_name": "python3.10"}
     assert not (box.root / "smi.calls").exists()
+
+
+def test_the_nvml_reader_goes_only_where_pynvml_imports(box: Box, tmp_path: Path):
+    """Issue 3: most boxes' system python3 has no pynvml, so the NVML reader (~650 B of every
+    poll) goes only where the last poll said it imports; a box where it starts to import says
+    so and is read through NVML from the next poll on."""
+    def poll(request: dict, env: dict[str, str]) -> dict:
+        result = subprocess.run(["sh", "-c", build_command(sys.executable)],
+                                input=build_stdin(request, trim=True), env=env,
+                                capture_output=True, timeout=30)
+        assert result.returncode == 0, result.stderr.decode()
+        return json.loads(result.stdout)
+
+    assert NVML in modules_for({"v": 1})  # a host's first poll: not known yet
+    assert NVML not in modules_for({"v": 1, "pynvml": False})
+    assert NVML not in modules_for({"v": 1, "want": {"nvml": False}})
+    bare = {k: v for k, v in box.env().items() if k != "PYTHONPATH"}
+    request = box_request(box, want={})
+    (tmp_path / "none").mkdir()  # a box whose python has no pynvml (ours has nvidia-ml-py)
+    (tmp_path / "none" / "pynvml.py").write_text("raise ImportError('no pynvml here')\n")
+    without = poll({**request, "pynvml": False}, {**bare, "PYTHONPATH": str(tmp_path / "none")})
+    assert without["gpus"]["source"] == "nvidia-smi" and without["gpus"]["pynvml"] is False
+    (tmp_path / "nvml").mkdir()
+    (tmp_path / "nvml" / "pynvml.py").write_text(FAKE_PYNVML)
+    env = {**bare, "PYTHONPATH": str(tmp_path / "nvml")}
+    now = poll({**request, "pynvml": False}, env)  # installed since the client last looked
+    assert now["gpus"]["source"] == "nvidia-smi" and now["gpus"]["pynvml"] is True
+    assert "next poll" in now["gpus"]["nvml"]
+    from gpuwatch.remote.model import parse_probe_output
+
+    assert parse_probe_output(json.dumps(now).encode(), "box").pynvml is True
+    after = poll({**request, "pynvml": True}, env)
+    assert after["gpus"]["source"] == "nvml" and len(rows(after["gpus"]["devices"])) == 2
 
 
 def test_nvml_is_skipped_when_the_client_says_so(box: Box, tmp_path: Path):
