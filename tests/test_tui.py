@@ -598,8 +598,9 @@ async def test_a_discovered_run_gets_a_tab_shows_what_was_found_and_p_pins_it(
         found = screen.query_one("#run-found")
         assert found.display
         shown = str(found.render())
-        assert "discovered run sft[bold]" in shown and "log /data/sft/[red]train.log" in shown
-        assert "P pins it into the config" in shown
+        assert "discovered run sft[bold]: torchrun sft.py in /data/sft" in shown
+        assert "found: log [red]train.log; events runs; checkpoints out/checkpoint-*" in shown
+        assert "P pins it" in shown
         assert screen.check_action("pin", ()) is True
         await pilot.press("P")
         await pilot.pause()

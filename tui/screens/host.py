@@ -11,7 +11,7 @@ import contextlib
 from typing import TYPE_CHECKING, ClassVar
 
 from gpuwatch.remote.config import find_config
-from gpuwatch.remote.discovered import describe
+from gpuwatch.remote.discovered import Discovery
 from gpuwatch.remote.pin import pin_run
 from gpuwatch.remote.series import RunSeries
 from rich.text import Text
@@ -41,6 +41,29 @@ if TYPE_CHECKING:
 PANES = (("pane-gpus", "GPUs"), ("pane-loss", "Loss"), ("pane-ckpt", "Checkpoints"),
          ("pane-disks", "Disks"), ("pane-findings", "Findings"), ("pane-procs", "Processes"),
          ("pane-log", "Log"))
+
+
+def found_text(d: Discovery) -> Text:
+    """A discovered run in two lines that fit a narrow terminal: what runs where, then what was
+    found, paths relative to its folder (the whole story is discovered.describe's)."""
+    cwd = (d.cwd or "").rstrip("/")
+
+    def short(path: str) -> str:
+        return path[len(cwd) + 1:] if cwd and path.startswith(cwd + "/") else path
+
+    what = short(d.script) if d.script else (f"-m {d.module}" if d.module else "?")
+    where = [f"{k} {short(v)}" for k, v in (("log", d.log), ("events", d.events),
+                                             ("checkpoints", d.checkpoints)) if v]
+    where += [f"metrics {short(m)}" for m in d.metrics]
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append("P", style="bold")
+    text.append(f" pins it · discovered run {d.name}: {d.kind or 'process'} {what} in "
+                f"{d.cwd or '?'}\n")
+    text.append("found: " + ("; ".join(where) if where else
+                             "no log, event files or checkpoints yet"))
+    if d.search_capped:
+        text.append(f" (search stopped at its {d.search_capped} bound: pin it to be sure)")
+    return text
 
 
 class HostScreen(Screen[None]):
@@ -154,9 +177,7 @@ class HostScreen(Screen[None]):
         d = self.data.discovery(self.selected_run)
         found.display = d is not None
         if d is not None:
-            text = Text("\n".join(describe(d)), no_wrap=False)
-            text.append("  P pins it into the config", style="bold")
-            found.update(text)
+            found.update(found_text(d))
 
     def tick(self) -> None:
         gw = self.gw
