@@ -28,6 +28,9 @@ MAX_STDOUT = 4 * 1024 * 1024
 """A probe document is a few KB; a box that prints megabytes is not running our probe."""
 MAX_STDERR = 64 * 1024
 DEFAULT_SSH_CONFIG = SshSettings().config_file
+NVML_RECHECK_S = 300.0
+"""A box whose python did not import pynvml is asked again this often (issue 3): pynvml
+installed mid-run is read within five minutes, and the polls between skip site-packages."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,9 @@ class Collector:
         self._opening = opening
         self._clock = clock
         self._hints: dict[str, dict[str, Any]] = {}
+        self._nvml_check_due: dict[str, float] = {}
+        """Per host whose python did not import pynvml: when to ask again (issue 3: the probe
+        then loads site-packages, which it otherwise skips)."""
         self._discovery: dict[str, dict[str, Any]] = {}
         """Per host, the last discovery, which the next poll sends back instead of the discover
         module (issue 3, U15: with the event decoder it took, half of every poll's bytes up);
@@ -117,6 +123,9 @@ class Collector:
         """One poll; `runs` is the host's run state (history.runs) for incremental reads."""
         started_at, t0 = self._clock(), time.monotonic()
         request = build_request(host, self._hints.get(host.name), runs)
+        if (request.get("pynvml") is False
+                and started_at < self._nvml_check_due.get(host.name, 0.0)):
+            request["want"] = {**request.get("want", {}), "nvml": False}
         reuse = self._discovery.pop(host.name, None)
         try:
             result, snapshot = await self._probe(host, request, reuse)
@@ -131,6 +140,9 @@ class Collector:
                 snapshot.nvidia_smi_reasons)
         if snapshot.pynvml is not None:  # issue 3: the NVML reader goes only where it imports
             self._hints.setdefault(host.name, {})["pynvml"] = snapshot.pynvml
+            self._nvml_check_due[host.name] = started_at + NVML_RECHECK_S
+        if snapshot.python is not None:  # the part for Python < 3.8 goes only to those
+            self._hints.setdefault(host.name, {})["python"] = snapshot.python
         if snapshot.discovery_reuse is not None:
             self._discovery[host.name] = dict(snapshot.discovery_reuse)
         elif reuse is not None and snapshot.discovery_need is None:

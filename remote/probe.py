@@ -46,6 +46,7 @@ A run in the output (a source that fails is left out and its message is in "erro
      "events": {"path", "capped"?: true, "files": [{"path", "size", "mtime", "offset",
                 "start"?, "stopped"? ("eof" | "partial" | "bytes" | "time" | "shrunk" |
                 "budget"), "first_wall_time"?, "reset"?: true, "errors"?, "error_count"?,
+                "crc"? ("c" | "python": the CRC the box's decoder used),
                 "scalars"?: {tag: {"steps", "values", "wall_times"}}} | {"path", "error"}]},
      "metrics": [{"path", "file", "kind" ("trainer_state" | "csv" | "jsonl"), "size", "mtime",
                   "cursor", "scalars": {tag: {"steps", "values"}}, "reset"?, "pending"?,
@@ -61,13 +62,11 @@ import json
 import os
 import pwd
 import re
-import signal
-import subprocess
 import sys
-import threading
 import time
 import zlib
 
+SIGKILL = 9  # Linux (the probe reads /proc); importing signal costs more than it says
 PROCFS = os.environ.get("GPUWATCH_PROCFS", "/proc")
 SYSFS = os.environ.get("GPUWATCH_SYSFS", "/sys")
 ETC = os.environ.get("GPUWATCH_ETC", "/etc")
@@ -165,9 +164,66 @@ def run_bounded(argv, timeout_s):
 
     A hung nvidia-smi (a GPU fallen off the bus, U22) must not hang the poll (U17). A child
     stuck in uninterruptible sleep survives SIGKILL: then we stop waiting and leave it.
+    Spawned with os.posix_spawnp (Python 3.8+): importing subprocess (and the selectors,
+    threading and signal it pulls in) cost 4 ms, a sixth of every poll's CPU on the box.
     """
     if timeout_s <= 0:
         raise ProbeFailure("%s not run: no time left" % argv[0])
+    if not hasattr(os, "posix_spawnp"):  # Python 3.6, 3.7
+        popen = globals().get("run_bounded_popen")  # sent where the python is older
+        if popen is None:
+            raise ProbeFailure("%s not run: Python %d.%d here, the next poll brings what it "
+                               "needs" % ((argv[0],) + sys.version_info[:2]))
+        return popen(argv, timeout_s)
+    import select
+
+    deadline = time.monotonic() + timeout_s
+    out_r, out_w = os.pipe()  # not inheritable: only the dup2'd ends reach the child
+    err_r, err_w = os.pipe()
+    output = {out_r: bytearray(), err_r: bytearray()}
+    try:
+        try:
+            pid = os.posix_spawnp(argv[0], argv, os.environ, setpgroup=0, file_actions=[  # novm
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),  # novm
+                (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)])  # novm
+        except FileNotFoundError:
+            raise ProbeFailure("%s not found on PATH" % argv[0])
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        reading, status = [out_r, err_r], None
+        while status is None and time.monotonic() < deadline:
+            if reading:  # both streams at once: neither pipe fills and blocks the child
+                for fd in select.select(reading, [], [], max(0, deadline - time.monotonic()))[0]:
+                    data = os.read(fd, 65536)
+                    output[fd] += data
+                    if not data:
+                        reading.remove(fd)
+            else:  # its output closed: it is ending, or lingers until the deadline
+                done, code = os.waitpid(pid, os.WNOHANG)
+                status = code if done else time.sleep(0.002)
+        if status is None:
+            try:
+                os.killpg(pid, SIGKILL)
+                for _ in range(50):  # up to 0.5 s for it to go; stuck in D state: leave it
+                    if os.waitpid(pid, os.WNOHANG)[0]:
+                        break
+                    time.sleep(0.01)
+            except OSError:
+                pass
+            raise ProbeFailure("%s timed out after %.1fs and was killed" % (argv[0], timeout_s))
+    finally:
+        os.close(out_r)
+        os.close(err_r)
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+    return (code,) + tuple(output[fd].decode("utf-8", "replace") for fd in (out_r, err_r))
+
+
+# ================================================================ popen (issue 3)
+def run_bounded_popen(argv, timeout_s):
+    """run_bounded for Pythons without os.posix_spawnp (3.6, 3.7): sent only to them."""
+    import subprocess
+
     try:
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, start_new_session=True)
@@ -177,17 +233,31 @@ def run_bounded(argv, timeout_s):
         out, err = child.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         try:
-            os.killpg(child.pid, signal.SIGKILL)
+            os.killpg(child.pid, SIGKILL)
             child.communicate(timeout=0.5)
         except (OSError, subprocess.TimeoutExpired):
             pass
         raise ProbeFailure("%s timed out after %.1fs and was killed" % (argv[0], timeout_s))
     return child.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+# ================================================================ end of popen
+
+
+def load_site():
+    """Put the box's site-packages on sys.path, for what lives there (pynvml). The probe runs
+    under `python3 -S` (probe_bundle.build_command): site, and with it every installed
+    package's .pth file, costs 3 ms of a bare Debian python3's start and tens of ms in a
+    well-stocked conda env or pyenv, on every poll; it is loaded only where it is needed."""
+    if sys.flags.no_site and "site" not in sys.modules:
+        import site
+
+        site.main()
 
 
 def call_with_deadline(fn, timeout_s):
     """Run fn in a daemon thread: an in-process NVML call into a hung driver cannot be
     interrupted, so we stop waiting for it instead (the probe exits with os._exit)."""
+    import threading  # only here: NVML boxes
+
     box = {}
 
     def target():
@@ -596,10 +666,13 @@ def collect_gpus_nvml(nvml):
 def collect_gpus(request):
     timeout_s = number_setting(request, "nvidia_smi_timeout_s", DEFAULT_NVIDIA_SMI_TIMEOUT_S)
     deadline = time.monotonic() + timeout_s
-    nvml_problem, importable = None, False
+    nvml_problem, importable, checked = None, False, True
     if SIM_DIR:
         nvml_problem = "simulated box: GPUs come from the stand-in nvidia-smi"
-    elif want(request, "nvml"):
+    elif not want(request, "nvml"):  # the client asks again now and then (collect.py)
+        checked = False
+    else:
+        load_site()
         try:
             import pynvml
         except ImportError:
@@ -617,7 +690,8 @@ def collect_gpus(request):
                 except Exception as exc:  # no driver library, no GPU, hung: try nvidia-smi
                     nvml_problem = describe(exc)
     section = collect_gpus_smi(request.get("nvidia_smi_reasons"), deadline)
-    section["pynvml"] = importable  # the client sends the NVML part only where it imports
+    if checked:  # the client sends the NVML part only where it imports
+        section["pynvml"] = importable
     if nvml_problem:
         section["nvml"] = nvml_problem
     return section
@@ -1262,7 +1336,7 @@ def read_event_file(path, st, offset, budget, limits):
         path, offset, max_bytes=budget["bytes"], deadline_s=budget["deadline"])
     budget["bytes"] -= info["bytes_read"]
     entry.update({"start": offset, "offset": new_offset, "stopped": info["stopped"],
-                  "scalars": columns(points, True)})
+                  "scalars": columns(points, True), "crc": info["crc"]})
     if info.get("first_wall_time") is not None:
         entry["first_wall_time"] = round(info["first_wall_time"], 3)
     if errors:
@@ -1335,6 +1409,7 @@ def collect_events(path, offsets, budget, limits):
     return out
 
 
+# ================================================================ metrics (issue 3)
 # -------------------------------- metrics files: trainer_state.json, metrics.csv, *.jsonl
 
 
@@ -1522,6 +1597,7 @@ def collect_metrics(raw, cursor, limits):
     out.update({"path": raw, "file": found, "scalars": columns(points, False)})
     out.update(stat_fields(st))
     return out
+# ================================================================ end of metrics
 
 
 # -------------------------------- checkpoints, leftovers, done marker (seed 001, 004, U6)
@@ -1652,7 +1728,10 @@ def collect_run(run, pids, budget, limits):
             if box_path(raw) is None:
                 continue
             try:
-                out["metrics"].append(collect_metrics(raw, cursors.get(raw), limits))
+                reader = globals().get("collect_metrics")  # sent where a run names metrics
+                if reader is None:
+                    raise ProbeFailure("the metrics readers were not sent with this poll")
+                out["metrics"].append(reader(raw, cursors.get(raw), limits))
             except Exception as exc:
                 out["metrics"].append({"path": raw, "error": describe(exc)})
                 errors["metrics[%d]" % i] = describe(exc)

@@ -55,7 +55,19 @@ NVML = "gpuwatch_probe:nvml"
 said its python cannot import pynvml (most boxes' system python3; the probe then reads
 nvidia-smi, and says so when pynvml starts to import)."""
 NVML_LINES = ("# " + "=" * 64 + " nvml (issue 3)\n", "# " + "=" * 64 + " end of nvml\n")
-PARTS = ((RAW_RECORDS, RAW_RECORDS_LINES), (RUN_FILES, RUN_FILES_LINES), (NVML, NVML_LINES))
+METRICS = "gpuwatch_probe:metrics"
+"""Inside the run files part, between these two lines: the readers of trainer_state.json,
+metrics CSV and JSONL files, sent only to a poll where a run names some or discovery may find
+them (a third of the run files part)."""
+METRICS_LINES = ("# " + "=" * 64 + " metrics (issue 3)\n",
+                 "# " + "=" * 64 + " end of metrics\n")
+POPEN = "gpuwatch_probe:popen"
+"""The probe's way to run nvidia-smi and dmesg on Python 3.6 and 3.7 (subprocess; newer ones
+use os.posix_spawnp, 4 ms less CPU), between these two lines: sent unless the last poll of
+the host said its python is 3.8 or newer."""
+POPEN_LINES = ("# " + "=" * 64 + " popen (issue 3)\n", "# " + "=" * 64 + " end of popen\n")
+PARTS = ((RAW_RECORDS, RAW_RECORDS_LINES), (METRICS, METRICS_LINES), (RUN_FILES, RUN_FILES_LINES),
+         (NVML, NVML_LINES), (POPEN, POPEN_LINES))
 """Optional parts of the probe's source, each cut out of it unless `parts` names it (inner
 ones first: the raw records lie inside the run files)."""
 PYTHON_MISSING_EXIT = 127
@@ -68,8 +80,15 @@ REQUEST_COMPRESSED_FROM = 256
 BOOTSTRAP = ("import sys;sys.path=[p for p in sys.path if p not in('','.')];import zlib;"
              "i=sys.stdin.buffer;exec(zlib.decompress(i.read(int(i.readline()))))")
 
+# Garbage collection off: a short life that makes few cycles, and compiling the sources is
+# 2 ms quicker. The command runs python with -S (build_command): site-packages are loaded
+# where the event decoder goes, for its C crc32c (and by the probe where it looks for pynvml).
 LOADER = '''
-import sys, types
+import gc, sys, types
+gc.disable()
+if sys.flags.no_site and any(name == "gpuwatch_tfevents" for name, _ in SOURCES):
+    import site
+    site.main()
 
 
 def install(name, source):
@@ -220,28 +239,45 @@ def modules_for(request: dict[str, Any]) -> tuple[str, ...]:
     poll but the first); the probe's run files part when the request has runs or discovery
     may find some; the event decoder when discovery may find event files this poll, or when a
     run's event files need it (decodes_event_files), else, where a run reads event files, the
-    probe's raw records part: in steady state their new records go raw (issue 3)."""
+    probe's raw records part: in steady state their new records go raw (issue 3); the metrics
+    readers where a run names metrics files or discovery may find some; the NVML reader unless
+    the box said its python has no pynvml; the part for Python < 3.8 unless the box said its
+    python is newer. A host's first poll, knowing nothing yet, gets whatever it may need."""
     discover = wants_discovery(request) and not isinstance(request.get("discovery_reuse"), dict)
     wanted = {"gpuwatch_probe"}
     if discover:
-        wanted |= {"gpuwatch_discover", "gpuwatch_tfevents", RUN_FILES}
+        wanted |= {"gpuwatch_discover", "gpuwatch_tfevents", RUN_FILES, METRICS}
     if _runs(request):
         wanted.add(RUN_FILES)
+    if any(isinstance(r, dict) and r.get("metrics") for r in _runs(request)):
+        wanted.add(METRICS)
     if decodes_event_files(request):
         wanted.add("gpuwatch_tfevents")
     elif reads_event_files(request):
         wanted.add(RAW_RECORDS)
     wanted_want = request.get("want")
-    if request.get("pynvml") is not False and not (
-            isinstance(wanted_want, dict) and wanted_want.get("nvml") is False):
+    if request.get("pynvml") is not False and not (isinstance(wanted_want, dict) and (
+            wanted_want.get("nvml") is False or wanted_want.get("gpus") is False)):
         wanted.add(NVML)
-    return tuple(part for part in (*(name for name, _ in MODULES), RUN_FILES, RAW_RECORDS, NVML)
-                 if part in wanted)
+    if not _python_at_least(request.get("python"), (3, 8)):
+        wanted.add(POPEN)
+    return tuple(part for part in (*(name for name, _ in MODULES), RUN_FILES, RAW_RECORDS,
+                                   METRICS, NVML, POPEN) if part in wanted)
+
+
+def _python_at_least(version: object, least: tuple[int, int]) -> bool:
+    """Whether a box's python version as the probe reports it ("3.11.2") is `least` or newer;
+    False when not known."""
+    try:
+        return tuple(int(n) for n in str(version).split(".")[:2]) >= least
+    except ValueError:
+        return False
 
 
 def build_command(python: str = "python3") -> str:
-    """The shell command for the SSH exec: the same on every poll of a host."""
-    return f"exec {shlex.quote(python)} -c {shlex.quote(BOOTSTRAP)}"
+    """The shell command for the SSH exec: the same on every poll of a host. `-S`: no site
+    at start-up (the probe loads it where it needs site-packages, see probe.load_site)."""
+    return f"exec {shlex.quote(python)} -S -c {shlex.quote(BOOTSTRAP)}"
 
 
 def build_stdin(request: dict[str, Any], *, trim: bool = False) -> bytes:

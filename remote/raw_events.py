@@ -124,7 +124,7 @@ def decode_raw_entry(entry: dict[str, Any],
     points, new_offset, errors, info = _tfevents().read_open(
         _Window(data, start), start + len(data), path, start, max_bytes=len(data) + 16)
     out.update({"start": start, "offset": new_offset, "stopped": stopped,
-                "scalars": columns(points)})
+                "scalars": columns(points), "crc": info["crc"]})  # here, this side's CRC
     if info.get("first_wall_time") is not None:
         out["first_wall_time"] = round(info["first_wall_time"], 3)
     if errors:

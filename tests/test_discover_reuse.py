@@ -33,6 +33,8 @@ from gpuwatch.remote.config import HostConfig
 from gpuwatch.remote.findings import HostHistory
 from gpuwatch.remote.model import HostSnapshot, parse_probe_output
 from gpuwatch.remote.probe_bundle import (
+    METRICS,
+    POPEN,
     RUN_FILES,
     build_command,
     build_stdin,
@@ -163,8 +165,9 @@ def test_a_box_without_runs_gets_the_probe_without_its_run_files_part(rig: Rig) 
         shutil.rmtree(rig.box.proc / str(pid))
     rig.collector = Collector()
     rig.collector._hints["box"] = {"want": {"nvml": False}}
-    rig.poll()
-    assert rig.shipped == [("gpuwatch_tfevents", DISCOVER, "gpuwatch_probe", RUN_FILES)]
+    rig.poll()  # the first: the box's python version not known yet, the part for < 3.8 goes
+    assert rig.shipped == [("gpuwatch_tfevents", DISCOVER, "gpuwatch_probe", RUN_FILES, METRICS,
+                            POPEN)]
     outcome = rig.poll()
     assert rig.shipped == [("gpuwatch_probe",)]
     assert outcome.snapshot.runs == () and outcome.bytes_sent < 16 * 1024

@@ -23,6 +23,7 @@ from gpuwatch.remote import probe
 from gpuwatch.remote.probe_bundle import (
     MODULES,
     NVML,
+    POPEN,
     PYTHON_MISSING_EXIT,
     build_command,
     build_stdin,
@@ -478,6 +479,55 @@ def test_hung_nvidia_smi_is_killed_and_the_rest_stands(box: Box):
         os.kill(int((box.root / "smi.pid").read_text()), 0)
 
 
+def test_a_child_that_closes_its_output_and_lingers_is_killed_at_the_deadline(box: Box):
+    """run_bounded waits for the exit, not only for the end of the output (the probe spawns
+    without subprocess, issue 3): a dmesg that shuts its stdout and stderr and sleeps on must
+    not hold the poll past its timeout."""
+    box.tool("dmesg", f'echo $$ > "{box.root}/dmesg.pid"\nexec >/dev/null 2>&1\nexec sleep 60\n')
+    started = time.monotonic()
+    doc = probe_doc(box_request(box, limits={"dmesg_timeout_s": 1}), box.env())
+    assert time.monotonic() - started < 5
+    assert doc["kernel"] == {"error": "dmesg timed out after 1.0s and was killed"}
+    assert doc["errors"] == {"kernel": doc["kernel"]["error"]}
+    with pytest.raises(ProcessLookupError):
+        os.kill(int((box.root / "dmesg.pid").read_text()), 0)
+
+
+def test_a_child_that_floods_both_streams_is_read_to_the_end(box: Box):
+    """stdout and stderr are read together: 1 MiB on each, more than a pipe holds, neither
+    blocks the child, and every line of stdout reaches the parser (its last Xid is found)."""
+    xid = "[ 9999.000001] NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python, GPU has fallen"
+    box.tool("dmesg", "i=0; while [ $i -lt 16 ]; do head -c 65536 /dev/zero | tr '\\0' e >&2; "
+                      "head -c 65536 /dev/zero | tr '\\0' o | fold -w 128; i=$((i+1)); done\n"
+                      f"echo '{xid} off the bus'\n")
+    doc = probe_doc(box_request(box), box.env())
+    assert doc["errors"] == {}, doc["errors"]
+    assert rows(doc["kernel"]["xid"])[-1]["xid"] == 79
+
+
+def test_python_37_without_its_part_says_so_and_the_rest_stands(box: Box):
+    """The subprocess way of running nvidia-smi goes only to Pythons < 3.8 (issue 3): a box
+    whose python was swapped for an older one since the last poll says what is missing, and
+    reports its version, so the next poll sends it."""
+    installs = sorted(Path.home().glob(".pyenv/versions/3.7*/bin/python"))
+    if not installs:
+        pytest.skip("no Python 3.7 interpreter here; vermin checks the syntax instead")
+    request = box_request(box, python="3.11.2")
+    assert POPEN not in modules_for(request) and POPEN in modules_for(box_request(box))
+    result = subprocess.run(["sh", "-c", build_command(str(installs[0]))],
+                            input=build_stdin(request, trim=True), env=box.env(),
+                            capture_output=True, timeout=30)
+    doc = json.loads(result.stdout)
+    assert doc["gpus"]["error"] == ("nvidia-smi not run: Python 3.7 here, the next poll brings "
+                                    "what it needs")
+    assert doc["host"]["python"].startswith("3.7.") and "processes" not in doc["errors"]
+    fixed = json.loads(subprocess.run(
+        ["sh", "-c", build_command(str(installs[0]))],
+        input=build_stdin({**request, "python": doc["host"]["python"]}, trim=True),
+        env=box.env(), capture_output=True, timeout=30).stdout)
+    assert fixed["errors"] == {} and len(fixed["gpus"]["devices"]["rows"]) == 8
+
+
 def test_failing_nvidia_smi_reports_its_message(box: Box):
     box.tool("nvidia-smi", "echo 'No devices were found'; exit 6\n")
     doc = probe_doc(box_request(box), box.env())
@@ -584,6 +634,20 @@ def test_the_nvml_reader_goes_only_where_pynvml_imports(box: Box, tmp_path: Path
     assert parse_probe_output(json.dumps(now).encode(), "box").pynvml is True
     after = poll({**request, "pynvml": True}, env)
     assert after["gpus"]["source"] == "nvml" and len(rows(after["gpus"]["devices"])) == 2
+
+
+def test_pynvml_is_found_in_site_packages_though_the_probe_starts_without_them(box: Box):
+    """`python3 -S`: site-packages are loaded only to look for pynvml, which this python has
+    (nvidia-ml-py, a dependency) where a box would: the probe says it imports. When the client
+    does not ask (it asks a box without pynvml every NVML_RECHECK_S), the probe says nothing."""
+    import pynvml  # noqa: F401  (installed with gpuwatch: the probe must find it without help)
+
+    bare = {k: v for k, v in box.env().items() if k != "GPUWATCH_SIM_DIR"}  # NVML is tried
+    assert "-S -c" in build_command(sys.executable)
+    asked = probe_doc(box_request(box, want={}), bare)
+    assert asked["gpus"].get("pynvml") is True, asked["gpus"]
+    not_asked = probe_doc(box_request(box, want={"nvml": False}), bare)
+    assert "pynvml" not in not_asked.get("gpus", {}), not_asked["gpus"]
 
 
 def test_nvml_is_skipped_when_the_client_says_so(box: Box, tmp_path: Path):

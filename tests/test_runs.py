@@ -19,7 +19,14 @@ from pathlib import Path
 import pytest
 from gpuwatch.remote.config import RunConfig
 from gpuwatch.remote.model import HostSnapshot, RunSample, parse_probe_output
-from gpuwatch.remote.probe_bundle import build_command, build_stdin
+from gpuwatch.remote.probe_bundle import (
+    METRICS,
+    RUN_FILES,
+    build_command,
+    build_stdin,
+    compressed_probe,
+    modules_for,
+)
 from gpuwatch.remote.series import RunSeries, run_request
 from tensorboardX import SummaryWriter
 from tensorboardX.event_file_writer import EventsWriter
@@ -112,6 +119,20 @@ def test_event_file_read_incrementally_across_polls(workdir: Path):
     assert h.start is None and h.scalars == {} and h.offset == g.offset
     assert set(watch.doc["runs"][0]["events"]["files"][0]) == {"path", "size", "mtime", "offset"}
     assert len(watch.series.series["train/loss"]) == 8
+
+
+def test_the_box_decoder_finds_the_c_crc32c_in_site_packages(workdir: Path):
+    """The probe runs under `python3 -S` (no site-packages at start-up: 3 ms of every poll, tens
+    of ms in a conda env); where the event decoder goes, the loader loads site first, so the
+    box's C crc32c (in this python's site-packages, as on a box) checks the records."""
+    import crc32c  # noqa: F401  (a test dependency: the C path must be here to be checked)
+
+    writer = events_writer(workdir / "runs")
+    write_scalars(writer, "loss", [(s, 1.0 / (s + 1)) for s in range(3)])
+    watch = Watch(RunConfig("r", workdir=str(workdir), events="runs"))
+    watch.poll()
+    assert "-S -c" in build_command(sys.executable)
+    assert watch.doc["runs"][0]["events"]["files"][0]["crc"] == "c"
 
 
 def test_summary_writer_files_in_subfolders(workdir: Path):
@@ -260,6 +281,41 @@ def test_jsonl_partial_last_line_is_completed_later(workdir: Path):
     (m2,) = watch.poll().metrics
     assert m2.scalars["loss"].steps == (3, 4) and m2.scalars["loss"].values == (2.25, 2.0)
     assert watch.series.series["loss"].steps.tolist() == [1, 2, 3, 4]
+
+
+def test_the_metrics_readers_go_only_to_polls_that_read_metrics(workdir: Path):
+    """Issue 3: the readers of trainer_state.json, CSV and JSONL (1.3 KB of a poll's upload)
+    go only where a run names metrics files or discovery may find some; a probe that lacks
+    them when a run names some says so in that source and reads the rest."""
+    (workdir / "metrics.jsonl").write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2}\n')
+    (workdir / "train.log").write_text("step 2 loss 2.0\n")
+    with_metrics = RunConfig("j", workdir=str(workdir), metrics=("metrics.jsonl",),
+                             log="train.log")
+    without = RunConfig("j", workdir=str(workdir), log="train.log")
+
+    def request(run: RunConfig) -> dict:
+        return {"v": 1, "want": {**QUIET, "discover": False}, "python": "3.11.2",
+                "runs": [run_request(run, None)]}
+
+    assert modules_for(request(with_metrics)) == ("gpuwatch_probe", RUN_FILES, METRICS)
+    assert modules_for(request(without)) == ("gpuwatch_probe", RUN_FILES)
+    assert METRICS in modules_for({"v": 1, "python": "3.11.2"})  # discovery may find some
+
+    def poll(stdin: bytes) -> dict:
+        result = subprocess.run(["sh", "-c", build_command(sys.executable)], input=stdin,
+                                env=ENV, capture_output=True, timeout=60)
+        assert result.returncode == 0, result.stderr.decode()
+        (run,) = json.loads(result.stdout)["runs"]
+        return run
+
+    read = poll(build_stdin(request(with_metrics), trim=True))
+    assert read["metrics"][0]["scalars"]["loss"]["steps"] == [1, 2] and "errors" not in read
+    assert poll(build_stdin(request(without), trim=True))["log"]["size"] > 0
+    lacking = compressed_probe(("gpuwatch_probe", RUN_FILES))  # as if the client misjudged
+    body = json.dumps(request(with_metrics)).encode()
+    run = poll(b"%d\n" % len(lacking) + lacking + body)
+    assert run["errors"] == {"metrics[0]": "the metrics readers were not sent with this poll"}
+    assert run["log"]["size"] > 0
 
 
 def test_malformed_metrics_files_are_errors_not_crashes(workdir: Path):

@@ -132,6 +132,35 @@ async def test_proxyjump_from_the_ssh_config(sshd_box: SshdBox) -> None:
     assert result.stdout.split()[-1] == str(sshd_box.port).encode()
 
 
+@pytest.mark.asyncio
+async def test_a_connection_starts_from_the_parsed_config_not_a_new_reading(
+    sshd_box: SshdBox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 3: asyncssh reads the whole ssh config on every connection (9 ms of client CPU
+    per poll with 51 hosts in it); the connection starts from the reading ssh._parsed keeps
+    (keys, agent, known_hosts and bounds still apply: the tests around this one). A ProxyJump
+    target still has its file read, for asyncssh's jump connection."""
+    import asyncssh
+
+    reads: list[Path] = []
+    parse = asyncssh.config.SSHConfig.parse
+
+    def counted(self: Any, path: Path) -> None:
+        reads.append(path)
+        parse(self, path)
+
+    monkeypatch.setattr(asyncssh.config.SSHConfig, "parse", counted)
+    await call(sshd_box, "true")  # the first: _parsed reads the file
+    reads.clear()
+    assert (await call(sshd_box, "echo again")).stdout == b"again\n"
+    assert reads == []
+    sshd_box.add_host("behind", ProxyJump=sshd_box.alias)
+    await call(sshd_box, "true", target="behind")
+    reads.clear()
+    assert (await call(sshd_box, "echo jumped", target="behind")).stdout == b"jumped\n"
+    assert reads  # the jump host's connection read it
+
+
 @pytest.fixture
 def ssh_agent(sshd_box: SshdBox) -> Iterator[Path]:
     """A real ssh-agent holding the box's client key; yields its socket."""
