@@ -171,6 +171,12 @@ class HostHistory:
     """Runs (and rank deaths) first seen at the latest poll: run.dead is critical then."""
     findings: list[Finding] = field(default_factory=list)
     """What `evaluate` found at the latest poll (the store keeps their first/last seen)."""
+    zombies: list[Any] | None = None
+    """The VRAM zombie holders `evaluate` found at the latest poll (zombies.py)."""
+    left_behind: frozenset[str] = frozenset()
+    """Discovered runs whose every live process is a VRAM zombie holder (U11): what a dead run
+    left behind, not a run of its own (its cwd and script made discovery group it). Shown as
+    left behind rather than running; its own findings give way to gpu.vram_zombie."""
 
     def restore_deaths(self, deaths: Mapping[str, Mapping[str, Any]],
                        rank_deaths: Mapping[str, Mapping[str, Any]] | None = None) -> None:
@@ -597,7 +603,7 @@ def gpu_vram_zombie(history: HostHistory) -> Iterable[Finding]:
     from .zombies import zombie_holders
 
     per_gpu: dict[int | None, list[Any]] = {}
-    for z in zombie_holders(history):
+    for z in history.zombies if history.zombies is not None else zombie_holders(history):
         per_gpu.setdefault(z.gpu_index, []).append(z)
     for gpu, holders in per_gpu.items():
         mib = sum(z.gpu_mem_mib or 0 for z in holders)
@@ -1106,7 +1112,12 @@ CODES: dict[str, tuple[str, ...]] = {
 
 def evaluate(history: HostHistory, rules: Iterable[Rule] = RULES) -> list[Finding]:
     """Every finding of every rule, most severe first (also kept as history.findings)."""
-    found = [f for rule in rules for f in rule(history)]
+    from .zombies import left_behind_runs, zombie_holders
+
+    history.zombies = zombie_holders(history)
+    history.left_behind = left_behind_runs(history, history.zombies)
+    found = [f for rule in rules for f in rule(history)
+             if f.run is None or f.run not in history.left_behind]
     found.sort(key=lambda f: (-f.severity, f.code, -1 if f.gpu is None else f.gpu, f.run or "",
                               f.subject or ""))
     history.findings = found

@@ -183,6 +183,14 @@ def zombie_holders(history: HostHistory) -> list[ZombieHolder]:
                         (pid, old_table[pid].start_ticks))
     protected = _protected(snap, table, earlier, seen_before)
     idle_pct = th.idle_util_pct
+
+    def configured_run(proc: ProcessInfo) -> str | None:
+        """The configured run a holder belonged to; a run discovery made of the holder itself
+        (left_behind_runs) is no owner to name."""
+        series = history.runs.get(proc.run) if proc.run else None
+        return proc.run if series is None or getattr(series, "discovery", None) is None \
+            else None
+
     out: list[ZombieHolder] = []
 
     # defunct: dead, unreaped, and the driver still charges it memory
@@ -199,7 +207,7 @@ def zombie_holders(history: HostHistory) -> list[ZombieHolder]:
             proc.pid, proc.start_ticks, proc.user, proc.gpu_index, proc.gpu_mem_mib, proc.cmd,
             "defunct", False,
             f"pid {proc.pid} is defunct yet holds GPU memory; {todo} (U11)",
-            parent_pid=reaper, run=proc.run))
+            parent_pid=reaper, run=configured_run(proc)))
 
     # orphaned: left behind by its parent or its run, on a GPU idle for several polls
     if sustained:
@@ -211,12 +219,13 @@ def zombie_holders(history: HostHistory) -> list[ZombieHolder]:
             if why is None or not gpus or not all(_idle(window, g, idle_pct) for g in gpus):
                 continue
             gpu = proc.gpu_index if proc.gpu_index is not None else min(gpus)
-            run = f" of run {proc.run}" if proc.run else ""
+            owner = configured_run(proc)
+            run = f" of run {owner}" if owner else ""
             out.append(ZombieHolder(
                 proc.pid, proc.start_ticks, proc.user, gpu, proc.gpu_mem_mib, proc.cmd,
                 "orphaned", True,
                 f"pid {proc.pid}{run} holds GPU {gpu} memory, {why}, and the GPU has been idle "
-                f"for {len(window)} polls: kill it to free the memory (U11)", run=proc.run))
+                f"for {len(window)} polls: kill it to free the memory (U11)", run=owner))
 
     if not sustained or not _gpu_processes_ok(snap):
         return out
@@ -267,3 +276,19 @@ def zombie_holders(history: HostHistory) -> list[ZombieHolder]:
 def _mem_used(snap: HostSnapshot, gpu: int) -> int:
     sample = next((g for g in snap.gpus if g.index == gpu), None)
     return -1 if sample is None or sample.mem_used_mib is None else sample.mem_used_mib
+
+
+def left_behind_runs(history: HostHistory, holders: Iterable[ZombieHolder]) -> frozenset[str]:
+    """The discovered runs (issue 8) whose every live process is one of `holders`: an orphaned
+    rank of a dead DDP job has a cwd and a script, so discovery groups it as a run, which read
+    "running" beside the finding that it is a zombie (U11). A configured run is never one: it
+    protects its processes, so none of them is a holder."""
+    now = history.current
+    if now is None:
+        return frozenset()
+    held = {z.pid for z in holders if z.pid is not None}
+    return frozenset(
+        r.name for r in now.runs
+        if r.pids and set(r.pids) <= held
+        and getattr(history.runs.get(r.name), "discovery", None) is not None)
+

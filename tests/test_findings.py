@@ -542,3 +542,33 @@ def test_every_threshold_is_documented() -> None:
                   and isinstance(doc.value, ast.Constant)}
     from dataclasses import fields
     assert {f.name for f in fields(Thresholds)} - documented == set()
+
+
+def test_a_discovered_run_that_is_only_a_zombie_reads_left_behind(tmp_path: Path) -> None:
+    """U11 with issue 8: the orphaned rank has a cwd and a script, so discovery groups it as a
+    run of its own; once it is a zombie holder that run reads "left behind" (not running) and
+    its own findings give way to gpu.vram_zombie, which says what to do."""
+    box = box_at(tmp_path, 2)
+    box.add_process(SimProcess(700, ("bash", "launch.sh"), ppid=1))
+    box.add_process(replace(training_process(701, ppid=700, gpu=1), session=700))
+    box.add_compute_app(1, 701, "python", 30_000)
+    box.set_gpu(1, util_pct=98, mem_used_mib=30_000)
+    w = Watched(box)
+    w.poll()
+    box.remove_process(700)
+    box.update_process(701, ppid=1, state="S")
+    box.set_gpu(1, util_pct=0)
+    w.poll()
+    found = [r.name for r in w.history.current.runs if 701 in r.pids]
+    assert found and w.history.runs[found[0]].discovery is not None  # discovery's own run
+    assert w.history.left_behind == frozenset()  # idle one poll: not yet a zombie
+    w.poll()
+    assert "gpu.vram_zombie" in w.codes()
+    assert w.history.left_behind == frozenset(found)
+    start = time.time()
+    for i in range(1, 6):  # long enough for gpu.idle_while_running, were it a live run
+        w.poll(at=start + 120 * i)
+    assert w.codes() == ["gpu.vram_zombie"] and w.history.left_behind == frozenset(found)
+    (holder,) = w.history.zombies or []
+    assert holder.pid == 701 and holder.run is None  # discovery's name for it is no owner
+    assert "of run" not in holder.explanation

@@ -611,3 +611,22 @@ async def test_a_discovered_run_gets_a_tab_shows_what_was_found_and_p_pins_it(
         await pilot.pause()
         assert config_path.read_text() == text
         assert any("already configured" in n for n in notes(app))
+
+
+def test_a_discovered_run_left_behind_as_a_zombie_is_shown_so_not_as_running() -> None:
+    """U11 with issue 8: findings mark a discovered run whose every process is a VRAM zombie
+    as left behind (tests/test_findings.py); every place the TUI shows a run's status says
+    so, with its own glyph, instead of the series' "running"."""
+    from gpuwatch.remote.series import RunSeries
+    from gpuwatch.tui.colours import RUN_GLYPH, RUN_VARIABLE
+    from gpuwatch.tui.state import HostData
+
+    history = HostHistory("box")
+    history.runs["ddp_worker"] = RunSeries("ddp_worker")
+    data = HostData(HostConfig("box", "box"), history)
+    assert data.run_status("ddp_worker") == history.runs["ddp_worker"].status
+    assert data.run_status("never-polled") == "unknown"
+    history.left_behind = frozenset({"ddp_worker"})
+    assert data.run_status("ddp_worker") == "left behind"
+    assert RUN_GLYPH["left behind"] not in (RUN_GLYPH["running"], RUN_GLYPH["dead"])
+    assert RUN_VARIABLE["left behind"] == "warning"

@@ -12,9 +12,9 @@ SEVERITY_VARIABLE = {Severity.CRITICAL: "error", Severity.WARNING: "warning",
 SEVERITY_GLYPH = {Severity.CRITICAL: "✖", Severity.WARNING: "▲", Severity.INFO: "●"}
 STATUS_VARIABLE = {"ok": "success", "stale": "warning", "unreachable": "error",
                    "waiting": "text-muted"}
-RUN_GLYPH = {"running": "▶", "finished": "✓", "dead": "✗", "unknown": "?"}
+RUN_GLYPH = {"running": "▶", "finished": "✓", "dead": "✗", "unknown": "?", "left behind": "⊘"}
 RUN_VARIABLE = {"running": "success", "finished": "primary", "dead": "error",
-                "unknown": "text-muted"}
+                "unknown": "text-muted", "left behind": "warning"}
 
 
 def colour(app: App[object], name: str) -> str:

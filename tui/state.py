@@ -112,6 +112,15 @@ class HostData:
         return [r.name for r in self.config.runs] + discovered_names(self.history.runs,
                                                                      self.config)
 
+    def run_status(self, name: str) -> str:
+        """A run's status as the TUI shows it: the series' ("running", "dead", ...), "left
+        behind" for a discovered run that is only a dead run's VRAM zombie (U11), "unknown"
+        before its first poll."""
+        if name in self.history.left_behind:
+            return "left behind"
+        series = self.history.runs.get(name)
+        return series.status if series is not None else "unknown"
+
     def discovery(self, run: str | None) -> Discovery | None:
         """What discovery found of `run` when it is a discovered (not configured) run."""
         if run is None or any(r.name == run for r in self.config.runs):

@@ -161,8 +161,7 @@ class HostScreen(Screen[None]):
                 tabs.add_tab(Tab(Text(name), id=f"run-{len(self._tab_names) - 1}"))
                 tabs.display = True
         for i, name in enumerate(self._tab_names):
-            series = data.history.runs.get(name)
-            status = series.status if series is not None else "unknown"
+            status = data.run_status(name)
             with contextlib.suppress(NoMatches):  # added above, mounting
                 tab = tabs.query_one(f"#run-{i}", Tab)
                 label = Text(f"{name} {RUN_GLYPH[status]} {status}")

@@ -110,8 +110,7 @@ class FleetTable(DataTable[Text]):
     def runs_cell(self, data: HostData) -> Text:
         text = Text()
         for i, name in enumerate(data.run_names()):  # configured, then discovered (issue 8)
-            series = data.history.runs.get(name)
-            status = series.status if series is not None else "unknown"
+            status = data.run_status(name)
             if i:
                 text.append(" ")
             text.append(name)  # a config's or the box's name: plain Text, never markup

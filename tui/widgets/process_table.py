@@ -59,9 +59,7 @@ class ProcessTable(DataTable[Text]):
             groups.setdefault(p.run or NO_RUN, []).append(p)
         muted = colour(self.app, "text-muted")
         for run, procs in groups.items():
-            series = data.history.runs.get(run)
-            status = series.status if series is not None else ("" if run == NO_RUN
-                                                                else "unknown")
+            status = "" if run == NO_RUN else data.run_status(run)
             head = Text(f"▾ {run}", style="bold")
             if status:
                 head.append(f" {RUN_GLYPH[status]} {status}",
