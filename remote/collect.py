@@ -143,6 +143,12 @@ class Collector:
             self._nvml_check_due[host.name] = started_at + NVML_RECHECK_S
         if snapshot.python is not None:  # the part for Python < 3.8 goes only to those
             self._hints.setdefault(host.name, {})["python"] = snapshot.python
+        if snapshot.kernel_lines is not None:  # the kernel log parser goes where it has work
+            self._hints.setdefault(host.name, {})["kernel_lines"] = snapshot.kernel_lines
+        if snapshot.cgroup is not None:  # the cgroup v1 reader goes only to v1 boxes
+            self._hints.setdefault(host.name, {})["cgroup"] = snapshot.cgroup.version
+        elif "cgroup" in snapshot.section_errors:  # perhaps for want of that reader
+            self._hints.get(host.name, {}).pop("cgroup", None)
         if snapshot.discovery_reuse is not None:
             self._discovery[host.name] = dict(snapshot.discovery_reuse)
         elif reuse is not None and snapshot.discovery_need is None:

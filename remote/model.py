@@ -335,6 +335,9 @@ class HostSnapshot:
     python: str | None = None
     """The box's python version, "3.11.2" (the client sends the probe's part for Python < 3.8
     only to those)."""
+    kernel_lines: int | None = None
+    """How many kernel log lines may be Xids or OOM kills (the client sends the probe's parser
+    of them only where some are)."""
 
 
 # ---------------------------------------------------------------- validating reader
@@ -727,6 +730,21 @@ def _section(doc: _Node, name: str, errors: dict[str, str]) -> _Node | None:
     return None if value is None else doc.node(name)
 
 
+def _kernel_section(doc: _Node, errors: dict[str, str]) -> _Node | None:
+    """The kernel section. Where the box's probe came without its parser of Xid and OOM lines
+    (issue 3: sent only where the last poll saw some), the lines come raw and are parsed here
+    by the same code (probe.parse_kernel_log, the probe's default limits)."""
+    kernel = _section(doc, "kernel", errors)
+    if kernel is None or kernel.data.get("raw") is None:
+        return kernel
+    raw = kernel.opt_list("raw", lambda v: isinstance(v, str), "strings") or ()
+    from .probe import DEFAULT_LIMITS, parse_kernel_log  # only here: a box's first Xid
+
+    parsed = parse_kernel_log(raw, DEFAULT_LIMITS["kernel_events"], DEFAULT_LIMITS["msg_chars"])
+    parsed["candidates"] = kernel.opt_int("candidates")
+    return _Node(parsed, doc.child("kernel"))
+
+
 def _host_clock(host: _Node | None) -> tuple[int, int] | None:
     """(btime, clock ticks per second): what turns start ticks into epoch seconds."""
     if host is None:
@@ -757,7 +775,7 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
     cgroup = _section(doc, "cgroup", errors)
     scripts = _scripts(procs) if procs else {}
     logind = _section(doc, "logind", errors)
-    kernel = _section(doc, "kernel", errors)
+    kernel = _kernel_section(doc, errors)
     return HostSnapshot(
         host=host,
         taken_at=info.opt_float("time") if info else None,
@@ -784,6 +802,7 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
         runs=_runs(doc, errors) + _discovered_runs(doc, errors),
         pynvml=gpu_section.opt_bool("pynvml") if gpu_section else None,
         python=info.opt_str("python") if info else None,
+        kernel_lines=kernel.opt_int("candidates") if kernel else None,
         **_discovery_note(doc),
     )
 

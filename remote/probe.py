@@ -58,10 +58,8 @@ A run in the output (a source that fails is left out and its message is in "erro
 Values are numbers to 9 significant digits; non-finite ones are "nan", "inf", "-inf".
 """
 
-import json
 import os
 import pwd
-import re
 import sys
 import time
 import zlib
@@ -137,6 +135,77 @@ def describe(exc):
     if isinstance(exc, OSError) and exc.strerror:
         return "%s: %s" % (exc.strerror, exc.filename) if exc.filename else exc.strerror
     return "%s: %s" % (type(exc).__name__, exc)
+
+
+# ---------------------------------------------------------------- json and re, lazily
+# `json` imports `re`, and `re` imports `enum`: 9 ms of a bare python's 11 ms start, on every
+# poll (issue 3). A steady poll needs neither: JSON goes through the json module's own C
+# encoder and scanner (_json, there since Python 2.7; any python where it differs gets json
+# itself), and each pattern is compiled, importing re, only where a line may match it.
+
+def _unencodable(value):
+    raise TypeError("Object of type %s is not JSON serializable" % type(value).__name__)
+
+
+def _json_constant(name):
+    return {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}[name]
+
+
+class _JsonContext(object):
+    """What _json.make_scanner reads off a JSONDecoder: json.loads' defaults."""
+    strict = True
+    object_hook = object_pairs_hook = None
+    parse_float, parse_int = float, int
+    parse_constant = staticmethod(_json_constant)
+    memo = {}
+
+
+def json_dumps(value, separators=(",", ":")):
+    """json.dumps(value, separators=separators), the same text."""
+    try:
+        import _json
+
+        encode = _json.make_encoder({}, _unencodable, _json.encode_basestring_ascii, None,
+                                    separators[1], separators[0], False, False, True)
+        return "".join(encode(value, 0))
+    except (ImportError, AttributeError, TypeError):
+        import json
+
+        return json.dumps(value, separators=separators)
+
+
+def json_loads(text):
+    """json.loads(text) (a ValueError for what is not JSON)."""
+    try:
+        import _json
+
+        scan = _json.make_scanner(_JsonContext())
+    except (ImportError, AttributeError, TypeError):
+        import json
+
+        return json.loads(text)
+    try:
+        value, end = scan(text, len(text) - len(text.lstrip(" \t\n\r")))
+        if not text[end:].strip(" \t\n\r"):
+            return value
+    except Exception:  # some Pythons' _json raises its errors only with json.decoder loaded
+        pass
+    import json  # what is wrong, in json's own words
+
+    return json.loads(text)
+
+
+_COMPILED = {}
+
+
+def rx(pattern):
+    """re.compile(pattern), importing re the first time one is needed."""
+    compiled = _COMPILED.get(pattern)
+    if compiled is None:
+        import re
+
+        compiled = _COMPILED[pattern] = re.compile(pattern)
+    return compiled
 
 
 def table(fields, rows):
@@ -253,41 +322,18 @@ def load_site():
         site.main()
 
 
-def call_with_deadline(fn, timeout_s):
-    """Run fn in a daemon thread: an in-process NVML call into a hung driver cannot be
-    interrupted, so we stop waiting for it instead (the probe exits with os._exit)."""
-    import threading  # only here: NVML boxes
-
-    box = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except Exception as exc:  # handed to the caller below
-            box["error"] = exc
-
-    worker = threading.Thread(target=target, daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
-        raise ProbeFailure("NVML did not answer within %.1fs" % timeout_s)
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 # ---------------------------------------------------------------- host
 
 def collect_host():
     stat = read_text(proc_path("stat"))
-    match = re.search(r"^btime (\d+)", stat, re.M)
+    btime = [line.split()[1] for line in stat.splitlines() if line.startswith("btime ")]
     return {
         "hostname": host_name(),
         "boot_id": read_text(proc_path("sys", "kernel", "random", "boot_id")).strip(),
         "uptime_s": float(read_text(proc_path("uptime")).split()[0]),
         "loadavg": [float(x) for x in read_text(proc_path("loadavg")).split()[:3]],
         "time": round(time.time(), 3),
-        "btime": int(match.group(1)) if match else None,
+        "btime": int(btime[0]) if btime and btime[0].isdigit() else None,
         "clk_tck": os.sysconf("SC_CLK_TCK"),
         "ncpu": os.cpu_count(),  # host cores, not the cgroup quota (U40)
         "python": "%d.%d.%d" % sys.version_info[:3],
@@ -360,7 +406,10 @@ def collect_cgroup():
         raise ProbeFailure("no memory cgroup in %s" % proc_path("self", "cgroup"))
     version, path = found
     root = os.path.join(SYSFS, "fs", "cgroup")
-    info = cgroup_v2(root, path) if version == 2 else cgroup_v1(root, path)
+    v1 = globals().get("cgroup_v1")  # sent unless the box said its cgroups are v2
+    if version == 1 and v1 is None:
+        raise ProbeFailure("cgroup v1 here: the next poll brings its reader")
+    info = cgroup_v2(root, path) if version == 2 else v1(root, path)
     info["version"] = version
     info["path"] = path
     return info
@@ -387,6 +436,7 @@ def cgroup_v2(root, path):
 V1_UNLIMITED_BYTES = 1 << 60  # v1 spells "no limit" as PAGE_COUNTER_MAX pages in bytes
 
 
+# ================================================================ cgroup v1 (issue 3)
 def cgroup_v1(root, path):
     memory = cgroup_dir(os.path.join(root, "memory"), path)
     cpu = cgroup_dir(os.path.join(root, "cpu"), path)
@@ -404,6 +454,7 @@ def cgroup_v1(root, path):
         "cpu_period_us": read_int_file(os.path.join(cpu, "cpu.cfs_period_us")),
         "cpu_stat": stat,
     }
+# ================================================================ end of cgroup v1
 
 
 # ---------------------------------------------------------------- logind (seed 000)
@@ -461,8 +512,9 @@ SMI_APP_QUERY = ("gpu_uuid", "pid", "used_gpu_memory", "process_name")
 # Canonical names: headers print the long forms, old drivers the throttle family.
 SMI_ALIASES = {"clocks.current.sm": "clocks.sm", "used_memory": "used_gpu_memory"}
 NA_VALUES = ("", "N/A", "ERR!", "Unknown Error", "Not Supported")
-NUMBER = re.compile(r"^(-?\d+(?:\.\d+)?)\s*(?:[A-Za-z%]+)?$")
-FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*(?: \[[^\]]*\])?$")  # 'memory.used [MiB]'
+DIGITS = frozenset("0123456789")
+LETTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+NAME_CHARS = LETTERS | DIGITS | frozenset("_.")
 
 
 def canonical_field(header):
@@ -483,11 +535,27 @@ def smi_value(raw):
 def smi_number(raw):
     """'81559 MiB', '631.95 W', '100 %', '59' → number (units on or off); else None."""
     value = smi_value(raw) if raw is not None else None
-    match = NUMBER.match(value) if value is not None else None
-    if match is None:
+    if not value:
         return None
-    text = match.group(1)
-    return float(text) if "." in text else int(text)
+    end = len(value)  # -?digits(.digits)?, then spaces and a unit of letters or %, or not
+    while end and (value[end - 1] in LETTERS or value[end - 1] == "%"):
+        end -= 1
+    text = value[:end].rstrip()
+    whole, dot, fraction = text.partition(".")
+    digits = whole[1:] if whole.startswith("-") else whole
+    if not digits or not DIGITS.issuperset(digits) or (
+            dot and not (fraction and DIGITS.issuperset(fraction))):
+        return None
+    return float(text) if dot else int(text)
+
+
+def is_field_name(cell):
+    """A header cell of nvidia-smi's CSV: 'index', 'memory.used [MiB]'."""
+    name, bracket, unit = cell.partition(" [")
+    if bracket and (not unit.endswith("]") or "]" in unit[:-1]):
+        return False
+    return bool(name) and name[0] not in DIGITS and name[0] != "." and \
+        NAME_CHARS.issuperset(name)
 
 
 def parse_smi_csv(text, fields=None):
@@ -497,7 +565,7 @@ def parse_smi_csv(text, fields=None):
     at most len(fields)-1 times. A header line, when present, names the fields.
     """
     lines = [line for line in text.splitlines() if line.strip()]
-    if lines and all(FIELD_NAME.match(cell.strip()) for cell in lines[0].split(",")):
+    if lines and all(is_field_name(cell.strip()) for cell in lines[0].split(",")):
         fields = [cell.strip() for cell in lines.pop(0).split(",")]
     if fields is None:
         return []
@@ -610,6 +678,29 @@ def collect_gpus_smi(hint, deadline):
 # ---------------------------------------------------------------- NVML
 
 # ================================================================ nvml (issue 3)
+def call_with_deadline(fn, timeout_s):
+    """Run fn in a daemon thread: an in-process NVML call into a hung driver cannot be
+    interrupted, so we stop waiting for it instead (the probe exits with os._exit)."""
+    import threading  # only here: NVML boxes
+
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except Exception as exc:  # handed to the caller below
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise ProbeFailure("NVML did not answer within %.1fs" % timeout_s)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def collect_gpus_nvml(nvml):
     """Same shape as the nvidia-smi path; every call guarded (NotSupported → None)."""
     def ask(fn, *args):
@@ -782,23 +873,31 @@ def scan_table():
     return procs, kernel_threads
 
 
-def run_pattern(text):
+def run_matches(cmd, text):
     """A run's `process` matches whole command-line words: "train.py" matches
-    "python /x/train.py --resume" but not "pretrain.py" (a path prefix is allowed)."""
-    return re.compile(r"(?:^|[\s/])" + re.escape(text) + r"(?:$|\s)")
+    "python /x/train.py --resume" but not "pretrain.py" (a path prefix is allowed). The
+    regular expression (?:^|[\\s/])TEXT(?:$|\\s), as actions_box.run_pattern has it."""
+    at = cmd.find(text)
+    while at >= 0:
+        end = at + len(text)
+        if (at == 0 or cmd[at - 1].isspace() or cmd[at - 1] == "/") and (
+                end == len(cmd) or cmd[end].isspace()):
+            return True
+        at = cmd.find(text, at + 1)
+    return False
 
 
 def match_runs(procs, runs):
     """pid → name of the first run whose pattern its command line matches."""
     patterns = [(r.get("name"), r.get("process")) for r in runs if isinstance(r, dict)]
-    patterns = [(n, run_pattern(p)) for n, p in patterns
+    patterns = [(n, p) for n, p in patterns
                 if isinstance(n, str) and isinstance(p, str) and p.strip()]
     matched = {}
     if patterns:
         for pid in procs:
             cmd = read_cmdline(str(pid))
             for name, pattern in patterns:
-                if pattern.search(cmd):
+                if run_matches(cmd, pattern):
                     matched[pid] = name
                     break
     return matched
@@ -934,7 +1033,9 @@ def collect_processes(request, limits, gpu_pids, found):
 
 def unescape_mount(field):
     """/proc/mounts escapes space, tab, newline and backslash as octal."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+    if "\\" not in field:
+        return field
+    return rx(r"\\([0-7]{3})").sub(lambda m: chr(int(m.group(1), 8)), field)
 
 
 def mount_points():
@@ -974,7 +1075,7 @@ def simulated_disks():
     if not SIM_DIR:
         return {}
     try:
-        data = json.loads(read_text(os.path.join(SIM_DIR, "statvfs.json")))
+        data = json_loads(read_text(os.path.join(SIM_DIR, "statvfs.json")))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -1014,32 +1115,62 @@ def collect_disks(paths):
 
 # ---------------------------------------------------------------- kernel log (U3, U9, U22)
 
-TS_MONO = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")  # dmesg: [  123.456789] msg
-TS_CTIME = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]\s?(.*)$")  # dmesg -T
-TS_ISO = re.compile(  # dmesg --time-format iso (maybe after -x "kern  :warn  : "), journalctl
+RAW_KERNEL_LINES = 400
+"""Without the parser, at most this many of the newest candidate lines go as they are."""
+
+
+def kernel_candidate(line):
+    """A line that may be an NVIDIA Xid or an OOM kill (what parse_kernel_log looks at)."""
+    return "Xid" in line or "ut of memory" in line or "oom-kill" in line
+
+
+def collect_kernel(limits):
+    """The kernel log's Xid and OOM lines, parsed (parse_kernel_log). The parser is sent only
+    where the last poll saw such lines (issue 3: most boxes have none, and it is an eighth of
+    the probe); a box that has some now without it sends them as they are ("raw", the newest
+    RAW_KERNEL_LINES of "raw_total") and the client parses them with the same code."""
+    code, out, err = run_bounded(["dmesg"], limits["dmesg_timeout_s"])
+    if code != 0:  # kernel.dmesg_restrict=1 for a non-root user is common
+        raise ProbeFailure("dmesg not readable: %s" % first_line(err + "\n" + out))
+    lines = [line for line in out.splitlines() if kernel_candidate(line)]
+    parse = globals().get("parse_kernel_log")
+    if parse is not None:
+        section = parse(lines, limits["kernel_events"], limits["msg_chars"])
+    else:
+        section = {"xid": table(XID_FIELDS, []), "oom": table(OOM_FIELDS, []), "xid_counts": {}}
+        if lines:
+            section.update(raw=lines[-RAW_KERNEL_LINES:], raw_total=len(lines))
+    section["candidates"] = len(lines)
+    return section
+
+
+# ================================================================ kernel (issue 3)
+TS_MONO = r"^\[\s*(\d+\.\d+)\]\s?(.*)$"  # dmesg: [  123.456789] msg
+TS_CTIME = r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]\s?(.*)$"  # dmesg -T
+TS_ISO = (  # dmesg --time-format iso (maybe after -x "kern  :warn  : "), journalctl
     r"^(?:\w+\s*:\s*\w+\s*:\s*)?(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:[,.](\d+))?"
     r"(Z|[+-]\d\d:?\d\d)?\s+(.*)$")
-TS_KMSG = re.compile(r"^\d+,\d+,(\d+),[^;]*;(.*)$")  # /dev/kmsg: prio,seq,usec,flags;msg
-JOURNAL_PREFIX = re.compile(r"^\S+ kernel: ")
+TS_KMSG = r"^\d+,\d+,(\d+),[^;]*;(.*)$"  # /dev/kmsg: prio,seq,usec,flags;msg
+JOURNAL_PREFIX = r"^\S+ kernel: "
 
-XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+),\s*(.*)$")
-XID_PID = re.compile(r"^pid=(?:'<unknown>'|(\d+)),\s*name=([^,]*),\s*(.*)$")
-OOM_KILL = re.compile(
+XID = r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+),\s*(.*)$"
+XID_PID = r"^pid=(?:'<unknown>'|(\d+)),\s*name=([^,]*),\s*(.*)$"
+OOM_KILL = (
     r"(Memory cgroup out of memory|Out of memory)(?: \([^)]*\))?: Kill(?:ed)? process (\d+)"
     r"(?:, UID \d+,)? \(([^)]*)\)")
-OOM_CONSTRAINT = re.compile(r"oom-kill:constraint=(\w+)(?:.*?,task=([^,]*),pid=(\d+))?")
+OOM_CONSTRAINT = r"oom-kill:constraint=(\w+)(?:.*?,task=([^,]*),pid=(\d+))?"
 
 
 def split_timestamp(line):
     """A kernel log line → (seconds since boot or None, epoch or None, message)."""
-    match = TS_MONO.match(line)
+    match = rx(TS_MONO).match(line)
     if match:
         return float(match.group(1)), None, match.group(2)
-    match = TS_CTIME.match(line)
+    match = rx(TS_CTIME).match(line)
     if match:
         return None, time.mktime(time.strptime(match.group(1), "%a %b %d %H:%M:%S %Y")), \
             match.group(2)
-    match = TS_ISO.match(line)
+    match = rx(TS_ISO).match(line)
     if match:
         import calendar  # only here: it drags in locale and datetime, 4 ms of start-up
 
@@ -1051,8 +1182,8 @@ def split_timestamp(line):
             sign = -1 if zone[0] == "-" else 1
             digits = zone[1:].replace(":", "")
             epoch -= sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
-        return None, epoch, JOURNAL_PREFIX.sub("", message)
-    match = TS_KMSG.match(line)
+        return None, epoch, rx(JOURNAL_PREFIX).sub("", message)
+    match = rx(TS_KMSG).match(line)
     if match:
         return int(match.group(1)) / 1e6, None, match.group(2)
     return None, None, line
@@ -1069,20 +1200,20 @@ def parse_kernel_log(lines, keep, msg_chars):
     xids, ooms, counts = [], [], {}
     pending_memcg = False
     for line in lines:
-        if "Xid" not in line and "emory" not in line and "oom-kill" not in line:
+        if not kernel_candidate(line):
             continue
         mono, epoch, message = split_timestamp(line.rstrip("\n"))
-        match = XID.search(message)
+        match = rx(XID).search(message)
         if match:
             pci, code, rest = match.group(1), int(match.group(2)), match.group(3)
-            detail = XID_PID.match(rest)
+            detail = rx(XID_PID).match(rest)
             pid = int(detail.group(1)) if detail and detail.group(1) else None
             name = detail.group(2) if detail and detail.group(2) != "<unknown>" else None
             text = detail.group(3) if detail else rest
             counts[str(code)] = counts.get(str(code), 0) + 1
             xids.append([mono, epoch, pci, code, pid, name, text[:msg_chars]])
             continue
-        match = OOM_CONSTRAINT.search(message)
+        match = rx(OOM_CONSTRAINT).search(message)
         if match:
             memcg = match.group(1) == "CONSTRAINT_MEMCG"
             if match.group(3):
@@ -1090,7 +1221,7 @@ def parse_kernel_log(lines, keep, msg_chars):
             else:
                 pending_memcg = memcg  # a truncated line: it still tells the next kill's kind
             continue
-        match = OOM_KILL.search(message)
+        match = rx(OOM_KILL).search(message)
         if match:
             pid, name = int(match.group(2)), match.group(3)
             memcg = match.group(1).startswith("Memory cgroup") or pending_memcg
@@ -1104,11 +1235,7 @@ def parse_kernel_log(lines, keep, msg_chars):
             "xid_counts": counts}
 
 
-def collect_kernel(limits):
-    code, out, err = run_bounded(["dmesg"], limits["dmesg_timeout_s"])
-    if code != 0:  # kernel.dmesg_restrict=1 for a non-root user is common
-        raise ProbeFailure("dmesg not readable: %s" % first_line(err + "\n" + out))
-    return parse_kernel_log(out.splitlines(), limits["kernel_events"], limits["msg_chars"])
+# ================================================================ end of kernel
 
 
 # ---------------------------------------------------------------- modules beside the probe
@@ -1144,8 +1271,13 @@ def load_module(name):
 # a run is to be read.
 
 # U6: torch.save's `latest.pth.tmp`, HuggingFace's `tmp-checkpoint-N`, downloaders' `.partial`
-LEFTOVER = re.compile(r"(?:\.tmp|\.partial)$|^tmp")
-GLOB_MAGIC = re.compile(r"[*?[]")
+def leftover(name):
+    """A half-written save: *.tmp, *.partial, tmp* (U6)."""
+    return name.endswith((".tmp", ".partial")) or name.startswith("tmp")
+
+
+def has_glob(path):
+    return "*" in path or "?" in path or "[" in path
 CKPT_FIELDS = ("path", "mtime", "bytes", "capped")
 LOG_SAMPLE = 4096  # bytes of a log's head read once to give its lines back as data
 
@@ -1277,7 +1409,7 @@ def walk_files(root, accept, limits):
 
 def expand_glob(path, cap):
     """A path with glob characters → its matches, sorted (at most cap); else [path]."""
-    if not GLOB_MAGIC.search(path):
+    if not has_glob(path):
         return [path], False
     import glob  # only here: most runs name plain paths
 
@@ -1457,7 +1589,7 @@ def read_trainer_state(path, st, cursor, limits):
         raise ProbeFailure("%s is %d bytes, over the %d-byte limit for a trainer_state.json"
                            % (path, st.st_size, limits["metrics_json_bytes"]))
     with open(path, "rb") as f:
-        data = json.loads(f.read(limits["metrics_json_bytes"] + 1).decode("utf-8"))
+        data = json_loads(f.read(limits["metrics_json_bytes"] + 1).decode("utf-8"))
     history = data.get("log_history") if isinstance(data, dict) else None
     if not isinstance(history, list):
         raise ProbeFailure("%s has no log_history list" % path)
@@ -1515,7 +1647,7 @@ def read_jsonl(path, st, cursor, limits):
         if not line.strip():
             continue
         try:
-            entry = json.loads(line)
+            entry = json_loads(line)
         except ValueError as exc:
             skipped, problem = skipped + 1, problem or "not JSON: %s" % exc
             continue
@@ -1623,7 +1755,7 @@ def tree_size(path, st, budget):
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)
                     continue
-                if LEFTOVER.search(entry.name):
+                if leftover(entry.name):
                     continue  # a partial write is not the checkpoint (listed as a leftover)
                 info = entry.stat(follow_symlinks=False)
             except OSError:
@@ -1660,12 +1792,12 @@ def collect_checkpoints(pattern, limits):
         matches = []
     checkpoints, leftovers = [], set()
     for path in matches:
-        if LEFTOVER.search(os.path.basename(path.rstrip("/"))):
+        if leftover(os.path.basename(path.rstrip("/"))):
             leftovers.add(path)
         else:
             checkpoints.append(path)
     folders = {os.path.dirname(path) for path in matches}
-    if not matches and not GLOB_MAGIC.search(os.path.dirname(pattern)):
+    if not matches and not has_glob(os.path.dirname(pattern)):
         folders.add(os.path.dirname(pattern))  # none yet: a leftover may sit where they go
     folders.update(path for path in checkpoints if os.path.isdir(path))
     folders.discard("")
@@ -1680,7 +1812,7 @@ def collect_checkpoints(pattern, limits):
             if seen > limits["walk_entries"]:
                 capped = True
                 break
-            if LEFTOVER.search(name):
+            if leftover(name):
                 leftovers.add(os.path.join(folder, name))
     total = len(checkpoints)
     budget = {"files": limits["ckpt_files"]}
@@ -1864,7 +1996,8 @@ def remembered(request):
 
 
 def runs_digest(runs):
-    return zlib.crc32(json.dumps(sorted(json.dumps([r["name"], r["key"]]) for r in runs))
+    return zlib.crc32(json_dumps(sorted(json_dumps([r["name"], r["key"]], (", ", ": "))
+                                        for r in runs), (", ", ": "))
                       .encode())
 
 
@@ -2017,7 +2150,7 @@ def read_request(stream):
     try:
         if raw[:1] == b"x":  # a zlib stream's first byte; JSON's is "{"
             raw = zlib.decompress(raw)
-        request = json.loads(raw.decode("utf-8"))
+        request = json_loads(raw.decode("utf-8"))
     except (ValueError, zlib.error) as exc:
         return {}, "request is not JSON: %s" % exc
     if not isinstance(request, dict):
@@ -2095,7 +2228,7 @@ def main():
     cpu_end = os.times()
     doc["cpu_s"] = round(sum(cpu_end[:2]) - sum(cpu_start[:2]), 3)
     doc["probe_s"] = round(time.monotonic() - started, 3)
-    body = json.dumps(doc, separators=(",", ":")).encode("ascii")
+    body = json_dumps(doc).encode("ascii")
     stdout.buffer.write(zlib.compress(body, 6) if request.get("compress") is True else body)
     stdout.flush()
     sys.stderr.flush()

@@ -61,13 +61,24 @@ metrics CSV and JSONL files, sent only to a poll where a run names some or disco
 them (a third of the run files part)."""
 METRICS_LINES = ("# " + "=" * 64 + " metrics (issue 3)\n",
                  "# " + "=" * 64 + " end of metrics\n")
+CGROUP_V1 = "gpuwatch_probe:cgroup_v1"
+"""The probe's reader of cgroup v1 files, between these two lines: sent unless the last poll
+of the host said its cgroups are v2 (most boxes now)."""
+CGROUP_V1_LINES = ("# " + "=" * 64 + " cgroup v1 (issue 3)\n",
+                   "# " + "=" * 64 + " end of cgroup v1\n")
+KERNEL = "gpuwatch_probe:kernel"
+"""The probe's parser of NVIDIA Xid and OOM kill lines, between these two lines: sent unless
+the last poll of the host saw no such line in its kernel log (most boxes; one that has some
+then sends them raw, and the client parses them, model.py)."""
+KERNEL_LINES = ("# " + "=" * 64 + " kernel (issue 3)\n", "# " + "=" * 64 + " end of kernel\n")
 POPEN = "gpuwatch_probe:popen"
 """The probe's way to run nvidia-smi and dmesg on Python 3.6 and 3.7 (subprocess; newer ones
 use os.posix_spawnp, 4 ms less CPU), between these two lines: sent unless the last poll of
 the host said its python is 3.8 or newer."""
 POPEN_LINES = ("# " + "=" * 64 + " popen (issue 3)\n", "# " + "=" * 64 + " end of popen\n")
 PARTS = ((RAW_RECORDS, RAW_RECORDS_LINES), (METRICS, METRICS_LINES), (RUN_FILES, RUN_FILES_LINES),
-         (NVML, NVML_LINES), (POPEN, POPEN_LINES))
+         (NVML, NVML_LINES), (POPEN, POPEN_LINES), (CGROUP_V1, CGROUP_V1_LINES),
+         (KERNEL, KERNEL_LINES))
 """Optional parts of the probe's source, each cut out of it unless `parts` names it (inner
 ones first: the raw records lie inside the run files)."""
 PYTHON_MISSING_EXIT = 127
@@ -108,8 +119,8 @@ last.main()
 def strip_source(text: str) -> str:
     """Source without comments, docstrings and blank lines, indented by one space a level: a
     third fewer bytes on the wire, the same code. A docstring that is all its body holds
-    becomes `0`, so the body stays one. Only a statement's first line is re-indented (lines
-    continued inside brackets keep theirs: they may be inside a string)."""
+    becomes `0`, so the body stays one. A statement's first line is re-indented; a line that
+    continues one inside brackets loses its indentation, unless it starts inside a string."""
     tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
     starts = [0]
     for line in text.splitlines(keepends=True):
@@ -131,6 +142,11 @@ def strip_source(text: str) -> str:
         if starts_statement and tok.type not in statement_start and tok.start[1]:
             offset = starts[tok.start[0] - 1]
             cuts.append((offset, offset + tok.start[1], " " * depth))
+        elif (not starts_statement and before is not None and tok.start[1]
+              and tok.start[0] > before.end[0]):  # the first token of a continuation line
+            offset = starts[tok.start[0] - 1]
+            if not text[offset:offset + tok.start[1]].strip():  # not a string's last line
+                cuts.append((offset, offset + tok.start[1], ""))
         if (tok.type == tokenize.STRING and starts_statement
                 and after is not None and after.type == tokenize.NEWLINE):
             # a string alone (a docstring): gone, or `0` where it is all its block holds
@@ -242,7 +258,9 @@ def modules_for(request: dict[str, Any]) -> tuple[str, ...]:
     probe's raw records part: in steady state their new records go raw (issue 3); the metrics
     readers where a run names metrics files or discovery may find some; the NVML reader unless
     the box said its python has no pynvml; the part for Python < 3.8 unless the box said its
-    python is newer. A host's first poll, knowing nothing yet, gets whatever it may need."""
+    python is newer; the cgroup v1 reader unless the box said its cgroups are v2; the kernel
+    log's parser unless the box's last kernel log had no Xid or OOM line. A host's first poll,
+    knowing nothing yet, gets whatever it may need."""
     discover = wants_discovery(request) and not isinstance(request.get("discovery_reuse"), dict)
     wanted = {"gpuwatch_probe"}
     if discover:
@@ -261,8 +279,12 @@ def modules_for(request: dict[str, Any]) -> tuple[str, ...]:
         wanted.add(NVML)
     if not _python_at_least(request.get("python"), (3, 8)):
         wanted.add(POPEN)
+    if request.get("cgroup") != 2:
+        wanted.add(CGROUP_V1)
+    if request.get("kernel_lines") != 0:
+        wanted.add(KERNEL)
     return tuple(part for part in (*(name for name, _ in MODULES), RUN_FILES, RAW_RECORDS,
-                                   METRICS, NVML, POPEN) if part in wanted)
+                                   METRICS, NVML, POPEN, CGROUP_V1, KERNEL) if part in wanted)
 
 
 def _python_at_least(version: object, least: tuple[int, int]) -> bool:

@@ -33,6 +33,8 @@ from gpuwatch.remote.config import HostConfig
 from gpuwatch.remote.findings import HostHistory
 from gpuwatch.remote.model import HostSnapshot, parse_probe_output
 from gpuwatch.remote.probe_bundle import (
+    CGROUP_V1,
+    KERNEL,
     METRICS,
     POPEN,
     RUN_FILES,
@@ -147,7 +149,7 @@ def test_the_second_poll_of_an_unchanged_box_sends_no_discover_module(rig: Rig) 
     for _ in range(2):
         steady = rig.poll()
         # one exec, without the module (and without the event decoder: no run reads events)
-        assert rig.shipped == [("gpuwatch_probe", RUN_FILES)]
+        assert rig.shipped == [("gpuwatch_probe", RUN_FILES, KERNEL)]  # its dmesg has Xids
         assert "discovery_reuse" in rig.sent[0]
         assert steady.snapshot.discovery_need is None
         # ... and still the same runs, alive, with their processes
@@ -167,9 +169,9 @@ def test_a_box_without_runs_gets_the_probe_without_its_run_files_part(rig: Rig) 
     rig.collector._hints["box"] = {"want": {"nvml": False}}
     rig.poll()  # the first: the box's python version not known yet, the part for < 3.8 goes
     assert rig.shipped == [("gpuwatch_tfevents", DISCOVER, "gpuwatch_probe", RUN_FILES, METRICS,
-                            POPEN)]
+                            POPEN, CGROUP_V1, KERNEL)]
     outcome = rig.poll()
-    assert rig.shipped == [("gpuwatch_probe",)]
+    assert rig.shipped == [("gpuwatch_probe", KERNEL)]  # its dmesg has Xid lines
     assert outcome.snapshot.runs == () and outcome.bytes_sent < 16 * 1024
 
 
@@ -264,3 +266,24 @@ def test_a_module_left_out_is_never_looked_for_on_the_box(rig: Rig, tmp_path: Pa
     doc = json.loads(out)
     assert doc["discovery"]["need"] == "now"
     assert "no discover module sent" in doc["errors"]["discovered"]
+
+
+def test_what_the_box_said_keeps_parts_it_does_not_need_off_the_wire(rig: Rig) -> None:
+    """Issue 3: the first poll sends every part the box might need; from the second on, what
+    it said (python 3.8+, cgroup v2, no Xid or OOM line in its kernel log) leaves the part for
+    older Pythons, the cgroup v1 reader and the kernel log's parser behind. The first Xid
+    after that comes raw and is read all the same, and brings the parser back."""
+    rig.box.tool("dmesg", "echo '[    0.045121] Memory: 2029476K/2096632K available'\n")
+    rig.poll()
+    assert {POPEN, CGROUP_V1, KERNEL} <= set(rig.shipped[0])
+    rig.poll()
+    assert rig.shipped == [("gpuwatch_probe", RUN_FILES)]
+    xid = "[ 9999.000001] NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python, GPU has fallen"
+    rig.box.tool("dmesg", f"echo '{xid} off the bus'\n")
+    outcome = rig.poll()
+    assert rig.shipped == [("gpuwatch_probe", RUN_FILES)]  # the parser stayed home
+    assert outcome.snapshot is not None and outcome.snapshot.kernel_lines == 1
+    (event,) = outcome.snapshot.kernel_events
+    assert event.kind == "xid" and event.xid == 79 and outcome.snapshot.xid_counts == {79: 1}
+    rig.poll()
+    assert rig.shipped == [("gpuwatch_probe", RUN_FILES, KERNEL)]

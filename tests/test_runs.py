@@ -294,12 +294,12 @@ def test_the_metrics_readers_go_only_to_polls_that_read_metrics(workdir: Path):
     without = RunConfig("j", workdir=str(workdir), log="train.log")
 
     def request(run: RunConfig) -> dict:
-        return {"v": 1, "want": {**QUIET, "discover": False}, "python": "3.11.2",
-                "runs": [run_request(run, None)]}
+        return {"v": 1, "want": {**QUIET, "discover": False}, "python": "3.11.2", "cgroup": 2,
+                "kernel_lines": 0, "runs": [run_request(run, None)]}
 
     assert modules_for(request(with_metrics)) == ("gpuwatch_probe", RUN_FILES, METRICS)
     assert modules_for(request(without)) == ("gpuwatch_probe", RUN_FILES)
-    assert METRICS in modules_for({"v": 1, "python": "3.11.2"})  # discovery may find some
+    assert METRICS in modules_for({"v": 1})  # discovery may find some
 
     def poll(stdin: bytes) -> dict:
         result = subprocess.run(["sh", "-c", build_command(sys.executable)], input=stdin,

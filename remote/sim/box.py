@@ -2,8 +2,9 @@
 
 Layout (tests/harness/README.md is the contract)::
 
-    BOX/proc/  GPUWATCH_PROCFS: stat, uptime, loadavg, sys/kernel/random/boot_id, self/cgroup,
-               mounts, and per process <pid>/{stat,status,cmdline,comm,environ,cgroup,cwd,fd/N}
+    BOX/proc/  GPUWATCH_PROCFS: stat, uptime, loadavg, sys/kernel/{random/boot_id,hostname},
+               self/cgroup, mounts, and per process
+               <pid>/{stat,status,cmdline,comm,environ,cgroup,cwd,fd/N}
     BOX/sys/   GPUWATCH_SYSFS: fs/cgroup/ (cgroup v2 memory.*, cpu.*, pids.*)
     BOX/bin/   nvidia-smi and dmesg stand-ins (python3 scripts)
     BOX/sim/   gpus.json and dmesg.log, re-read by the stand-ins on every call
@@ -197,8 +198,9 @@ class Box:
                  loadavg: tuple[float, float, float] = (4.12, 3.98, 3.75),
                  memory_max: int | None = None, memory_current: int = 34_359_738_368,
                  cpu_quota_us: int | None = None, cpu_period_us: int = 100_000,
-                 cgroup_path: str = "/") -> None:
+                 cgroup_path: str = "/", hostname: str | None = None) -> None:
         self.root = Path(root).resolve()
+        self.hostname = hostname or self.root.name  # a real box's /proc/sys/kernel/hostname
         self.real_proc = real_proc
         self.python = python
         preset = (gpus or h100_sxm()).copy()
@@ -520,6 +522,7 @@ class Box:
         _atomic_write(self.proc / "loadavg", f"{one:.2f} {five:.2f} {fifteen:.2f} "
                       f"{running}/{300 + len(self.processes)} {last}\n")
         _atomic_write(self.proc / "sys/kernel/random/boot_id", self.boot_id + "\n")
+        _atomic_write(self.proc / "sys/kernel/hostname", self.hostname + "\n")
         _atomic_write(self.proc / "self/cgroup", f"0::{self.cgroup_path}\n")
         _atomic_write(self.proc / "mounts", (
             "/dev/nvme0n1p2 / ext4 rw,relatime 0 0\n"

@@ -322,6 +322,11 @@ def test_poll_figures(tmp_path: Path, box8: tuple[Box, SshdBox]) -> None:
     row("  before: discovery and the event decoder on every poll",
         f"{(len(command) + len(full_stdin)) / 1024:.1f} KB")
     reuse = steady_request["discovery_reuse"]
+    # what the box told the collector (its python, its cgroup version, nvidia-smi's reason
+    # field), as a steady poll of any host of it would send back
+    told = {k: steady_request[k] for k in ("python", "cgroup", "nvidia_smi_reasons")
+            if k in steady_request}
+    assert set(told) == {"python", "cgroup", "nvidia_smi_reasons"}, told
     for what, run in (("a host with a run (no event files), steady",
                        RunConfig("r", process="train.py", log="/data/r/train.log",
                                  checkpoints="/data/r/ckpt/*.pt")),
@@ -329,15 +334,16 @@ def test_poll_figures(tmp_path: Path, box8: tuple[Box, SshdBox]) -> None:
                        RunConfig("r", process="train.py", events="/data/runs"))):
         # steady: the box said its python3 has no pynvml (this one's and most boxes' system
         # python3), so no NVML reader goes (issue 3); the figure with it is printed too
-        request = {**build_request(HostConfig("gpu1", "box1", runs=(run,))),
-                   "discovery_reuse": reuse, "pynvml": False}
+        request = {**build_request(HostConfig("gpu1", "box1", runs=(run,))), **told,
+                   "discovery_reuse": reuse, "pynvml": False, "want": {"nvml": False}}
+        nvml = {**request, "pynvml": True, "want": {}}
         if run.events:  # issue 3: steady, the run's state says its new records may go raw
-            before = up({**request, "pynvml": True})
+            before = up(nvml)
             request["runs"][0]["raw"] = True
-        n = up(request)
+        n, with_nvml = up(request), up(nvml)
         row(f"  {what}", f"{n / 1024:.1f} KB", "<= 16 KB", n <= 16 * 1024)
         row("    the same where the box's python imports pynvml (the NVML reader goes)",
-            f"{up({**request, 'pynvml': True}) / 1024:.1f} KB")
+            f"{with_nvml / 1024:.1f} KB", "<= 16 KB", with_nvml <= 16 * 1024)
     row("    before: the event decoder shipped on every poll", f"{before / 1024:.1f} KB")
     event_run_polls(tmp_path, host)
 
