@@ -323,10 +323,10 @@ def test_poll_figures(tmp_path: Path, box8: tuple[Box, SshdBox]) -> None:
         f"{(len(command) + len(full_stdin)) / 1024:.1f} KB")
     reuse = steady_request["discovery_reuse"]
     # what the box told the collector (its python, its cgroup version, nvidia-smi's reason
-    # field), as a steady poll of any host of it would send back
-    told = {k: steady_request[k] for k in ("python", "cgroup", "nvidia_smi_reasons")
-            if k in steady_request}
-    assert set(told) == {"python", "cgroup", "nvidia_smi_reasons"}, told
+    # field, the Xid and OOM lines in its kernel log: none), as a steady poll sends back
+    told = {k: steady_request[k] for k in ("python", "cgroup", "nvidia_smi_reasons",
+                                           "kernel_lines") if k in steady_request}
+    assert len(told) == 4 and told["kernel_lines"] == 0, told
     for what, run in (("a host with a run (no event files), steady",
                        RunConfig("r", process="train.py", log="/data/r/train.log",
                                  checkpoints="/data/r/ckpt/*.pt")),
