@@ -18,7 +18,7 @@ from .collect import Collector
 from .config import ConfigError, HostConfig, load_config, select_hosts
 from .discovered import recorded_launch
 from .findings import HostHistory, PollFailure, recent
-from .once import history_from_store, remember
+from .once import history_from_store, remember, resume
 from .store import Store
 
 EXIT_OK, EXIT_FAILED, EXIT_UNPOLLED = 0, 1, 2
@@ -105,11 +105,13 @@ async def _run(kind: str, host: HostConfig, store: Store, *, pid: int | None, si
 async def poll_into(host: HostConfig, store: Store, history: HostHistory,
                     accept_new: bool) -> str | None:
     """One poll folded into the history and the store; the error when it failed."""
-    outcome = await Collector(accept_new_host_keys=accept_new).poll(host, history.runs)
+    collector = Collector(accept_new_host_keys=accept_new)
+    resume(collector, store, host)
+    outcome = await collector.poll(host, history.runs)
     if outcome.snapshot is not None:
         history.record(outcome.snapshot, outcome.ended_at)
     else:
         history.record_failure(PollFailure(outcome.error_kind or "probe",
                                            outcome.error_message or "", outcome.ended_at))
-    remember(store, outcome, history)
+    remember(store, outcome, history, collector)
     return None if outcome.ok else f"{outcome.error_kind}: {outcome.error_message}"

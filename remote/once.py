@@ -78,7 +78,16 @@ def runs_json(history: HostHistory, host: HostConfig) -> list[dict[str, Any]]:
     return out
 
 
-def remember(store: Store, outcome: PollOutcome, history: HostHistory | None = None) -> None:
+def resume(collector: Collector, store: Store, host: HostConfig) -> None:
+    """Give the collector what an earlier run's collector carried for the host (issue 3: a
+    cron `--once` polls like a steady poll, not like a first one)."""
+    state = store.host_state(host.name)
+    if state is not None:
+        collector.restore(host.name, state.counters.get("collector"))
+
+
+def remember(store: Store, outcome: PollOutcome, history: HostHistory | None = None,
+             collector: Collector | None = None) -> None:
     if history is not None and history.runs:
         store.save_runs(outcome.host.name, {
             name: (series.state(), series.points_state())
@@ -99,8 +108,9 @@ def remember(store: Store, outcome: PollOutcome, history: HostHistory | None = N
                    power_w=g.power_w, power_limit_w=g.power_limit_w, temp_c=g.temp_c,
                    mem_used_mib=g.mem_used_mib, throttle=tuple(g.throttle_reasons or ()))
             for g in snap.gpus]
+    carried = None if collector is None else {"collector": collector.memory(outcome.host.name)}
     store.record_poll(outcome.host.name, taken_at=outcome.ended_at, ok=True,
-                      boot_id=snap.boot_id, doc=outcome.doc, gpu_rows=rows)
+                      boot_id=snap.boot_id, doc=outcome.doc, gpu_rows=rows, counters=carried)
     record_launches(store, outcome.host.name, snap, outcome.ended_at)  # issue 8
 
 
@@ -133,12 +143,14 @@ async def poll_once(config: Config, store: Store, *, accept_new_host_keys: bool 
         accept_new_host_keys=accept_new_host_keys,
         opening=(lambda h: opening(limiter, h)) if needs_ssh else None)
     histories = {h.name: history_from_store(store, h, config.thresholds) for h in hosts}
+    for h in hosts:
+        resume(collector, store, h)
     outcomes = await poll_all_once(hosts, lambda h: collector.poll(h, histories[h.name].runs))
     reports = []
     for outcome in outcomes:
         history = histories[outcome.host.name]
         reports.append(judge(history, outcome))
-        remember(store, outcome, history)
+        remember(store, outcome, history, collector)
     # `--once` exits once it has printed this: out of the collector's sight with what it built,
     # the interpreter's last collections at exit skip them (12 ms of a ~100 ms cron run here).
     gc.freeze()

@@ -32,7 +32,7 @@ CREATE TABLE IF NOT EXISTS host_state (
     last_ok_at REAL,             -- when the last good poll ended
     boot_id TEXT,                -- of the last good poll
     doc BLOB,                    -- the probe's document of the last good poll, zlib-compressed
-    counters TEXT NOT NULL DEFAULT '{}'   -- JSON: state findings compare across polls
+    counters TEXT NOT NULL DEFAULT '{}'   -- JSON carried to the next poll: {"collector": ...}
 );
 CREATE TABLE IF NOT EXISTS gpu_samples (
     host TEXT NOT NULL, t REAL NOT NULL, gpu INTEGER NOT NULL,
@@ -200,7 +200,7 @@ class Store:
                     doc: bytes | None = None, counters: Mapping[str, Any] | None = None,
                     gpu_rows: Iterable[GpuRow] = ()) -> None:
         """Remember one poll. A failed poll keeps the last good document, boot id and counters
-        (its data is stale, not gone)."""
+        (its data is stale, not gone); so does a good one given no counters."""
         with self._conn:  # one transaction: a killed writer leaves the previous state whole
             if ok:
                 self._conn.execute(
@@ -208,10 +208,12 @@ class Store:
                     "counters) VALUES (?, ?, 1, NULL, ?, ?, ?, ?) ON CONFLICT(host) DO UPDATE SET "
                     "taken_at = excluded.taken_at, ok = 1, error = NULL, "
                     "last_ok_at = excluded.last_ok_at, boot_id = excluded.boot_id, "
-                    "doc = excluded.doc, counters = excluded.counters",
+                    "doc = excluded.doc, "
+                    "counters = COALESCE(?, host_state.counters)",
                     (host, taken_at, taken_at, boot_id,
                      zlib.compress(doc) if doc is not None else None,
-                     json.dumps(dict(counters or {}), sort_keys=True)))
+                     json.dumps(dict(counters or {}), sort_keys=True),
+                     None if counters is None else json.dumps(dict(counters), sort_keys=True)))
             else:
                 self._conn.execute(
                     "INSERT INTO host_state (host, taken_at, ok, error) VALUES (?, ?, 0, ?) "

@@ -21,6 +21,7 @@ import json
 import shlex
 import shutil
 import sys
+import time
 import zlib
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +37,7 @@ from gpuwatch.remote.probe_bundle import (
     CGROUP_V1,
     KERNEL,
     METRICS,
+    NVML,
     POPEN,
     RUN_FILES,
     build_command,
@@ -287,3 +289,34 @@ def test_what_the_box_said_keeps_parts_it_does_not_need_off_the_wire(rig: Rig) -
     assert event.kind == "xid" and event.xid == 79 and outcome.snapshot.xid_counts == {79: 1}
     rig.poll()
     assert rig.shipped == [("gpuwatch_probe", RUN_FILES, KERNEL)]
+
+
+def test_a_cron_once_resumes_what_the_last_run_learnt_from_the_store(
+        rig: Rig, tmp_path: Path) -> None:
+    """Issue 3: each `--once` is a new process with a new Collector; what the last one learnt
+    of the box (its discovery, python, cgroups, kernel log, pynvml) comes from the store, so
+    the second run sends a steady poll's bytes, not a first poll's (and reads the same)."""
+    from gpuwatch.remote.config import Config
+    from gpuwatch.remote.once import poll_once
+    from gpuwatch.remote.store import Store
+
+    rig.box.tool("dmesg", "echo '[    0.045121] Memory: 2029476K/2096632K available'\n")
+    config = Config(hosts=(rig.host,))
+    store = Store.open(tmp_path / "state.sqlite")
+    first = asyncio.run(poll_once(config, store))
+    assert DISCOVER in rig.shipped[0] and {POPEN, CGROUP_V1, KERNEL} <= set(rig.shipped[0])
+    rig.sent = []
+    second = asyncio.run(poll_once(config, store))
+    # NVML goes on: this python imports pynvml (nvidia-ml-py, a dependency), as a box's may
+    assert rig.shipped == [("gpuwatch_probe", RUN_FILES, NVML)], rig.shipped
+    names = [sorted(r["name"] for r in result.reports[0].runs) for result in (first, second)]
+    assert names[0] == names[1] == ["evil-name-x", "pretrain", "train"]
+    carried = store.host_state("box").counters["collector"]
+    assert carried["hints"]["kernel_lines"] == 0 and "discovery" in carried
+    # a damaged memory is dropped, not fatal: that run polls like a first one again
+    store.record_poll("box", taken_at=time.time(), ok=True, doc=None,
+                      counters={"collector": {"hints": ["not", "a", "dict"], "discovery": 7}})
+    rig.sent = []
+    third = asyncio.run(poll_once(config, store))
+    assert DISCOVER in rig.shipped[0] and third.reports[0].outcome.ok
+    store.close()

@@ -40,6 +40,11 @@ def test_state_survives_reopen_and_a_failed_poll_keeps_the_last_good_data(tmp_pa
         assert [(r.t, r.gpu) for r in history] == [(100.0, 0), (100.0, 1)]
         assert history[0].throttle == ("sw_power_cap",) and history[0].power_w == 650.5
         assert store.host_state("nope") is None and store.hosts() == ["gpu1"]
+        # a good poll that brings no counters (a TUI without a poller) keeps the last ones
+        store.record_poll("gpu1", taken_at=120.0, ok=True, boot_id="b1", doc=b'{"v": 1}')
+        assert store.host_state("gpu1").counters == {"oom_kill": 3}
+        store.record_poll("gpu1", taken_at=130.0, ok=True, boot_id="b1", counters={})
+        assert store.host_state("gpu1").counters == {}
 
 
 def test_store_file_is_private(tmp_path: Path) -> None:

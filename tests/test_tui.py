@@ -46,6 +46,12 @@ class FakeCollector:
         self.outcomes = {o.host.name: o for o in outcomes}
         self.calls: Counter[str] = Counter()
 
+    def memory(self, host: str) -> dict[str, Any]:  # what a Collector keeps in the store
+        return {}
+
+    def restore(self, host: str, memory: object) -> None:
+        pass
+
     async def poll(self, host: HostConfig, runs: Any = None) -> PollOutcome:
         self.calls[host.name] += 1
         await asyncio.sleep(0)

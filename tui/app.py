@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from gpuwatch.remote.collect import Collector, PollOutcome
 from gpuwatch.remote.config import Config, HostConfig
 from gpuwatch.remote.findings import evaluate
-from gpuwatch.remote.once import history_from_store, judge, remember
+from gpuwatch.remote.once import history_from_store, judge, remember, resume
 from gpuwatch.remote.store import Store
 from gpuwatch.themes import BUILTIN, DEFAULT_THEME, SERIES_VARIABLES, load_user_themes
 from textual import work
@@ -132,6 +132,9 @@ class GpuwatchApp(App[None]):
                                  self._on_result,
                                  accept_new_host_keys=self.accept_new_host_keys,
                                  collector=self._collector)
+            for host in self.config.hosts:  # what the last run's polls learnt of each box
+                with contextlib.suppress(sqlite3.Error):
+                    resume(self.feed.collector, self.store, host)
             self.feed.start()
         self.set_interval(TICK_S, self._tick)
 
@@ -168,7 +171,8 @@ class GpuwatchApp(App[None]):
         if save_runs:
             self._runs_saved[message.host] = now
         try:
-            remember(self.store, message.outcome, data.history if save_runs else None)
+            remember(self.store, message.outcome, data.history if save_runs else None,
+                     self.feed.collector if self.feed is not None else None)
         except sqlite3.Error as exc:  # the store is a convenience: never fatal (DESIGN §5)
             if not self._store_failed:
                 self._store_failed = True
