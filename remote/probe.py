@@ -543,8 +543,7 @@ def smi_number(raw):
     text = value[:end].rstrip()
     whole, dot, fraction = text.partition(".")
     digits = whole[1:] if whole.startswith("-") else whole
-    if not digits or not DIGITS.issuperset(digits) or (
-            dot and not (fraction and DIGITS.issuperset(fraction))):
+    if not digits.isdecimal() or (dot and not fraction.isdecimal()):  # isdecimal: re's \d
         return None
     return float(text) if dot else int(text)
 
