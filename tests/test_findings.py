@@ -220,9 +220,9 @@ def test_defunct_holder_is_a_zombie_that_cannot_be_signalled(tmp_path: Path) -> 
     assert holder["parent_pid"] == 500 and "signal the parent" in holder["explanation"]
 
 
-def test_orphaned_holder_on_an_idle_gpu_after_its_run_died(tmp_path: Path) -> None:
-    from gpuwatch.remote.zombies import zombie_holders
-
+def orphaned_rank(tmp_path: Path) -> Watched:
+    """Rank 701 of a run launched by 700 on GPU 1, watched; then the launcher dies, the rank
+    is re-parented to init and its GPU goes idle: polled once since."""
     box = box_at(tmp_path, 2)
     box.add_process(SimProcess(700, ("bash", "launch.sh"), ppid=1))
     box.add_process(replace(training_process(701, ppid=700, gpu=1), session=700))
@@ -230,10 +230,17 @@ def test_orphaned_holder_on_an_idle_gpu_after_its_run_died(tmp_path: Path) -> No
     box.set_gpu(1, util_pct=98, mem_used_mib=30_000)
     w = Watched(box)
     w.poll()
-    box.remove_process(700)  # the launcher died; the rank is re-parented to init
+    box.remove_process(700)
     box.update_process(701, ppid=1, state="S")
     box.set_gpu(1, util_pct=0)
     w.poll()
+    return w
+
+
+def test_orphaned_holder_on_an_idle_gpu_after_its_run_died(tmp_path: Path) -> None:
+    from gpuwatch.remote.zombies import zombie_holders
+
+    w = orphaned_rank(tmp_path)
     assert "gpu.vram_zombie" not in w.codes()  # idle for one poll only
     w.poll()
     f = w.one("gpu.vram_zombie")
@@ -548,17 +555,7 @@ def test_a_discovered_run_that_is_only_a_zombie_reads_left_behind(tmp_path: Path
     """U11 with issue 8: the orphaned rank has a cwd and a script, so discovery groups it as a
     run of its own; once it is a zombie holder that run reads "left behind" (not running) and
     its own findings give way to gpu.vram_zombie, which says what to do."""
-    box = box_at(tmp_path, 2)
-    box.add_process(SimProcess(700, ("bash", "launch.sh"), ppid=1))
-    box.add_process(replace(training_process(701, ppid=700, gpu=1), session=700))
-    box.add_compute_app(1, 701, "python", 30_000)
-    box.set_gpu(1, util_pct=98, mem_used_mib=30_000)
-    w = Watched(box)
-    w.poll()
-    box.remove_process(700)
-    box.update_process(701, ppid=1, state="S")
-    box.set_gpu(1, util_pct=0)
-    w.poll()
+    w = orphaned_rank(tmp_path)
     found = [r.name for r in w.history.current.runs if 701 in r.pids]
     assert found and w.history.runs[found[0]].discovery is not None  # discovery's own run
     assert w.history.left_behind == frozenset()  # idle one poll: not yet a zombie
