@@ -28,7 +28,7 @@ MAX_STDOUT = 4 * 1024 * 1024
 """A probe document is a few KB; a box that prints megabytes is not running our probe."""
 MAX_STDERR = 64 * 1024
 DEFAULT_SSH_CONFIG = SshSettings().config_file
-CARRIED_HINTS = ("nvidia_smi_reasons", "pynvml", "python", "cgroup", "kernel_lines")
+CARRIED_HINTS = ("nvidia_smi_reasons", "pynvml", "spawn", "cgroup", "kernel_lines")
 """What a box says of itself that the next poll's request carries back (Collector.memory)."""
 NVML_RECHECK_S = 300.0
 """A box whose python did not import pynvml is asked again this often (issue 3): pynvml
@@ -120,36 +120,40 @@ class Collector:
         module (issue 3, U15: with the event decoder it took, half of every poll's bytes up);
         the probe checks that it still holds."""
 
-    def memory(self, host: str) -> dict[str, Any]:
+    def memory(self, host: HostConfig) -> dict[str, Any]:
         """What this collector carries from one poll of `host` to the next (what the box said
         of itself, its last discovery, when to ask about pynvml again), as plain JSON: the
         store keeps it, so that a cron `--once` sends what a steady poll sends, not a first
         poll's everything (issue 3: 27.9 KB up, 11.7 KB steady)."""
-        out: dict[str, Any] = {}
-        hints = {k: v for k, v in self._hints.get(host, {}).items() if k in CARRIED_HINTS}
+        name = host.name
+        out: dict[str, Any] = {"of": [host.ssh, host.python]}
+        hints = {k: v for k, v in self._hints.get(name, {}).items() if k in CARRIED_HINTS}
         if hints:
             out["hints"] = hints
-        if host in self._discovery:
-            out["discovery"] = self._discovery[host]
-        if host in self._nvml_check_due:
-            out["nvml_check_due"] = self._nvml_check_due[host]
+        if name in self._discovery:
+            out["discovery"] = self._discovery[name]
+        if name in self._nvml_check_due:
+            out["nvml_check_due"] = self._nvml_check_due[name]
         return out
 
-    def restore(self, host: str, memory: object) -> None:
-        """Take back what memory() gave. Anything malformed is left out: the next poll learns
-        it afresh, and every hint is checked on the box (a wrong one costs a poll at most)."""
-        if not isinstance(memory, Mapping):
+    def restore(self, host: HostConfig, memory: object) -> None:
+        """Take back what memory() gave, unless the host is now another box or interpreter
+        (its `ssh` or `python` changed in the config). Anything malformed is left out: the
+        next poll learns it afresh, and every hint is checked on the box (a wrong one costs a
+        poll at most)."""
+        if not isinstance(memory, Mapping) or memory.get("of") != [host.ssh, host.python]:
             return
+        name = host.name
         hints = memory.get("hints")
         if isinstance(hints, Mapping):
             kept = {k: v for k, v in hints.items()
                     if k in CARRIED_HINTS and isinstance(v, (str, int, float, bool))}
-            self._hints.setdefault(host, {}).update(kept)
+            self._hints.setdefault(name, {}).update(kept)
         if isinstance(memory.get("discovery"), Mapping):
-            self._discovery[host] = dict(memory["discovery"])
+            self._discovery[name] = dict(memory["discovery"])
         due = memory.get("nvml_check_due")
         if isinstance(due, (int, float)) and not isinstance(due, bool):
-            self._nvml_check_due[host] = float(due)
+            self._nvml_check_due[name] = float(due)
 
     async def poll(self, host: HostConfig,
                    runs: Mapping[str, RunSeries] | None = None) -> PollOutcome:
@@ -174,8 +178,8 @@ class Collector:
         if snapshot.pynvml is not None:  # issue 3: the NVML reader goes only where it imports
             self._hints.setdefault(host.name, {})["pynvml"] = snapshot.pynvml
             self._nvml_check_due[host.name] = started_at + NVML_RECHECK_S
-        if snapshot.python is not None:  # the part for Python < 3.8 goes only to those
-            self._hints.setdefault(host.name, {})["python"] = snapshot.python
+        if snapshot.spawn is not None:  # the subprocess part goes where posix_spawnp is not
+            self._hints.setdefault(host.name, {})["spawn"] = snapshot.spawn
         if snapshot.kernel_lines is not None:  # the kernel log parser goes where it has work
             self._hints.setdefault(host.name, {})["kernel_lines"] = snapshot.kernel_lines
         if snapshot.cgroup is not None:  # the cgroup v1 reader goes only to v1 boxes

@@ -172,7 +172,8 @@ class HostHistory:
     findings: list[Finding] = field(default_factory=list)
     """What `evaluate` found at the latest poll (the store keeps their first/last seen)."""
     zombies: list[Any] | None = None
-    """The VRAM zombie holders `evaluate` found at the latest poll (zombies.py)."""
+    """The VRAM zombie holders `evaluate` found at the latest poll (zombies.py); None once
+    another poll is recorded, until it is evaluated."""
     left_behind: frozenset[str] = frozenset()
     """Discovered runs whose every live process is a VRAM zombie holder (U11): what a dead run
     left behind, not a run of its own (its cwd and script made discovery group it). Shown as
@@ -200,6 +201,7 @@ class HostHistory:
     def record(self, snapshot: HostSnapshot, at: float, *, runs: bool = True) -> None:
         """A good poll that ended at `at` (this machine's clock: boxes' clocks drift).
         runs=False for a snapshot whose run data is already in `runs` (restored from the store)."""
+        self.zombies = None  # of the last evaluate: stale now
         before = self.snapshots[-1] if self.snapshots else None
         if before is not None and before.runs:
             # Its new points are in self.runs already: keep a token, not the columns, so 64
@@ -268,6 +270,7 @@ class HostHistory:
 
     def record_failure(self, failure: PollFailure) -> None:
         self.failure = failure
+        self.zombies = None
 
 
 def _thin(scalars: Mapping[str, Scalars]) -> dict[str, Scalars]:

@@ -332,9 +332,9 @@ class HostSnapshot:
     for a search: the client sends the discover module again, now or on the next poll."""
     pynvml: bool | None = None
     """Whether the box's python imports pynvml (the client sends the NVML reader only then)."""
-    python: str | None = None
-    """The box's python version, "3.11.2" (the client sends the probe's part for Python < 3.8
-    only to those)."""
+    spawn: bool | None = None
+    """Whether the box's python has os.posix_spawnp (the client sends the probe's subprocess
+    way of running commands only where it has not)."""
     kernel_lines: int | None = None
     """How many kernel log lines may be Xids or OOM kills (the client sends the probe's parser
     of them only where some are)."""
@@ -801,7 +801,7 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
         probe_cpu_s=doc.opt_float("cpu_s"),
         runs=_runs(doc, errors) + _discovered_runs(doc, errors),
         pynvml=gpu_section.opt_bool("pynvml") if gpu_section else None,
-        python=info.opt_str("python") if info else None,
+        spawn=info.opt_bool("spawn") if info else None,
         kernel_lines=kernel.opt_int("candidates") if kernel else None,
         **_discovery_note(doc),
     )

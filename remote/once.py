@@ -83,7 +83,7 @@ def resume(collector: Collector, store: Store, host: HostConfig) -> None:
     cron `--once` polls like a steady poll, not like a first one)."""
     state = store.host_state(host.name)
     if state is not None:
-        collector.restore(host.name, state.counters.get("collector"))
+        collector.restore(host, state.counters.get("collector"))
 
 
 def remember(store: Store, outcome: PollOutcome, history: HostHistory | None = None,
@@ -108,7 +108,7 @@ def remember(store: Store, outcome: PollOutcome, history: HostHistory | None = N
                    power_w=g.power_w, power_limit_w=g.power_limit_w, temp_c=g.temp_c,
                    mem_used_mib=g.mem_used_mib, throttle=tuple(g.throttle_reasons or ()))
             for g in snap.gpus]
-    carried = None if collector is None else {"collector": collector.memory(outcome.host.name)}
+    carried = None if collector is None else {"collector": collector.memory(outcome.host)}
     store.record_poll(outcome.host.name, taken_at=outcome.ended_at, ok=True,
                       boot_id=snap.boot_id, doc=outcome.doc, gpu_rows=rows, counters=carried)
     record_launches(store, outcome.host.name, snap, outcome.ended_at)  # issue 8

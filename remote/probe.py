@@ -238,11 +238,11 @@ def run_bounded(argv, timeout_s):
     """
     if timeout_s <= 0:
         raise ProbeFailure("%s not run: no time left" % argv[0])
-    if not hasattr(os, "posix_spawnp"):  # Python 3.6, 3.7
-        popen = globals().get("run_bounded_popen")  # sent where the python is older
+    if not hasattr(os, "posix_spawnp"):  # Python 3.6, 3.7, PyPy
+        popen = globals().get("run_bounded_popen")  # sent where the box said it has none
         if popen is None:
-            raise ProbeFailure("%s not run: Python %d.%d here, the next poll brings what it "
-                               "needs" % ((argv[0],) + sys.version_info[:2]))
+            raise ProbeFailure("%s not run: this python has no os.posix_spawnp; the next poll "
+                               "brings what it needs" % argv[0])
         return popen(argv, timeout_s)
     import select
 
@@ -252,30 +252,38 @@ def run_bounded(argv, timeout_s):
     output = {out_r: bytearray(), err_r: bytearray()}
     try:
         try:
-            pid = os.posix_spawnp(argv[0], argv, os.environ, setpgroup=0, file_actions=[  # novm
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),  # novm
-                (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)])  # novm
+            # SIGPIPE back to its default (13 on every Linux), as subprocess does: python
+            # ignores it, and an ignored disposition would pass on to the child
+            pid = os.posix_spawnp(argv[0], argv, os.environ, setpgroup=0, setsigdef=(13,),  # novm
+                                  file_actions=[
+                                      (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),  # novm
+                                      (os.POSIX_SPAWN_DUP2, out_w, 1),  # novm
+                                      (os.POSIX_SPAWN_DUP2, err_w, 2)])  # novm
         except FileNotFoundError:
             raise ProbeFailure("%s not found on PATH" % argv[0])
         finally:
             os.close(out_w)
             os.close(err_w)
         reading, status = [out_r, err_r], None
-        while status is None and time.monotonic() < deadline:
-            if reading:  # both streams at once: neither pipe fills and blocks the child
-                for fd in select.select(reading, [], [], max(0, deadline - time.monotonic()))[0]:
+        while status is None:
+            left = deadline - time.monotonic()
+            if reading and left > 0:  # both streams at once: neither pipe fills and blocks it
+                for fd in select.select(reading, [], [], left)[0]:
                     data = os.read(fd, 65536)
                     output[fd] += data
                     if not data:
                         reading.remove(fd)
-            else:  # its output closed: it is ending, or lingers until the deadline
-                done, code = os.waitpid(pid, os.WNOHANG)
-                status = code if done else time.sleep(0.002)
+                continue
+            status = reaped(pid)  # its output closed, or the time is up: has it ended?
+            if status is None:
+                if left <= 0:
+                    break
+                time.sleep(0.002)  # it lingers after closing its output
         if status is None:
             try:
                 os.killpg(pid, SIGKILL)
                 for _ in range(50):  # up to 0.5 s for it to go; stuck in D state: leave it
-                    if os.waitpid(pid, os.WNOHANG)[0]:
+                    if reaped(pid) is not None:
                         break
                     time.sleep(0.01)
             except OSError:
@@ -286,6 +294,16 @@ def run_bounded(argv, timeout_s):
         os.close(err_r)
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
     return (code,) + tuple(output[fd].decode("utf-8", "replace") for fd in (out_r, err_r))
+
+
+def reaped(pid):
+    """A child's wait status once it has ended, None while it runs; 0 where the kernel reaped
+    it already (SIGCHLD ignored by whoever started the probe), as subprocess has it."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return 0
+    return status if done else None
 
 
 # ================================================================ popen (issue 3)
@@ -326,7 +344,8 @@ def load_site():
 
 def collect_host():
     stat = read_text(proc_path("stat"))
-    btime = [line.split()[1] for line in stat.splitlines() if line.startswith("btime ")]
+    btime = [(line[6:].split() or [""])[0] for line in stat.splitlines()
+             if line.startswith("btime ")]
     return {
         "hostname": host_name(),
         "boot_id": read_text(proc_path("sys", "kernel", "random", "boot_id")).strip(),
@@ -337,6 +356,7 @@ def collect_host():
         "clk_tck": os.sysconf("SC_CLK_TCK"),
         "ncpu": os.cpu_count(),  # host cores, not the cgroup quota (U40)
         "python": "%d.%d.%d" % sys.version_info[:3],
+        "spawn": hasattr(os, "posix_spawnp"),  # the client sends run_bounded_popen where not
     }
 
 
@@ -1114,8 +1134,10 @@ def collect_disks(paths):
 
 # ---------------------------------------------------------------- kernel log (U3, U9, U22)
 
-RAW_KERNEL_LINES = 400
-"""Without the parser, at most this many of the newest candidate lines go as they are."""
+RAW_KERNEL_LINES = 2000
+"""Without the parser, at most this many of the newest candidate lines go as they are (a box
+whose kernel log was clean at the last poll and has more now is in an Xid storm: its Xid
+counts then cover only these lines for that one poll)."""
 
 
 def kernel_candidate(line):

@@ -72,9 +72,9 @@ the last poll of the host saw no such line in its kernel log (most boxes; one th
 then sends them raw, and the client parses them, model.py)."""
 KERNEL_LINES = ("# " + "=" * 64 + " kernel (issue 3)\n", "# " + "=" * 64 + " end of kernel\n")
 POPEN = "gpuwatch_probe:popen"
-"""The probe's way to run nvidia-smi and dmesg on Python 3.6 and 3.7 (subprocess; newer ones
-use os.posix_spawnp, 4 ms less CPU), between these two lines: sent unless the last poll of
-the host said its python is 3.8 or newer."""
+"""The probe's way to run nvidia-smi and dmesg where os.posix_spawnp is missing (Python 3.6
+and 3.7, PyPy; subprocess, 4 ms more CPU), between these two lines: sent unless the last poll
+of the host said its python has os.posix_spawnp."""
 POPEN_LINES = ("# " + "=" * 64 + " popen (issue 3)\n", "# " + "=" * 64 + " end of popen\n")
 PARTS = ((RAW_RECORDS, RAW_RECORDS_LINES), (METRICS, METRICS_LINES), (RUN_FILES, RUN_FILES_LINES),
          (NVML, NVML_LINES), (POPEN, POPEN_LINES), (CGROUP_V1, CGROUP_V1_LINES),
@@ -257,8 +257,8 @@ def modules_for(request: dict[str, Any]) -> tuple[str, ...]:
     run's event files need it (decodes_event_files), else, where a run reads event files, the
     probe's raw records part: in steady state their new records go raw (issue 3); the metrics
     readers where a run names metrics files or discovery may find some; the NVML reader unless
-    the box said its python has no pynvml; the part for Python < 3.8 unless the box said its
-    python is newer; the cgroup v1 reader unless the box said its cgroups are v2; the kernel
+    the box said its python has no pynvml; the subprocess part unless the box said its python
+    has os.posix_spawnp; the cgroup v1 reader unless the box said its cgroups are v2; the kernel
     log's parser unless the box's last kernel log had no Xid or OOM line. A host's first poll,
     knowing nothing yet, gets whatever it may need."""
     discover = wants_discovery(request) and not isinstance(request.get("discovery_reuse"), dict)
@@ -277,7 +277,7 @@ def modules_for(request: dict[str, Any]) -> tuple[str, ...]:
     if request.get("pynvml") is not False and not (isinstance(wanted_want, dict) and (
             wanted_want.get("nvml") is False or wanted_want.get("gpus") is False)):
         wanted.add(NVML)
-    if not _python_at_least(request.get("python"), (3, 8)):
+    if request.get("spawn") is not True:
         wanted.add(POPEN)
     if request.get("cgroup") != 2:
         wanted.add(CGROUP_V1)
@@ -285,15 +285,6 @@ def modules_for(request: dict[str, Any]) -> tuple[str, ...]:
         wanted.add(KERNEL)
     return tuple(part for part in (*(name for name, _ in MODULES), RUN_FILES, RAW_RECORDS,
                                    METRICS, NVML, POPEN, CGROUP_V1, KERNEL) if part in wanted)
-
-
-def _python_at_least(version: object, least: tuple[int, int]) -> bool:
-    """Whether a box's python version as the probe reports it ("3.11.2") is `least` or newer;
-    False when not known."""
-    try:
-        return tuple(int(n) for n in str(version).split(".")[:2]) >= least
-    except ValueError:
-        return False
 
 
 def build_command(python: str = "python3") -> str:

@@ -320,3 +320,24 @@ def test_a_cron_once_resumes_what_the_last_run_learnt_from_the_store(
     third = asyncio.run(poll_once(config, store))
     assert DISCOVER in rig.shipped[0] and third.reports[0].outcome.ok
     store.close()
+
+
+def test_what_a_collector_carries_is_dropped_when_the_host_is_another_box() -> None:
+    """The store keeps what a poll learnt of a host under its name; when the config points that
+    name at another box or interpreter, none of it is taken back (a wrong hint would cost a
+    poll: a cron interval for `--once`)."""
+    first = Collector()
+    host = HostConfig("gpu1", "alice@box1", python="python3")
+    first._hints["gpu1"] = {"spawn": True, "cgroup": 2, "kernel_lines": 0, "want": {"x": 1}}
+    first._discovery["gpu1"] = {"runs": []}
+    memory = first.memory(host)
+    assert memory["hints"] == {"spawn": True, "cgroup": 2, "kernel_lines": 0}  # no "want"
+    same = Collector()
+    same.restore(host, memory)
+    assert same.memory(host) == memory
+    for other in (HostConfig("gpu1", "alice@box2", python="python3"),
+                  HostConfig("gpu1", "alice@box1", python="/opt/py3.7/bin/python")):
+        fresh = Collector()
+        fresh.restore(other, memory)
+        assert fresh.memory(other) == {"of": [other.ssh, other.python]}
+

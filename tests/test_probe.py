@@ -506,27 +506,35 @@ def test_a_child_that_floods_both_streams_is_read_to_the_end(box: Box):
     assert rows(doc["kernel"]["xid"])[-1]["xid"] == 79
 
 
-def test_python_37_without_its_part_says_so_and_the_rest_stands(box: Box):
-    """The subprocess way of running nvidia-smi goes only to Pythons < 3.8 (issue 3): a box
-    whose python was swapped for an older one since the last poll says what is missing, and
-    reports its version, so the next poll sends it."""
-    installs = sorted(Path.home().glob(".pyenv/versions/3.7*/bin/python"))
-    if not installs:
-        pytest.skip("no Python 3.7 interpreter here; vermin checks the syntax instead")
-    request = box_request(box, python="3.11.2")
-    assert POPEN not in modules_for(request) and POPEN in modules_for(box_request(box))
-    result = subprocess.run(["sh", "-c", build_command(str(installs[0]))],
-                            input=build_stdin(request, trim=True), env=box.env(),
-                            capture_output=True, timeout=30)
-    doc = json.loads(result.stdout)
-    assert doc["gpus"]["error"] == ("nvidia-smi not run: Python 3.7 here, the next poll brings "
-                                    "what it needs")
-    assert doc["host"]["python"].startswith("3.7.") and "processes" not in doc["errors"]
-    fixed = json.loads(subprocess.run(
-        ["sh", "-c", build_command(str(installs[0]))],
-        input=build_stdin({**request, "python": doc["host"]["python"]}, trim=True),
-        env=box.env(), capture_output=True, timeout=30).stdout)
+def test_a_python_without_posix_spawnp_gets_the_subprocess_part(box: Box, tmp_path: Path):
+    """Python 3.6, 3.7 and PyPy have no os.posix_spawnp: the probe runs nvidia-smi and dmesg
+    through subprocess there, a part sent only where the box did not say it has posix_spawnp
+    (issue 3). One that lacks both says what is missing, and that it has none, so the next
+    poll sends the part. This python stands in for one without it (the function deleted
+    before the bootstrap runs)."""
+    python = tmp_path / "python-without-spawn"
+    python.write_text(
+        "#!/bin/sh\n"  # called as: python -S -c BOOTSTRAP
+        f'exec {sys.executable} "$1" -c "import os;del os.posix_spawnp;'
+        'import sys;exec(sys.argv[1])" "$3"\n')
+    python.chmod(0o755)
+
+    def poll(request: dict) -> dict:
+        result = subprocess.run(["sh", "-c", build_command(str(python))],
+                                input=build_stdin(request, trim=True), env=box.env(),
+                                capture_output=True, timeout=30)
+        assert result.returncode == 0, result.stderr.decode()
+        return json.loads(result.stdout)
+
+    told = box_request(box, spawn=True)  # what a box with posix_spawnp said
+    assert POPEN not in modules_for(told) and POPEN in modules_for(box_request(box))
+    lacking = poll(told)
+    assert lacking["gpus"]["error"] == ("nvidia-smi not run: this python has no "
+                                        "os.posix_spawnp; the next poll brings what it needs")
+    assert lacking["host"]["spawn"] is False and "processes" not in lacking["errors"]
+    fixed = poll(box_request(box, spawn=lacking["host"]["spawn"]))
     assert fixed["errors"] == {} and len(fixed["gpus"]["devices"]["rows"]) == 8
+    assert fixed["kernel"]["xid"]["rows"]  # dmesg, through subprocess too
 
 
 def test_xid_lines_go_raw_without_the_parser_and_read_the_same(box: Box):
@@ -537,7 +545,7 @@ def test_xid_lines_go_raw_without_the_parser_and_read_the_same(box: Box):
 
     assert KERNEL in modules_for(box_request(box))  # not known yet: sent
     assert KERNEL in modules_for(box_request(box, kernel_lines=3))
-    quiet = box_request(box, kernel_lines=0, python="3.11.2")
+    quiet = box_request(box, kernel_lines=0, spawn=True)
     assert KERNEL not in modules_for(quiet)
 
     def snap(stdin: bytes) -> tuple[dict, HostSnapshot]:
@@ -559,6 +567,24 @@ def test_xid_lines_go_raw_without_the_parser_and_read_the_same(box: Box):
                                    "oom": {"fields": list(probe.OOM_FIELDS), "rows": []},
                                    "xid_counts": {}, "candidates": 0}
     assert clean.kernel_lines == 0 and clean.kernel_events == ()
+
+
+def test_a_probe_started_with_sigchld_ignored_still_reads_its_commands(box: Box):
+    """With SIGCHLD ignored (a disposition that survives exec: some daemons start their
+    children so; dash resets it, other shells need not) the kernel reaps the probe's children
+    itself; run_bounded takes the end of their output for their exit, as subprocess does,
+    instead of failing. The interpreter is started directly here, past any shell."""
+    import signal
+
+    from gpuwatch.remote.probe_bundle import BOOTSTRAP
+
+    result = subprocess.run([sys.executable, "-S", "-c", BOOTSTRAP],
+                            input=build_stdin(box_request(box)), env=box.env(),
+                            capture_output=True, timeout=30,
+                            preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN))
+    doc = json.loads(result.stdout)
+    assert doc["errors"] == {} and len(doc["gpus"]["devices"]["rows"]) == 8
+    assert doc["kernel"]["xid"]["rows"]
 
 
 def test_failing_nvidia_smi_reports_its_message(box: Box):
@@ -893,7 +919,7 @@ def test_a_steady_poll_imports_neither_json_nor_re(box: Box):
     box.tool("dmesg", "echo '[    0.000000] Linux version 6.8.0-45-generic'\n"
                       "echo '[    0.045121] Memory: 2029476K/2096632K available'\n"
                       "echo '[    1.302214] Freeing unused kernel image (initmem) memory: 4K'\n")
-    request = box_request(box, python="3.11.2", want={"nvml": False, "discover": False})
+    request = box_request(box, spawn=True, want={"nvml": False, "discover": False})
     watched = ("json", "re", "enum", "subprocess", "threading", "site")
     # the bootstrap, with os._exit (the probe's last call) first writing what was imported
     check = ("import sys;sys.path=[p for p in sys.path if p not in('','.')];import zlib,os;"

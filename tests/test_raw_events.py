@@ -301,7 +301,7 @@ def test_expand_replaces_raw_entries_of_configured_and_discovered_runs(
 
 def test_modules_for_ships_the_decoder_only_when_needed():
     def request(run: dict[str, Any], key: str = "runs") -> dict[str, Any]:
-        return {"v": 1, "want": {"discover": False, "nvml": False}, "python": "3.11.2",
+        return {"v": 1, "want": {"discover": False, "nvml": False}, "spawn": True,
                 "cgroup": 2, "kernel_lines": 0, key: [run]}
 
     events = {"name": "r", "events": "/data/runs"}

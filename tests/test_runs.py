@@ -294,7 +294,7 @@ def test_the_metrics_readers_go_only_to_polls_that_read_metrics(workdir: Path):
     without = RunConfig("j", workdir=str(workdir), log="train.log")
 
     def request(run: RunConfig) -> dict:
-        return {"v": 1, "want": {**QUIET, "discover": False}, "python": "3.11.2", "cgroup": 2,
+        return {"v": 1, "want": {**QUIET, "discover": False}, "spawn": True, "cgroup": 2,
                 "kernel_lines": 0, "runs": [run_request(run, None)]}
 
     assert modules_for(request(with_metrics)) == ("gpuwatch_probe", RUN_FILES, METRICS)

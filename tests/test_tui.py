@@ -46,10 +46,10 @@ class FakeCollector:
         self.outcomes = {o.host.name: o for o in outcomes}
         self.calls: Counter[str] = Counter()
 
-    def memory(self, host: str) -> dict[str, Any]:  # what a Collector keeps in the store
+    def memory(self, host: HostConfig) -> dict[str, Any]:  # what a Collector keeps in the store
         return {}
 
-    def restore(self, host: str, memory: object) -> None:
+    def restore(self, host: HostConfig, memory: object) -> None:
         pass
 
     async def poll(self, host: HostConfig, runs: Any = None) -> PollOutcome:
