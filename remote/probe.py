@@ -33,7 +33,11 @@ Output: {"v": 1, "probe_s", "cpu_s", "errors": {section: message}, and the secti
 (issue 8: run objects as in "runs", each with a "discovered" object, see discover.py),
 "discovery": {"reuse": {...}} | {"need": "now" | "next", "why"} (issue 3, see
 discovery_state)}. "gpus" also says "pynvml": whether this python imports it (the client sends
-the NVML reader only then, issue 3) and "nvml": why NVML was not used, when it was not.
+the NVML reader only then, issue 3; absent when the request's want.nvml is false) and "nvml":
+why NVML was not used, when it was not. "host" says "spawn": whether this python has
+os.posix_spawnp (the client sends run_bounded_popen only where not). "kernel" says
+"candidates": how many lines may be Xids or OOM kills, and holds them as "raw" (with
+"raw_total") where the request came without the parser (see collect_kernel).
 A section that fails is {"error": message} (also listed in "errors") and the rest of the
 document stands.
 Tables are {"fields": [...], "rows": [[...], ...]} to keep the document small. With
