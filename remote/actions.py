@@ -31,7 +31,6 @@ import json
 import os
 import re
 import shlex
-import signal as signals
 import socket
 import time
 import zlib
@@ -566,18 +565,17 @@ async def _remote(host: HostConfig, command: str, stdin: bytes,
 
 
 async def _local(command: str, stdin: bytes, deadline: float) -> tuple[int | None, bytes, bytes]:
-    proc = await asyncio.create_subprocess_exec(
-        "/bin/sh", "-c", command, stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    """The action on this machine, under the bounds of an SSH exec (remote/local.py): its
+    output capped like the remote one's, its process group killed past the deadline."""
+    from . import local
+
     try:
-        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout=deadline)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signals.SIGKILL)
-        await proc.wait()
+        result = await local.run_async(command, stdin, deadline, max_stdout=MAX_STDOUT,
+                                       max_stderr=MAX_STDERR)
+    except local.LocalTimeout:
         raise _Lost(f"the action did not finish within command_timeout ({deadline:g} s)") \
             from None
-    return proc.returncode, out, err
+    return result.exit_status, result.stdout, result.stderr
 
 
 # ---------------------------------------------------------------- execute

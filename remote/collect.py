@@ -8,21 +8,22 @@ read under a byte cap.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
-import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import HostConfig, SshSettings
 from .discovered import discovered_requests
 from .model import HostSnapshot, ProbeError, parse_probe_output
 from .probe_bundle import PYTHON_MISSING_EXIT, build_command, build_stdin
 from .series import RunSeries, run_request
+
+if TYPE_CHECKING:
+    from .local import LocalResult
 
 MAX_STDOUT = 4 * 1024 * 1024
 """A probe document is a few KB; a box that prints megabytes is not running our probe."""
@@ -158,6 +159,38 @@ class Collector:
     async def poll(self, host: HostConfig,
                    runs: Mapping[str, RunSeries] | None = None) -> PollOutcome:
         """One poll; `runs` is the host's run state (history.runs) for incremental reads."""
+        steps = self._steps(host, runs)
+        step: dict[str, Any] | PollOutcome = next(steps)
+        while not isinstance(step, PollOutcome):
+            try:
+                result: _Exec | _Failed = await self._exec(host, step)
+            except _Failed as exc:
+                result = exc
+            step = _resume(steps, result)
+        return step
+
+    def poll_local(self, host: HostConfig,
+                   runs: Mapping[str, RunSeries] | None = None) -> PollOutcome:
+        """poll() of a `local` host without an event loop: `--once` with only local hosts
+        never imports asyncio (issue 3: ~40 ms of its start-up)."""
+        assert host.is_local, host
+        steps = self._steps(host, runs)
+        step: dict[str, Any] | PollOutcome = next(steps)
+        while not isinstance(step, PollOutcome):
+            try:
+                result: _Exec | _Failed = _local_exec(*_wire(host, step), host)
+            except _Failed as exc:
+                result = exc
+            step = _resume(steps, result)
+        return step
+
+    def _steps(self, host: HostConfig, runs: Mapping[str, RunSeries] | None
+               ) -> Generator[dict[str, Any], _Exec | _Failed, PollOutcome]:
+        """The poll without its transport: yields each request to run on the box, is sent
+        what running it gave (or the failure), returns the outcome. Usually one exec; with a
+        reused discovery that the probe finds stale (it says "now"), at once a second one
+        with the discover module: the one poll that takes two execs (DESIGN §2 has one),
+        rare (a run started or ended), so that a new run shows the poll it appears."""
         started_at, t0 = self._clock(), time.monotonic()
         request = build_request(host, self._hints.get(host.name), runs)
         if (request.get("pynvml") is False
@@ -165,13 +198,27 @@ class Collector:
             request["want"] = {**request.get("want", {}), "nvml": False}
         reuse = self._discovery.pop(host.name, None)
         try:
-            result, snapshot = await self._probe(host, request, reuse)
+            result = _done((yield {**request, "discovery_reuse": reuse} if reuse else request))
+            snapshot = _snapshot(host, result)
+            if reuse is not None and snapshot.discovery_need == "now":
+                again = _done((yield request))
+                snapshot = _snapshot(host, again)
+                result = replace(again, bytes_sent=result.bytes_sent + again.bytes_sent,
+                                 bytes_received=result.bytes_received + again.bytes_received)
         except _Failed as exc:
             if reuse is not None:  # kept: the probe checks it again on the next poll
                 self._discovery[host.name] = reuse
             return PollOutcome(host, started_at, time.monotonic() - t0, None, None,
                                exc.kind, exc.message)
         poll_s = time.monotonic() - t0
+        self._learn(host, started_at, snapshot, reuse)
+        return PollOutcome(host, started_at, poll_s, replace(snapshot, poll_s=poll_s),
+                           result.stdout, bytes_sent=result.bytes_sent,
+                           bytes_received=result.bytes_received)
+
+    def _learn(self, host: HostConfig, started_at: float, snapshot: HostSnapshot,
+               reuse: dict[str, Any] | None) -> None:
+        """Keep what the box said of itself for the next poll's request."""
         if snapshot.nvidia_smi_reasons:
             self._hints.setdefault(host.name, {})["nvidia_smi_reasons"] = (
                 snapshot.nvidia_smi_reasons)
@@ -190,29 +237,19 @@ class Collector:
             self._discovery[host.name] = dict(snapshot.discovery_reuse)
         elif reuse is not None and snapshot.discovery_need is None:
             self._discovery[host.name] = reuse  # it held: again next poll
-        return PollOutcome(host, started_at, poll_s, replace(snapshot, poll_s=poll_s),
-                           result.stdout, bytes_sent=result.bytes_sent,
-                           bytes_received=result.bytes_received)
-
-    async def _probe(self, host: HostConfig, request: dict[str, Any],
-                     reuse: dict[str, Any] | None) -> tuple[_Exec, HostSnapshot]:
-        """Run the probe; with `reuse`, without the discover module, and when the probe finds
-        that the box's runs changed since (it says "now"), at once again with the module: the
-        one poll that takes two execs (DESIGN §2 has one), rare (a run started or ended), so
-        that a new run shows the poll it appears, as it always did."""
-        first = await self._exec(host, {**request, "discovery_reuse": reuse} if reuse else request)
-        snapshot = _snapshot(host, first)
-        if reuse is None or snapshot.discovery_need != "now":
-            return first, snapshot
-        again = await self._exec(host, request)
-        return replace(again, bytes_sent=first.bytes_sent + again.bytes_sent,
-                       bytes_received=first.bytes_received + again.bytes_received), \
-            _snapshot(host, again)
 
     async def _exec(self, host: HostConfig, request: dict[str, Any]) -> _Exec:
-        command, stdin = build_command(host.python), build_stdin(request, trim=True)
-        return await (self._local(command, stdin, host) if host.is_local
-                      else self._ssh(command, stdin, host))
+        command, stdin = _wire(host, request)
+        if host.is_local:
+            from . import local
+
+            try:
+                result = await local.run_async(command, stdin, host.settings.command_timeout,
+                                               max_stdout=MAX_STDOUT, max_stderr=MAX_STDERR)
+            except local.LocalTimeout:
+                raise _local_timeout(host) from None
+            return _local_result(result, stdin)
+        return await self._ssh(command, stdin, host)
 
     async def _ssh(self, command: str, stdin: bytes, host: HostConfig) -> _Exec:
         from . import ssh  # asyncssh costs ~0.2 s to import: only when a host needs SSH
@@ -229,22 +266,47 @@ class Collector:
         return _Exec(result.exit_status, result.stdout, result.stderr, result.stdout_truncated,
                      result.bytes_sent, result.bytes_received)
 
-    async def _local(self, command: str, stdin: bytes, host: HostConfig) -> _Exec:
-        deadline = host.settings.command_timeout
-        proc = await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", command, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True)  # its own group: a timeout kills the probe's children too
-        try:
-            return await asyncio.wait_for(_talk(proc, stdin), timeout=deadline)
-        except TimeoutError:
-            raise _Failed("timeout", f"the probe did not finish within command_timeout "
-                                     f"({deadline:g} s) on this machine") from None
-        finally:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await proc.wait()
+
+def _wire(host: HostConfig, request: dict[str, Any]) -> tuple[str, bytes]:
+    """The command line and the stdin of one exec of the probe."""
+    return build_command(host.python), build_stdin(request, trim=True)
+
+
+def _local_exec(command: str, stdin: bytes, host: HostConfig) -> _Exec:
+    from . import local
+
+    try:
+        result = local.run(command, stdin, host.settings.command_timeout,
+                           max_stdout=MAX_STDOUT, max_stderr=MAX_STDERR)
+    except local.LocalTimeout:
+        raise _local_timeout(host) from None
+    return _local_result(result, stdin)
+
+
+def _local_result(result: LocalResult, stdin: bytes) -> _Exec:
+    return _Exec(result.exit_status, result.stdout, result.stderr, result.stdout_truncated,
+                 len(stdin), result.bytes_received)
+
+
+def _local_timeout(host: HostConfig) -> _Failed:
+    return _Failed("timeout", f"the probe did not finish within command_timeout "
+                              f"({host.settings.command_timeout:g} s) on this machine")
+
+
+def _done(result: _Exec | _Failed) -> _Exec:
+    """What an exec sent back into _steps: its result, or its failure raised there."""
+    if isinstance(result, _Failed):
+        raise result
+    return result
+
+
+def _resume(steps: Generator[dict[str, Any], _Exec | _Failed, PollOutcome],
+            result: _Exec | _Failed) -> dict[str, Any] | PollOutcome:
+    """Send an exec's result into a poll's steps: the next request, or the outcome."""
+    try:
+        return steps.send(result)
+    except StopIteration as stop:
+        return stop.value
 
 
 def ssh_config_file(host: HostConfig) -> str | None:
@@ -265,29 +327,6 @@ def ssh_files(host: HostConfig) -> dict[str, str | None]:
                             if settings.known_hosts else None),
             "identity_file": (os.path.expanduser(settings.identity_file)
                               if settings.identity_file else None)}
-
-
-async def _talk(proc: asyncio.subprocess.Process, stdin: bytes) -> _Exec:
-    assert proc.stdin and proc.stdout and proc.stderr
-    proc.stdin.write(stdin)
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        await proc.stdin.drain()
-    proc.stdin.close()
-
-    async def capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, bool, int]:
-        data, seen = bytearray(), 0
-        while chunk := await stream.read(65536):
-            seen += len(chunk)
-            if len(data) < cap:
-                data += chunk[: cap - len(data)]
-            if seen > cap and stream is proc.stdout:
-                return bytes(data), True, seen  # stop reading: the finally kills it
-        return bytes(data), False, seen
-
-    (out, cut, n_out), (err, _, n_err) = await asyncio.gather(
-        capped(proc.stdout, MAX_STDOUT), capped(proc.stderr, MAX_STDERR))
-    status = None if cut else await proc.wait()
-    return _Exec(status, out, err, cut, len(stdin), n_out + n_err)
 
 
 def _snapshot(host: HostConfig, result: _Exec) -> HostSnapshot:

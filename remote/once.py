@@ -7,22 +7,23 @@ Nothing here imports Textual, and asyncssh only loads when a host needs SSH.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .collect import Collector, PollOutcome, ssh_config_file
 from .config import Config, HostConfig
 from .discovered import discovered_names, is_discovered_state, record_launches
 from .findings import HostHistory, PollFailure, Thresholds, evaluate
 from .model import ProbeError, parse_probe_output
-from .poller import OpeningLimiter, poll_all_once
 from .report import HostReport
 from .series import RunSeries
 from .store import GpuRow, Store
+
+if TYPE_CHECKING:
+    from .poller import OpeningLimiter
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,23 +130,56 @@ async def opening(limiter: OpeningLimiter, host: HostConfig) -> AsyncIterator[No
     """Hold the limiter's slots for a host's connection while it is being opened. The keys are
     worked out in a thread: reading the ssh config costs milliseconds per host, and on the event
     loop 50 hosts' readings ran one after another before the first connection could proceed."""
+    import asyncio
+
     keys = await asyncio.to_thread(opening_keys, host)
     async with limiter.opening(keys):
         yield
 
 
+def run_once(config: Config, store: Store, *, accept_new_host_keys: bool = False,
+             hosts: Sequence[HostConfig] | None = None) -> OnceResult:
+    """One poll of every host, judged, remembered. Only `local` hosts: polled one after
+    another without an event loop (a cron run's start-up does without asyncio, issue 3);
+    any SSH host: all at once on one."""
+    hosts = list(config.hosts if hosts is None else hosts)
+    if any(not h.is_local for h in hosts):
+        import asyncio
+
+        return asyncio.run(poll_once(config, store, accept_new_host_keys=accept_new_host_keys,
+                                     hosts=hosts))
+    collector = Collector()
+    histories = _histories(config, store, collector, hosts)
+    return _conclude(store, collector, histories,
+                     [collector.poll_local(h, histories[h.name].runs) for h in hosts])
+
+
 async def poll_once(config: Config, store: Store, *, accept_new_host_keys: bool = False,
                     hosts: Sequence[HostConfig] | None = None) -> OnceResult:
+    from .poller import OpeningLimiter, poll_all_once
+
     hosts = list(config.hosts if hosts is None else hosts)
     limiter = OpeningLimiter()
     needs_ssh = any(not h.is_local for h in hosts)
     collector = Collector(
         accept_new_host_keys=accept_new_host_keys,
         opening=(lambda h: opening(limiter, h)) if needs_ssh else None)
+    histories = _histories(config, store, collector, hosts)
+    return _conclude(store, collector, histories, await poll_all_once(
+        hosts, lambda h: collector.poll(h, histories[h.name].runs)))
+
+
+def _histories(config: Config, store: Store, collector: Collector,
+               hosts: Sequence[HostConfig]) -> dict[str, HostHistory]:
+    """Each host's history from the store, and what the last run's collector carried."""
     histories = {h.name: history_from_store(store, h, config.thresholds) for h in hosts}
     for h in hosts:
         resume(collector, store, h)
-    outcomes = await poll_all_once(hosts, lambda h: collector.poll(h, histories[h.name].runs))
+    return histories
+
+
+def _conclude(store: Store, collector: Collector, histories: dict[str, HostHistory],
+              outcomes: Sequence[PollOutcome]) -> OnceResult:
     reports = []
     for outcome in outcomes:
         history = histories[outcome.host.name]

@@ -119,10 +119,12 @@ def test_a_host_that_cannot_be_polled_exits_2_and_the_others_are_reported(tmp_pa
 
 
 def test_once_does_not_import_textual_or_asyncssh_for_local_hosts(tmp_path: Path) -> None:
+    """Nor asyncio (with the ssl and logging it pulls in): local hosts poll without an event
+    loop (issue 3: a cron run's start-up)."""
     code = ("import sys\nfrom gpuwatch.tui.cli import run\n"
             "rc = run(['--once', 'local'])\n"
-            "bad = [m for m in ('textual', 'asyncssh', 'plotext', 'textual_plotext') "
-            "if m in sys.modules]\n"
+            "bad = [m for m in ('textual', 'asyncssh', 'plotext', 'textual_plotext', "
+            "'asyncio', 'ssl') if m in sys.modules]\n"
             "print('IMPORTED', bad)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),

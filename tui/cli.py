@@ -271,10 +271,8 @@ def _load(args: argparse.Namespace) -> Config:
 
 
 def _once(args: argparse.Namespace) -> int:
-    import asyncio
-
     from gpuwatch.remote.findings import Severity
-    from gpuwatch.remote.once import poll_once
+    from gpuwatch.remote.once import run_once
     from gpuwatch.remote.report import (
         document,
         exit_code,
@@ -288,8 +286,7 @@ def _once(args: argparse.Namespace) -> int:
     with Store.open() as store:
         if store.warning:
             print(f"gpuwatch: {store.warning}", file=sys.stderr)
-        result = asyncio.run(poll_once(config, store,
-                                       accept_new_host_keys=args.accept_new_host_keys))
+        result = run_once(config, store, accept_new_host_keys=args.accept_new_host_keys)
     if args.json:
         sys.stdout.write(to_json_text(document(result.reports)))
     elif args.prometheus:
