@@ -132,6 +132,26 @@ def test_once_does_not_import_textual_or_asyncssh_for_local_hosts(tmp_path: Path
     assert "IMPORTED []" in out.stdout, out.stdout + out.stderr
 
 
+def test_the_collector_is_off_only_for_start_up(tmp_path: Path) -> None:
+    """main() turns the cyclic garbage collector off for the imports (issue 3: ~20 ms of a
+    cron run) and the command turns it back on, with start-up's objects frozen, before its
+    work: a poll of many hosts must not run without it."""
+    code = ("import gc, sys\nfrom gpuwatch.tui import cli\n"
+            "seen = []\n"
+            "import gpuwatch.remote.once as once\n"
+            "orig = once.run_once\n"
+            "def spy(*a, **k):\n"
+            "    seen.append((gc.isenabled(), gc.get_freeze_count() > 0))\n"
+            "    return orig(*a, **k)\n"
+            "once.run_once = spy\n"
+            "try:\n    cli.main(['--once', 'local'])\nexcept SystemExit:\n    pass\n"
+            "print('POLLED WITH GC', seen)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                              "XDG_STATE_HOME": str(tmp_path / "s")}, timeout=60)
+    assert "POLLED WITH GC [(True, True)]" in out.stdout, out.stdout + out.stderr
+
+
 def test_runs_across_two_cron_runs(tmp_path: Path) -> None:
     """A run's series, checkpoints and status carry over through the store: the second run
     reads only what was appended, yet reports the whole series; a killed run is `dead`."""

@@ -7,6 +7,7 @@ This module stays light: `--once`, `check`, `init` and the action verbs must not
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -176,12 +177,26 @@ def split_verb(argv: Sequence[str]) -> tuple[str | None, list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
+    # The command's imports build tens of thousands of objects and no garbage; the cyclic
+    # collector's passes over them took ~20 ms of a `--once` here (issue 3). Each command turns
+    # it back on where its real work starts (_started).
+    gc.disable()
     sys.exit(run(sys.argv[1:] if argv is None else argv))
+
+
+def _started() -> None:
+    """Start-up is over: what it built stays out of every later collection (gc.freeze), and
+    the collector runs again. Nothing to do where main() did not turn it off (tests)."""
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
 
 
 def run(argv: Sequence[str]) -> int:
     verb, rest = split_verb(argv)
     args = build_parser(verb).parse_args(rest)
+    if verb is not None:  # the TUI and `--once` turn the collector on after their imports
+        _started()
     from gpuwatch.remote.config import ConfigError
 
     try:
@@ -283,6 +298,9 @@ def _once(args: argparse.Namespace) -> int:
     from gpuwatch.remote.store import Store
 
     config = _load(args)
+    if not all(h.is_local for h in config.hosts):
+        import gpuwatch.remote.ssh  # noqa: F401  asyncssh (~0.2 s), imported with gc off too
+    _started()
     with Store.open() as store:
         if store.warning:
             print(f"gpuwatch: {store.warning}", file=sys.stderr)
@@ -302,6 +320,7 @@ def _tui(args: argparse.Namespace) -> int:
     from gpuwatch.tui.app import build_app
 
     config = _load(args)
+    _started()
     with Store.open() as store:
         if store.warning:
             print(f"gpuwatch: {store.warning}", file=sys.stderr)
@@ -320,6 +339,8 @@ def _demo(args: argparse.Namespace) -> int:
     from gpuwatch.remote.sim.fleet import DemoFleet
     from gpuwatch.remote.store import Store
     from gpuwatch.tui.app import build_app
+
+    _started()
 
     async def main() -> None:
         async with DemoFleet.start() as fleet:
