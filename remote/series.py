@@ -35,6 +35,13 @@ from .raw_events import RAW_CAP
 
 MAX_POINTS = 100_000
 """Points kept per tag (24 bytes each: 2.4 MB at most per tag)."""
+FLEET_POINTS = 2_000_000
+"""Points the TUI keeps over every tag of every run of every host (48 MB): a tag's share is
+this over the number of tags, within [MIN_POINTS, MAX_POINTS] (points_share). A sweep of 64
+runs logging 10 tags each reached 1.5 GB at MAX_POINTS a tag after a few days."""
+MIN_POINTS = 4_000
+"""No share goes below what the store keeps of a tag (RunSeries.points_state): far more than
+a terminal plot's columns, and a restart never loses resolution to the budget."""
 MAX_RESTARTS = 100
 CADENCE_CHECKPOINTS = 6
 """The checkpoints whose gaps give a run's cadence (the median of the last five gaps)."""
@@ -154,6 +161,11 @@ class TagSeries:
         if len(self.steps) > self.bound:
             self._compact()
 
+    def rebound(self, bound: int) -> None:
+        """A new bound; a series over it shrinks on its next merge (a fleet's budget changing
+        does not compact every tag at once on the event loop)."""
+        self.bound = max(64, bound)
+
     def _append(self, step: int, value: float, wall: float) -> None:
         self.steps.append(step)
         self.values.append(value)
@@ -185,6 +197,22 @@ class TagSeries:
 
 
 # ---------------------------------------------------------------- run status
+
+def points_share(n_tags: int, budget: int = FLEET_POINTS) -> int:
+    """Each tag's share of a budget of points over n_tags tags."""
+    return max(MIN_POINTS, min(MAX_POINTS, budget // max(1, n_tags)))
+
+
+def apply_budget(runs: Iterable[RunSeries], budget: int = FLEET_POINTS) -> int:
+    """Give every tag of `runs` its share of `budget` points (the TUI's whole fleet); the
+    share. Tags over it shrink as they next grow (TagSeries.rebound)."""
+    runs = list(runs)
+    share = points_share(sum(len(run.tags()) for run in runs), budget)
+    for run in runs:
+        if run.max_points != share:
+            run.rebound(share)
+    return share
+
 
 def run_status(pids: Sequence[int], done: bool | None, seen_running: bool) -> str:
     """running: processes alive. finished: the done marker exists and none are (seed 004).
@@ -356,6 +384,17 @@ class RunSeries:
                     series = streams[tag] = TagSeries(self.max_points)
                 series.merge(cols.points(), 0.0)  # a step going back: newer wins, no marker
 
+    def tags(self) -> list[TagSeries]:
+        """Every series this run keeps (event files' and metrics files' alike)."""
+        return [*self.event_series.values(),
+                *(t for streams in self.metric_series.values() for t in streams.values())]
+
+    def rebound(self, bound: int) -> None:
+        """Keep at most `bound` points a tag from now on (the TUI's fleet budget)."""
+        self.max_points = bound
+        for series in self.tags():
+            series.rebound(bound)
+
     # -- what a person asks
     @property
     def status(self) -> str:
@@ -437,7 +476,7 @@ class RunSeries:
         }
 
     # -- what the store keeps between `--once` runs
-    def points_state(self, per_tag: int = 4000) -> dict[str, Any]:
+    def points_state(self, per_tag: int = MIN_POINTS) -> dict[str, Any]:
         """The series themselves, decimated to at most about `per_tag` points per tag (spikes
         kept), with what routes new points to them; `restore_points` reads it back."""
         def tag_state(series: TagSeries) -> dict[str, Any]:

@@ -15,10 +15,15 @@ from gpuwatch.remote.config import RunConfig
 from gpuwatch.remote.model import Checkpoint, EventFile, LogInfo, RunSample, Scalars
 from gpuwatch.remote.raw_events import RAW_CAP
 from gpuwatch.remote.series import (
+    FLEET_POINTS,
+    MAX_POINTS,
+    MIN_POINTS,
     RunSeries,
     TagSeries,
+    apply_budget,
     decimate,
     json_value,
+    points_share,
     run_request,
     run_status,
 )
@@ -87,6 +92,46 @@ def test_bounded_series_never_exceeds_its_bound_and_keeps_old_spikes():
     one_batch = TagSeries(bound=1000)
     one_batch.merge((s, float(s % 7), T0) for s in range(300_000))
     assert len(one_batch) <= 1000 and one_batch.last_step == 299_999
+
+
+def test_points_share_of_the_fleet_budget():
+    assert points_share(1) == points_share(FLEET_POINTS // MAX_POINTS) == MAX_POINTS
+    assert points_share(100) == FLEET_POINTS // 100 == 20_000
+    assert points_share(640) == MIN_POINTS  # 3,125 would be under what the store keeps
+    assert points_share(0) == MAX_POINTS
+
+
+def test_a_fleet_of_runs_shares_one_budget_of_points():
+    """8 runs of 10 tags: every tag keeps its share once it next grows (not all at once),
+    the newest half of its share at full resolution, its old spike still there; a run that
+    appears later gets the share at once."""
+    budget = 400_000
+
+    def grow(run: RunSeries, start: int, n: int, offset: int) -> None:
+        files = tuple(event_file(f"/w/{run.name}/events.out.tfevents.1.{tag}", T0,
+                                 [(s, 9.0 if s == 7 else 1.0 / (s + 1), T0 + s)
+                                  for s in range(start, start + n)], tag=f"t{tag}",
+                                 offset=offset)
+                      for tag in range(10))
+        run.update(replace(sample((1,), files=files), name=run.name), T0 + start + n)
+
+    runs = [RunSeries(f"r{i}") for i in range(8)]
+    for run in runs:
+        grow(run, 0, 6000, 100)
+    assert apply_budget(runs, budget) == 5000  # 400,000 over 80 tags
+    assert all(len(t) == 6000 for r in runs for t in r.tags())  # nothing compacted yet
+    grow(runs[0], 6000, 10, 200)
+    for tag in runs[0].tags():
+        assert len(tag) <= 5000
+        assert tag.steps[-2500:].tolist() == list(range(3510, 6010))  # newest: every point
+        assert 7 in tag.steps.tolist() and 9.0 in tag.values.tolist()  # the old spike
+    assert all(len(t) == 6000 for r in runs[1:] for t in r.tags())
+
+    late = RunSeries("late")
+    grow(late, 0, 10, 100)
+    share = apply_budget([*runs, late], budget)
+    assert share == budget // 90 and late.max_points == share  # 90 tags now
+    assert all(t.bound == share for r in [*runs, late] for t in r.tags())
 
 
 def test_step_going_back_drops_the_abandoned_points_and_marks_a_restart():

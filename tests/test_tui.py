@@ -19,6 +19,7 @@ from gpuwatch.remote.collect import Collector, PollOutcome
 from gpuwatch.remote.config import Config, HostConfig
 from gpuwatch.remote.findings import HostHistory
 from gpuwatch.remote.once import judge, remember
+from gpuwatch.remote.series import MAX_POINTS, MIN_POINTS, points_share
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.store import Store
 from gpuwatch.tui.app import GpuwatchApp, build_app
@@ -178,8 +179,13 @@ async def test_mouse_click_opens_a_host() -> None:
 
 async def test_loss_keys_change_tag_smoothing_log_and_axis() -> None:
     app = make_app()
+    app.points_budget = 10 * MIN_POINTS
     async with app.run_test(size=SIZE) as pilot:
         await feed(pilot, fx.latest(app.config))
+        runs = [r for d in app.hosts.values() for r in d.history.runs.values()]
+        tags = sum(len(r.tags()) for r in runs)
+        share = points_share(tags, app.points_budget)
+        assert share < MAX_POINTS and all(r.max_points == share for r in runs)  # one budget
         screen = await open_host(pilot, "gpu-healthy")
         pane = screen.query_one(LossPane)
         assert pane.current_tag() == "train/loss"

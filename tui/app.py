@@ -23,6 +23,7 @@ from gpuwatch.remote.collect import Collector, PollOutcome
 from gpuwatch.remote.config import Config, HostConfig
 from gpuwatch.remote.findings import evaluate
 from gpuwatch.remote.once import history_from_store, judge, remember, resume
+from gpuwatch.remote.series import FLEET_POINTS, apply_budget
 from gpuwatch.remote.store import Store
 from gpuwatch.themes import BUILTIN, DEFAULT_THEME, SERIES_VARIABLES, load_user_themes
 from textual import work
@@ -92,6 +93,8 @@ class GpuwatchApp(App[None]):
         self._waiters: dict[str, list[tuple[float, asyncio.Event]]] = {}
         self._store_failed = False
         self._runs_saved: dict[str, float] = {}
+        self.points_budget = FLEET_POINTS
+        """Points kept over every tag of every host's runs (series.apply_budget)."""
         self.hosts: dict[str, HostData] = {h.name: self._restore(h) for h in config.hosts}
 
     # -- start and stop ----------------------------------------------------------------------
@@ -179,6 +182,10 @@ class GpuwatchApp(App[None]):
                 self.notify(f"history is not being saved: {exc}", title="Store",
                             severity="warning")
         data.apply(message.outcome, report.findings)
+        # Every host's runs share one budget of points (a sweep of 64 runs would otherwise keep
+        # up to 2.4 MB a tag): a new tag anywhere shrinks every tag's share.
+        apply_budget((run for d in self.hosts.values() for run in d.history.runs.values()),
+                     self.points_budget)
         data.reap_targets = self._reap_targets(data)
         waiting = self._waiters.get(message.host, [])
         for after, event in list(waiting):
