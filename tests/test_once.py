@@ -118,6 +118,13 @@ def test_a_host_that_cannot_be_polled_exits_2_and_the_others_are_reported(tmp_pa
     assert [f["code"] for f in bad["findings"]] == ["host.unreachable"]
 
 
+def python_in(home: Path, code: str) -> subprocess.CompletedProcess[str]:
+    """`python -c code` with `home` as its HOME and state."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(home),
+                               "XDG_STATE_HOME": str(home / "s")}, timeout=60)
+
+
 def test_once_does_not_import_textual_or_asyncssh_for_local_hosts(tmp_path: Path) -> None:
     """Nor asyncio (with the ssl and logging it pulls in): local hosts poll without an event
     loop (issue 3: a cron run's start-up)."""
@@ -126,9 +133,7 @@ def test_once_does_not_import_textual_or_asyncssh_for_local_hosts(tmp_path: Path
             "bad = [m for m in ('textual', 'asyncssh', 'plotext', 'textual_plotext', "
             "'asyncio', 'ssl') if m in sys.modules]\n"
             "print('IMPORTED', bad)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-                              "XDG_STATE_HOME": str(tmp_path / "s")}, timeout=60)
+    out = python_in(tmp_path, code)
     assert "IMPORTED []" in out.stdout, out.stdout + out.stderr
 
 
@@ -146,9 +151,7 @@ def test_the_collector_is_off_only_for_start_up(tmp_path: Path) -> None:
             "once.run_once = spy\n"
             "try:\n    cli.main(['--once', 'local'])\nexcept SystemExit:\n    pass\n"
             "print('POLLED WITH GC', seen)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-                              "XDG_STATE_HOME": str(tmp_path / "s")}, timeout=60)
+    out = python_in(tmp_path, code)
     assert "POLLED WITH GC [(True, True)]" in out.stdout, out.stdout + out.stderr
 
 
