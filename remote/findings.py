@@ -571,8 +571,12 @@ def gpu_xid(history: HostHistory) -> Iterable[Finding]:
         by_gpu.setdefault(xid_gpu(e, now), []).append(e)
     # The probe lists only the last few Xid lines but counts them all: a code whose count
     # rose without a listed line (a burst of later ones pushed it out) still counts.
-    old_counts = before.xid_counts if before is not None and before.boot_id == now.boot_id \
-        and "kernel" not in before.section_errors else {}
+    old_counts = dict(before.xid_counts) if before is not None and before.boot_id == \
+        now.boot_id and "kernel" not in before.section_errors else {}
+    if before is not None and before.xid_counts_partial:
+        # Its counts covered only the newest lines of a storm (the box sent them raw): a code
+        # it had was reported then, and its count now rising is the older lines, not new ones.
+        old_counts.update((c, n) for c, n in now.xid_counts.items() if c in old_counts)
     listed = {e.xid for e in events}
     unlisted = sorted(c for c, n in now.xid_counts.items()
                       if n > old_counts.get(c, 0) and c not in listed)

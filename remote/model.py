@@ -338,6 +338,9 @@ class HostSnapshot:
     kernel_lines: int | None = None
     """How many kernel log lines may be Xids or OOM kills (the client sends the probe's parser
     of them only where some are)."""
+    xid_counts_partial: bool = False
+    """The box sent only the newest of its candidate lines raw (probe.RAW_KERNEL_LINES, an Xid
+    storm on a box that had none at the last poll): xid_counts are a lower bound this once."""
 
 
 # ---------------------------------------------------------------- validating reader
@@ -742,6 +745,8 @@ def _kernel_section(doc: _Node, errors: dict[str, str]) -> _Node | None:
 
     parsed = parse_kernel_log(raw, DEFAULT_LIMITS["kernel_events"], DEFAULT_LIMITS["msg_chars"])
     parsed["candidates"] = kernel.opt_int("candidates")
+    total = kernel.opt_int("raw_total")
+    parsed["partial"] = total is not None and total > len(raw)
     return _Node(parsed, doc.child("kernel"))
 
 
@@ -803,6 +808,7 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
         pynvml=gpu_section.opt_bool("pynvml") if gpu_section else None,
         spawn=info.opt_bool("spawn") if info else None,
         kernel_lines=kernel.opt_int("candidates") if kernel else None,
+        xid_counts_partial=bool(kernel and kernel.data.get("partial") is True),
         **_discovery_note(doc),
     )
 

@@ -1141,7 +1141,8 @@ def collect_disks(paths):
 RAW_KERNEL_LINES = 2000
 """Without the parser, at most this many of the newest candidate lines go as they are (a box
 whose kernel log was clean at the last poll and has more now is in an Xid storm: its Xid
-counts then cover only these lines for that one poll)."""
+counts then cover only these lines for that one poll; the client marks them partial, so the
+next poll's full counts do not report the same codes again)."""
 
 
 def kernel_candidate(line):

@@ -569,6 +569,48 @@ def test_xid_lines_go_raw_without_the_parser_and_read_the_same(box: Box):
     assert clean.kernel_lines == 0 and clean.kernel_events == ()
 
 
+def test_an_xid_storm_sent_raw_is_reported_once(box: Box):
+    """A box clean at the last poll logs more Xid lines than go raw (RAW_KERNEL_LINES): that
+    poll's counts cover the newest lines only. The next poll has the parser and counts them
+    all; the code already reported must not come again for its older lines, while a code
+    that only the older lines held is reported then (late, but never before)."""
+    from gpuwatch.remote.findings import HostHistory, Severity, gpu_xid
+    from gpuwatch.remote.model import parse_probe_output
+
+    storm = probe.RAW_KERNEL_LINES + 500
+    history = HostHistory("box")
+
+    def poll(request: dict, at: float) -> list:
+        result = subprocess.run(["sh", "-c", build_command(sys.executable)],
+                                input=build_stdin(request, trim=True), env=box.env(),
+                                capture_output=True, timeout=60)
+        assert result.returncode == 0, result.stderr.decode()
+        history.record(parse_probe_output(result.stdout, "box"), at)
+        return list(gpu_xid(history))
+
+    quiet = box_request(box, kernel_lines=0, spawn=True)  # no Xid at the last poll
+    box.tool("dmesg", "echo '[    0.045121] Memory: 2029476K/2096632K available'\n")
+    assert poll(quiet, 1000.0) == []
+    box.tool("dmesg", "echo '[   12.000000] NVRM: Xid (PCI:0000:1b:00): 13, pid=4242, "
+                      "name=python, Graphics Exception'\n"
+                      f"i=0; while [ $i -lt {storm - 1} ]; do "
+                      "printf '[ %d.000000] NVRM: Xid (PCI:0000:1b:00): 79, pid=4242, "
+                      "name=python, GPU has fallen off the bus.\\n' $((100 + i)); "
+                      "i=$((i + 1)); done\n")
+    first = poll(quiet, 1010.0)  # without the parser: the newest lines went raw
+    snap = history.current
+    assert snap is not None and snap.xid_counts_partial and snap.kernel_lines == storm
+    assert dict(snap.xid_counts) == {79: probe.RAW_KERNEL_LINES}
+    assert [(f.evidence["xids"], f.severity) for f in first] == [([79], Severity.CRITICAL)]
+    told = box_request(box, kernel_lines=storm, spawn=True)  # the parser goes now
+    second = poll(told, 1020.0)
+    snap = history.current
+    assert snap is not None and not snap.xid_counts_partial
+    assert dict(snap.xid_counts) == {13: 1, 79: storm - 1}
+    assert [f.evidence["xids"] for f in second] == [[13]]  # 79 not again
+    assert poll(told, 1030.0) == []  # quiet from then on
+
+
 def test_a_probe_started_with_sigchld_ignored_still_reads_its_commands(box: Box):
     """With SIGCHLD ignored (a disposition that survives exec: some daemons start their
     children so; dash resets it, other shells need not) the kernel reaps the probe's children
