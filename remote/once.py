@@ -62,15 +62,21 @@ def judge(history: HostHistory, outcome: PollOutcome) -> HostReport:
     else:
         history.record_failure(PollFailure(outcome.error_kind or "probe",
                                            outcome.error_message or "", outcome.ended_at))
-    return HostReport(outcome, evaluate(history), runs=runs_json(history, outcome.host))
+    findings = evaluate(history)
+    zombies = {z.pid: z.reason for z in history.zombies or () if z.pid is not None}
+    return HostReport(outcome, findings, runs=runs_json(history, outcome.host), zombies=zombies)
 
 
 def runs_json(history: HostHistory, host: HostConfig) -> list[dict[str, Any]]:
     """The configured runs as the schema's run objects (a run never seen yet is `unknown`),
-    then the discovered ones (issue 8), by name."""
+    then the discovered ones (issue 8), by name; not a discovered "run" that is only what a
+    dead run left behind holding VRAM (its processes say `zombie`, gpu.vram_zombie what to
+    do): the schema's statuses have no word for it, and "running" would be false."""
     now = history.snapshots[-1].taken_at if history.snapshots else None
     out = []
-    for name in [r.name for r in host.runs] + discovered_names(history.runs, host):
+    discovered = [n for n in discovered_names(history.runs, host)
+                  if n not in history.left_behind]
+    for name in [r.name for r in host.runs] + discovered:
         series = history.runs.get(name, RunSeries(name))
         doc = series.to_json(now)
         death = history.deaths.get(name) if series.status == "dead" else None

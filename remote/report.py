@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .collect import PollOutcome
 from .findings import Finding, Severity
-from .model import HostSnapshot
+from .model import HostSnapshot, ProcessInfo
 
 SCHEMA = "gpuwatch/1"
 EXIT_OK, EXIT_FINDING, EXIT_UNPOLLED = 0, 1, 2
@@ -35,6 +35,8 @@ class HostReport:
     findings: Sequence[Finding] = ()
     runs: Sequence[dict[str, Any]] = field(default_factory=tuple)
     """Run objects as the JSON schema has them (built by the runs layer)."""
+    zombies: Mapping[int, str] = field(default_factory=dict)
+    """pid → why it holds VRAM for nothing (zombies.REASONS), for the processes' `zombie`."""
 
     @property
     def name(self) -> str:
@@ -68,11 +70,21 @@ def host_json(report: HostReport) -> dict[str, Any]:
         "boot_id": snap.boot_id if snap else None,
         "uptime_s": snap.uptime_s if snap else None,
         "gpus": [g.to_json() for g in snap.gpus] if snap else [],
-        "processes": [p.to_json() for p in snap.processes] if snap else [],
+        "processes": [_process_json(p, report.zombies) for p in snap.processes] if snap else [],
         "disks": [d.to_json() for d in snap.disks] if snap else [],
         "runs": list(report.runs),
         "findings": [f.to_json() for f in report.findings],
     }
+
+
+def _process_json(proc: ProcessInfo, zombies: Mapping[int, str]) -> dict[str, Any]:
+    """A process as the schema has it; `zombie` says why it holds VRAM for nothing where the
+    rules found so (orphaned, invisible, defunct: U11), else "defunct" for any <defunct>."""
+    doc = proc.to_json()
+    reason = zombies.get(proc.pid)
+    if reason is not None:
+        doc["zombie"] = reason
+    return doc
 
 
 def document(reports: Iterable[HostReport], generated_at: float | None = None) -> dict[str, Any]:

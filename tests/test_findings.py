@@ -569,3 +569,18 @@ def test_a_discovered_run_that_is_only_a_zombie_reads_left_behind(tmp_path: Path
     (holder,) = w.history.zombies or []
     assert holder.pid == 701 and holder.run is None  # discovery's name for it is no owner
     assert "of run" not in holder.explanation
+
+    # `--once --json`: not among the runs (the schema's statuses would say "running"); the
+    # process says why it holds VRAM.
+    import jsonschema
+    from gpuwatch.remote.collect import PollOutcome
+    from gpuwatch.remote.once import judge
+    from gpuwatch.remote.report import host_json, load_schema
+
+    outcome = PollOutcome(w.host, time.time(), 0.1, w.snapshot(), b"{}")
+    doc = host_json(judge(w.history, outcome))
+    schema = load_schema()
+    jsonschema.validate(doc, {"$defs": schema["$defs"], "$ref": "#/$defs/host"})
+    assert found[0] not in [r["name"] for r in doc["runs"]]
+    assert {p["pid"]: p["zombie"] for p in doc["processes"] if p["zombie"]} == {701: "orphaned"}
+    assert [f["code"] for f in doc["findings"]] == ["gpu.vram_zombie"]
