@@ -575,6 +575,9 @@ async def _local(command: str, stdin: bytes, deadline: float) -> tuple[int | Non
     except local.LocalTimeout:
         raise _Lost(f"the action did not finish within command_timeout ({deadline:g} s)") \
             from None
+    except OSError as exc:  # nothing ran
+        raise _Unsent("probe", f"the action could not be started on this machine ({exc})") \
+            from None
     return result.exit_status, result.stdout, result.stderr
 
 

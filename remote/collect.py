@@ -248,6 +248,8 @@ class Collector:
                                                max_stdout=MAX_STDOUT, max_stderr=MAX_STDERR)
             except local.LocalTimeout:
                 raise _local_timeout(host) from None
+            except OSError as exc:
+                raise _local_unstarted(exc) from None
             return _local_result(result, stdin)
         return await self._ssh(command, stdin, host)
 
@@ -280,7 +282,14 @@ def _local_exec(command: str, stdin: bytes, host: HostConfig) -> _Exec:
                            max_stdout=MAX_STDOUT, max_stderr=MAX_STDERR)
     except local.LocalTimeout:
         raise _local_timeout(host) from None
+    except OSError as exc:
+        raise _local_unstarted(exc) from None
     return _local_result(result, stdin)
+
+
+def _local_unstarted(exc: OSError) -> _Failed:
+    return _Failed("probe", f"the probe could not be started on this machine ({exc}); "
+                            f"check free memory, processes and file descriptors")
 
 
 def _local_result(result: LocalResult, stdin: bytes) -> _Exec:

@@ -1122,7 +1122,8 @@ def evaluate(history: HostHistory, rules: Iterable[Rule] = RULES) -> list[Findin
     from .zombies import left_behind_runs, zombie_holders
 
     history.zombies = zombie_holders(history)
-    history.left_behind = left_behind_runs(history, history.zombies)
+    if history.current is not None:  # a failed poll keeps what the last good one found
+        history.left_behind = left_behind_runs(history, history.zombies)
     found = [f for rule in rules for f in rule(history)
              if f.run is None or f.run not in history.left_behind]
     found.sort(key=lambda f: (-f.severity, f.code, -1 if f.gpu is None else f.gpu, f.run or "",

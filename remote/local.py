@@ -19,6 +19,10 @@ import time
 from typing import NamedTuple
 
 CHUNK = 65536
+KILL_WAIT_S = 2.0
+"""How long a killed command may take to die. A process in uninterruptible sleep (a driver
+call on a GPU that fell off the bus, Xid 79) outlives SIGKILL: it is left to be reaped later
+rather than hang the poll, the worker thread and, through it, the TUI's exit."""
 
 
 class LocalResult(NamedTuple):
@@ -63,7 +67,7 @@ def run(command: str, stdin: bytes, deadline_s: float, *, max_stdout: int, max_s
         handle: _Handle | None = None) -> LocalResult:
     """Run `/bin/sh -c command` in a session of its own (a kill reaches what it started: the
     probe's nvidia-smi too), feed it `stdin`, read at most the caps. LocalTimeout past the
-    deadline."""
+    deadline; OSError when it cannot be started (no /bin/sh, out of processes or fds)."""
     proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
@@ -73,7 +77,8 @@ def run(command: str, stdin: bytes, deadline_s: float, *, max_stdout: int, max_s
         return _talk(proc, stdin, time.monotonic() + deadline_s, max_stdout, max_stderr)
     finally:
         kill_group(proc)  # over its cap, past its deadline or cancelled: nothing stays behind
-        proc.wait()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=KILL_WAIT_S)  # subprocess reaps it later if it outlives this
         for pipe in (proc.stdin, proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()

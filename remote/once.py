@@ -145,11 +145,12 @@ async def opening(limiter: OpeningLimiter, host: HostConfig) -> AsyncIterator[No
 
 def run_once(config: Config, store: Store, *, accept_new_host_keys: bool = False,
              hosts: Sequence[HostConfig] | None = None) -> OnceResult:
-    """One poll of every host, judged, remembered. Only `local` hosts: polled one after
-    another without an event loop (a cron run's start-up does without asyncio, issue 3);
-    any SSH host: all at once on one."""
+    """One poll of every host, judged, remembered. One `local` host alone is polled without
+    an event loop (a cron run's start-up does without asyncio, issue 3); otherwise all at
+    once on one (several local hosts too: each waits in a thread, so the run takes the
+    longest of their deadlines, not their sum)."""
     hosts = list(config.hosts if hosts is None else hosts)
-    if any(not h.is_local for h in hosts):
+    if len(hosts) != 1 or not hosts[0].is_local:
         import asyncio
 
         return asyncio.run(poll_once(config, store, accept_new_host_keys=accept_new_host_keys,

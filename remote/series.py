@@ -162,9 +162,13 @@ class TagSeries:
             self._compact()
 
     def rebound(self, bound: int) -> None:
-        """A new bound; a series over it shrinks on its next merge (a fleet's budget changing
-        does not compact every tag at once on the event loop)."""
+        """A new bound; a series over it shrinks on its next merge or shrink() (a fleet's
+        budget changing does not compact every tag at once on the event loop)."""
         self.bound = max(64, bound)
+
+    def shrink(self) -> None:
+        if len(self.steps) > self.bound:
+            self._compact()
 
     def _append(self, step: int, value: float, wall: float) -> None:
         self.steps.append(step)
@@ -203,14 +207,29 @@ def points_share(n_tags: int, budget: int = FLEET_POINTS) -> int:
     return max(MIN_POINTS, min(MAX_POINTS, budget // max(1, n_tags)))
 
 
-def apply_budget(runs: Iterable[RunSeries], budget: int = FLEET_POINTS) -> int:
-    """Give every tag of `runs` its share of `budget` points (the TUI's whole fleet); the
-    share. Tags over it shrink as they next grow (TagSeries.rebound)."""
+COMPACT_WORK = 200_000
+"""Points apply_budget shrinks at most in one call (~50 ms here), biggest tags first: a share
+that drops does not stall the TUI's event loop; the next polls' calls do the rest."""
+
+
+def apply_budget(runs: Iterable[RunSeries], budget: int = FLEET_POINTS,
+                 work: int = COMPACT_WORK) -> int:
+    """Give every tag of `runs` its share of `budget` points (the TUI's whole fleet) and
+    shrink the tags over it, about `work` points' worth per call (a tag that still grows
+    shrinks on its own as it does; one that no longer does, a finished run's, only here).
+    The share."""
     runs = list(runs)
     share = points_share(sum(len(run.tags()) for run in runs), budget)
+    over: list[TagSeries] = []
     for run in runs:
         if run.max_points != share:
             run.rebound(share)
+        over += [tag for tag in run.tags() if len(tag) > tag.bound]
+    for tag in sorted(over, key=len, reverse=True):
+        if work <= 0:
+            break
+        work -= len(tag)
+        tag.shrink()
     return share
 
 

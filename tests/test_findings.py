@@ -584,3 +584,7 @@ def test_a_discovered_run_that_is_only_a_zombie_reads_left_behind(tmp_path: Path
     assert found[0] not in [r["name"] for r in doc["runs"]]
     assert {p["pid"]: p["zombie"] for p in doc["processes"] if p["zombie"]} == {701: "orphaned"}
     assert [f["code"] for f in doc["findings"]] == ["gpu.vram_zombie"]
+    # A failed poll keeps what the last good one found (its runs are shown stale, not revived).
+    w.history.record_failure(PollFailure("timeout", "no answer", time.time()))
+    evaluate(w.history)
+    assert w.history.left_behind == frozenset(found)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -104,3 +107,44 @@ def test_run_async_gives_what_run_gives() -> None:
     result = asyncio.run(local.run_async("cat; exit 4", b"abc", 30, **CAPS))
     assert result == local.run("cat; exit 4", b"abc", 30, **CAPS)
     assert result.exit_status == 4 and result.stdout == b"abc"
+
+
+def test_a_command_that_outlives_its_kill_does_not_hold_the_caller(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process in uninterruptible sleep (a driver call on a GPU that fell off the bus)
+    survives SIGKILL; here the kill is withheld to stand in for that. run() gives up on it
+    after KILL_WAIT_S instead of waiting for it forever (and the TUI's exit with it)."""
+    pid_file = tmp_path / "pgid"
+    monkeypatch.setattr(local, "kill_group", lambda proc: None)
+    monkeypatch.setattr(local, "KILL_WAIT_S", 0.5)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(local.LocalTimeout):
+            local.run(f"echo $$ > {pid_file}; sleep 60", b"", 0.5, **CAPS)
+        assert time.monotonic() - t0 < 30  # not the sleep's 60 s
+    finally:
+        os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_out_of_file_descriptors_is_a_probe_error_of_this_machine(tmp_path: Path) -> None:
+    """A real fault: the poll cannot even create its pipes (EMFILE). The poll says so, as an
+    error of the schema's `probe` kind, instead of raising out of `--once` (whose exit code 1
+    would read as a finding)."""
+    code = """
+import os, resource, sys
+from gpuwatch.remote.collect import Collector, build_request
+from gpuwatch.remote.config import HostConfig
+from gpuwatch.remote.probe_bundle import build_stdin
+host = HostConfig("here", "local")
+build_stdin(build_request(host), trim=True)  # the payload, read while files can be opened
+open_now = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 1, resource.getrlimit(
+    resource.RLIMIT_NOFILE)[1]))
+outcome = Collector().poll_local(host)
+print("OUTCOME", outcome.error_kind, outcome.error_message)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)}, timeout=60)
+    assert "OUTCOME probe the probe could not be started on this machine" in out.stdout, \
+        out.stdout + out.stderr
+    assert "Too many open files" in out.stdout

@@ -137,6 +137,22 @@ def test_once_does_not_import_textual_or_asyncssh_for_local_hosts(tmp_path: Path
     assert "IMPORTED []" in out.stdout, out.stdout + out.stderr
 
 
+def test_several_local_hosts_are_polled_at_once(tmp_path: Path) -> None:
+    """Two `local` hosts (one machine, two interpreters) wait in parallel, not one after the
+    other: the run takes the longest of their deadlines, not the sum."""
+    log = tmp_path / "starts"
+    wrapper = tmp_path / "slow-python3"
+    wrapper.write_text(f'#!/bin/sh\necho "$(date +%s.%N)" >> {log}\nsleep 2\n'
+                       f'exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    config = "".join(f'[hosts.{n}]\nssh = "local"\npython = "{wrapper}"\n' for n in "ab")
+    out = gpuwatch(tmp_path, "--once", "--json", config=config)
+    assert out.returncode == 0, out.stderr
+    assert [h["ok"] for h in json.loads(out.stdout)["hosts"]] == [True, True]
+    first, second = sorted(float(t) for t in log.read_text().split())
+    assert second - first < 1.5  # the second began before the first's 2 s sleep ended
+
+
 def test_the_collector_is_off_only_for_start_up(tmp_path: Path) -> None:
     """main() turns the cyclic garbage collector off for the imports (issue 3: ~20 ms of a
     cron run) and the command turns it back on, with start-up's objects frozen, before its

@@ -102,10 +102,11 @@ def test_points_share_of_the_fleet_budget():
 
 
 def test_a_fleet_of_runs_shares_one_budget_of_points():
-    """8 runs of 10 tags: every tag keeps its share once it next grows (not all at once),
-    the newest half of its share at full resolution, its old spike still there; a run that
-    appears later gets the share at once."""
-    budget = 400_000
+    """8 runs of 10 tags that no longer grow (finished runs): each call shrinks the biggest
+    tags over the share, about `work` points' worth, until all fit; each keeps the newest half
+    of its share at full resolution and its old spike. A run that appears later gets the
+    share at once, and a tag that still grows shrinks on its own."""
+    budget, work = 400_000, 30_000
 
     def grow(run: RunSeries, start: int, n: int, offset: int) -> None:
         files = tuple(event_file(f"/w/{run.name}/events.out.tfevents.1.{tag}", T0,
@@ -118,20 +119,23 @@ def test_a_fleet_of_runs_shares_one_budget_of_points():
     runs = [RunSeries(f"r{i}") for i in range(8)]
     for run in runs:
         grow(run, 0, 6000, 100)
-    assert apply_budget(runs, budget) == 5000  # 400,000 over 80 tags
-    assert all(len(t) == 6000 for r in runs for t in r.tags())  # nothing compacted yet
-    grow(runs[0], 6000, 10, 200)
-    for tag in runs[0].tags():
-        assert len(tag) <= 5000
-        assert tag.steps[-2500:].tolist() == list(range(3510, 6010))  # newest: every point
+    calls = 0
+    while any(len(t) > 5000 for r in runs for t in r.tags()):
+        assert apply_budget(runs, budget, work) == 5000  # 400,000 over 80 tags
+        calls += 1
+        shrunk = sum(len(t) <= 5000 for r in runs for t in r.tags())
+        assert shrunk == min(80, 5 * calls)  # 30,000 points of work: five tags a call
+    for tag in (t for r in runs for t in r.tags()):
+        assert tag.steps[-2500:].tolist() == list(range(3500, 6000))  # newest: every point
         assert 7 in tag.steps.tolist() and 9.0 in tag.values.tolist()  # the old spike
-    assert all(len(t) == 6000 for r in runs[1:] for t in r.tags())
 
     late = RunSeries("late")
     grow(late, 0, 10, 100)
-    share = apply_budget([*runs, late], budget)
+    share = apply_budget([*runs, late], budget, work)
     assert share == budget // 90 and late.max_points == share  # 90 tags now
     assert all(t.bound == share for r in [*runs, late] for t in r.tags())
+    grow(late, 10, 6000, 200)  # still growing: over its bound at no call
+    assert all(len(t) <= share for t in late.tags())
 
 
 def test_step_going_back_drops_the_abandoned_points_and_marks_a_restart():
