@@ -22,6 +22,9 @@ JITTER = 0.1
 PER_SSHD_OPENING = 8
 """Below sshd's default MaxStartups start (10), so no connection of ours is ever dropped."""
 OVERALL_OPENING = 64
+STOP_ATTEMPTS, STOP_WAIT_S = 10, 1.0
+"""How often stop() cancels a host's loop, and how long it waits each time, before giving up
+on it (each poll bounds itself: a loop that outlives this much is stuck elsewhere)."""
 
 H = TypeVar("H")
 R = TypeVar("R")
@@ -99,6 +102,7 @@ class Poller(Generic[H, R]):
         self._loops = [_HostLoop(h) for h in hosts]
         self._resumed = asyncio.Event()
         self._resumed.set()
+        self._stopping = False
 
     @property
     def paused(self) -> bool:
@@ -111,10 +115,23 @@ class Poller(Generic[H, R]):
             loop.task = asyncio.create_task(self._run(loop, first), name=f"poll:{i}")
 
     async def stop(self) -> None:
-        tasks = [loop.task for loop in self._loops if loop.task]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Cancel every host's loop and wait until each has ended. A cancellation can get lost
+        on its way in (Python 3.11's asyncio.wait_for returns the inner result when the two
+        land together, gh-86296, and asyncssh's connect uses it): the loop would then poll on
+        and this wait never end (the TUI left the screen and the process stayed, CI saw it
+        twice). So the loops stop at their next turn anyway, and one still running a second
+        later is cancelled again."""
+        self._stopping = True
+        pending = {loop.task for loop in self._loops if loop.task}
+        for _ in range(STOP_ATTEMPTS):
+            if not pending:
+                return
+            for task in pending:
+                task.cancel()
+            done, pending = await asyncio.wait(pending, timeout=STOP_WAIT_S)
+            for task in done:
+                if not task.cancelled():
+                    task.exception()  # retrieved: no "never retrieved" warning at exit
 
     def pause(self) -> None:
         self._resumed.clear()
@@ -132,7 +149,7 @@ class Poller(Generic[H, R]):
         return [loop.host for loop in self._loops if loop.in_flight]
 
     async def _run(self, loop: _HostLoop[H], delay: float) -> None:
-        while True:
+        while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(loop.wake.wait(), timeout=delay)
             loop.wake.clear()
@@ -142,6 +159,8 @@ class Poller(Generic[H, R]):
                 result = await self._poll(loop.host)
             finally:
                 loop.in_flight = False
+            if self._stopping:  # its cancellation was lost (see stop)
+                return
             loop.failures = 0 if self._ok(result) else loop.failures + 1
             self._on_result(loop.host, result)
             delay = next_delay(self._interval(loop.host), loop.failures, rng=self._rng)

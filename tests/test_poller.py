@@ -111,3 +111,27 @@ async def test_openings_are_bounded_per_sshd_and_per_jump_host() -> None:
     assert results == behind + direct
     assert limiter.peak["jump:bastion"] == 3
     assert max(v for k, v in limiter.peak.items() if k.startswith("sshd:")) == 1
+
+
+async def test_stop_ends_a_loop_whose_cancellation_was_lost() -> None:
+    """Python 3.11's asyncio.wait_for can swallow a cancellation (gh-86296; asyncssh's connect
+    uses it): the poll then returns as if nothing happened. stop() still ends the host's loop,
+    within its bound, and the lost poll's result reaches no one (the TUI is going away)."""
+    started = asyncio.Event()
+    results: list[str] = []
+
+    async def poll(host: str) -> str:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            return "cancellation lost"  # what a swallowed cancel looks like from here
+        return "slept"
+
+    poller: Poller[str, str] = Poller(["a"], poll, lambda _h, r: results.append(r),
+                                      lambda _r: True, interval=0.01)
+    poller.start()
+    await started.wait()
+    await asyncio.wait_for(poller.stop(), 10)  # the test fails here rather than hang
+    assert all(loop.task is not None and loop.task.done() for loop in poller._loops)
+    assert results == []
