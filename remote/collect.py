@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -243,13 +243,9 @@ class Collector:
         if host.is_local:
             from . import local
 
-            try:
+            with _local_failures(host):
                 result = await local.run_async(command, stdin, host.settings.command_timeout,
                                                max_stdout=MAX_STDOUT, max_stderr=MAX_STDERR)
-            except local.LocalTimeout:
-                raise _local_timeout(host) from None
-            except OSError as exc:
-                raise _local_unstarted(exc) from None
             return _local_result(result, stdin)
         return await self._ssh(command, stdin, host)
 
@@ -277,29 +273,32 @@ def _wire(host: HostConfig, request: dict[str, Any]) -> tuple[str, bytes]:
 def _local_exec(command: str, stdin: bytes, host: HostConfig) -> _Exec:
     from . import local
 
-    try:
+    with _local_failures(host):
         result = local.run(command, stdin, host.settings.command_timeout,
                            max_stdout=MAX_STDOUT, max_stderr=MAX_STDERR)
-    except local.LocalTimeout:
-        raise _local_timeout(host) from None
-    except OSError as exc:
-        raise _local_unstarted(exc) from None
     return _local_result(result, stdin)
 
 
-def _local_unstarted(exc: OSError) -> _Failed:
-    return _Failed("probe", f"the probe could not be started on this machine ({exc}); "
-                            f"check free memory, processes and file descriptors")
+@contextlib.contextmanager
+def _local_failures(host: HostConfig) -> Iterator[None]:
+    """A local exec's failures as a poll's: past its deadline a timeout; unable to start (out
+    of processes or file descriptors, no /bin/sh) a probe error."""
+    from . import local
+
+    try:
+        yield
+    except local.LocalTimeout:
+        raise _Failed("timeout", f"the probe did not finish within command_timeout "
+                                 f"({host.settings.command_timeout:g} s) on this machine") \
+            from None
+    except OSError as exc:
+        raise _Failed("probe", f"the probe could not be started on this machine ({exc}); "
+                               f"check free memory, processes and file descriptors") from None
 
 
 def _local_result(result: LocalResult, stdin: bytes) -> _Exec:
     return _Exec(result.exit_status, result.stdout, result.stderr, result.stdout_truncated,
                  len(stdin), result.bytes_received)
-
-
-def _local_timeout(host: HostConfig) -> _Failed:
-    return _Failed("timeout", f"the probe did not finish within command_timeout "
-                              f"({host.settings.command_timeout:g} s) on this machine")
 
 
 def _done(result: _Exec | _Failed) -> _Exec:

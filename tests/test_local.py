@@ -148,3 +148,22 @@ print("OUTCOME", outcome.error_kind, outcome.error_message)
     assert "OUTCOME probe the probe could not be started on this machine" in out.stdout, \
         out.stdout + out.stderr
     assert "Too many open files" in out.stdout
+
+
+def test_a_hung_local_probe_is_a_timeout_of_the_poll_both_ways(tmp_path: Path) -> None:
+    """Through the Collector, blocking (`--once`) and on the event loop (the TUI): a probe that
+    hangs is the poll's `timeout`, within command_timeout, and leaves nothing running."""
+    from gpuwatch.remote.collect import Collector
+    from gpuwatch.remote.config import HostConfig, SshSettings
+
+    pid_file = tmp_path / "pgid"
+    hung = tmp_path / "hung-python3"
+    hung.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 60\n")
+    hung.chmod(0o755)
+    host = HostConfig("here", "local", python=str(hung),
+                      settings=SshSettings(command_timeout=1.0))
+    for outcome in (Collector().poll_local(host), asyncio.run(Collector().poll(host))):
+        assert outcome.error_kind == "timeout" and outcome.poll_s < 30
+        assert outcome.error_message == ("the probe did not finish within command_timeout "
+                                         "(1 s) on this machine")
+        assert group_gone(int(pid_file.read_text()))
