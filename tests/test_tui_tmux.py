@@ -22,11 +22,29 @@ pytestmark = [pytest.mark.slow]
 
 GPUWATCH = Path(sys.executable).parent / "gpuwatch"
 PANES = ("GPUs", "Loss", "Checkpoints", "Disks", "Findings", "Processes", "Log")
+TASK_DUMP = """\
+# tests/test_tui_tmux.py: on SIGUSR1, write every asyncio task's stack to {out} (a test aid;
+# it lives in the test's temporary folder, put on PYTHONPATH for the one gpuwatch it starts)
+import signal
+
+def _dump_tasks(signum, frame):
+    import asyncio
+    loop = asyncio.events._get_running_loop()
+    tasks = asyncio.all_tasks(loop) if loop is not None else ()
+    with open({out!r}, "a") as out:
+        print(f"asyncio tasks ({{len(tasks)}}):", file=out)
+        for task in tasks:
+            print(f"--- {{task!r}}", file=out)
+            task.print_stack(file=out)
+
+signal.signal(signal.SIGUSR1, _dump_tasks)
+"""
 
 
 class Tmux:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, tasks: Path | None = None) -> None:
         self.name = name
+        self.tasks = tasks  # where the gpuwatch in it writes its asyncio tasks (TASK_DUMP)
 
     def capture(self) -> str:
         return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name],
@@ -57,8 +75,10 @@ class Tmux:
         return self.wait(lambda s: text in s, repr(text), limit_s)
 
     def stacks(self) -> str:
-        """Where a gpuwatch that does not exit is stuck: SIGABRT makes its faulthandler
-        (PYTHONFAULTHANDLER=1) print every thread's stack into the pane, which is returned."""
+        """Where a gpuwatch that does not exit is stuck: SIGUSR1 makes it write every asyncio
+        task's stack (TASK_DUMP: what threads cannot show, an idle event loop awaiting one),
+        then SIGABRT makes its faulthandler (PYTHONFAULTHANDLER=1) print every thread's into
+        the pane; both are returned."""
         shell = subprocess.run(["tmux", "list-panes", "-t", self.name, "-F", "#{pane_pid}"],
                                capture_output=True, text=True, check=False).stdout.split()
         for pid in Path("/proc").iterdir():
@@ -66,12 +86,17 @@ class Tmux:
                 stat = (pid / "stat").read_text()
                 if stat[stat.rindex(")") + 2:].split()[1] in shell and b"gpuwatch" in (
                         pid / "cmdline").read_bytes():
+                    os.kill(int(pid.name), signal.SIGUSR1)  # its asyncio tasks (TASK_DUMP)
+                    time.sleep(1)
                     os.kill(int(pid.name), signal.SIGABRT)
             except (OSError, ValueError):
                 continue
         time.sleep(2)
-        return subprocess.run(["tmux", "capture-pane", "-p", "-S", "-400", "-t", self.name],
+        pane = subprocess.run(["tmux", "capture-pane", "-p", "-S", "-400", "-t", self.name],
                               capture_output=True, text=True, check=False).stdout
+        if self.tasks is not None and self.tasks.exists():
+            pane += "\n" + self.tasks.read_text()
+        return pane
 
 
 @contextlib.contextmanager
@@ -81,15 +106,18 @@ def demo_in_tmux(folder: Path, label: str = "test") -> Iterator[Tmux]:
     if shutil.which("tmux") is None:
         missing("tmux is not installed (apt-get install tmux)")
     name = f"gpuwatch-{label}-{uuid.uuid4().hex[:8]}"
+    aid = folder / "task-dump"
+    aid.mkdir(parents=True, exist_ok=True)
+    (aid / "sitecustomize.py").write_text(TASK_DUMP.format(out=str(folder / "tasks.txt")))
     env = {"XDG_CONFIG_HOME": str(folder / "config"), "XDG_STATE_HOME": str(folder / "state"),
-           "TERM": "xterm-256color"}
+           "TERM": "xterm-256color", "PYTHONPATH": str(aid)}
     exports = " ".join(f"{k}={v}" for k, v in env.items())
     command = (f"env PYTHONFAULTHANDLER=1 {exports} {GPUWATCH} --demo --interval 1; "
                "echo GPUWATCH-EXITED-$?; sleep 600")
     subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "200", "-y", "50", command],
                    check=True, env={**os.environ, **env})
     try:
-        yield Tmux(name)
+        yield Tmux(name, folder / "tasks.txt")
     finally:
         subprocess.run(["tmux", "kill-session", "-t", name], check=False)
 
