@@ -171,8 +171,8 @@ class Collector:
 
     def poll_local(self, host: HostConfig,
                    runs: Mapping[str, RunSeries] | None = None) -> PollOutcome:
-        """poll() of a `local` host without an event loop: `--once` with only local hosts
-        never imports asyncio (issue 3: ~40 ms of its start-up)."""
+        """poll() of a `local` host without an event loop: `--once` with one local host never
+        imports asyncio (issue 3: ~40 ms of its start-up)."""
         assert host.is_local, host
         steps = self._steps(host, runs)
         step: dict[str, Any] | PollOutcome = next(steps)

@@ -79,7 +79,8 @@ def host_json(report: HostReport) -> dict[str, Any]:
 
 def _process_json(proc: ProcessInfo, zombies: Mapping[int, str]) -> dict[str, Any]:
     """A process as the schema has it; `zombie` says why it holds VRAM for nothing where the
-    rules found so (orphaned, invisible, defunct: U11), else "defunct" for any <defunct>."""
+    rules found so (orphaned, defunct: U11; an invisible holder is in no process list), else
+    "defunct" for any <defunct>."""
     doc = proc.to_json()
     reason = zombies.get(proc.pid)
     if reason is not None:

@@ -158,8 +158,7 @@ class TagSeries:
                 if markers is not None:
                     markers.append((step, wall))
             self._append(step, value, wall)
-        if len(self.steps) > self.bound:
-            self._compact()
+        self.shrink()
 
     def rebound(self, bound: int) -> None:
         """A new bound; a series over it shrinks on its next merge or shrink() (a fleet's
@@ -185,8 +184,7 @@ class TagSeries:
         self.steps, self.values, self.walls = array("q"), array("d"), array("d")
         for step, value, wall in merged:
             self._append(step, value, wall)
-        if len(self.steps) > self.bound:
-            self._compact()
+        self.shrink()
 
     def _compact(self) -> None:
         """The newest bound/2 points stay; all older ones become at most about 3·bound/8
