@@ -738,6 +738,18 @@ def collect_gpus_nvml(nvml):
     def scaled(value, divisor):
         return None if value is None else round(value / divisor, 2)
 
+    def memory_info(handle):
+        # v1's `used` counts the driver's reserve (480 MiB on an idle H100, driver 580, where
+        # nvidia-smi says 0 MiB used): v2, where pynvml and the driver have it, matches
+        # nvidia-smi, and an idle GPU does not read as somebody's leftover context (U11).
+        if v2 is not None:
+            try:
+                return nvml.nvmlDeviceGetMemoryInfo(handle, version=v2)
+            except (nvml.NVMLError, TypeError):  # old driver: no _v2; old pynvml: no version
+                pass
+        return ask(nvml.nvmlDeviceGetMemoryInfo, handle)
+
+    v2 = getattr(nvml, "nvmlMemory_v2", None)
     reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
         nvml.nvmlDeviceGetCurrentClocksThrottleReasons
     pci_fn = getattr(nvml, "nvmlDeviceGetPciInfo", None)
@@ -748,7 +760,7 @@ def collect_gpus_nvml(nvml):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             uuid = text(ask(nvml.nvmlDeviceGetUUID, handle))
             util = ask(nvml.nvmlDeviceGetUtilizationRates, handle)
-            memory = ask(nvml.nvmlDeviceGetMemoryInfo, handle)
+            memory = memory_info(handle)
             mask = ask(reasons_fn, handle)
             mig = ask(nvml.nvmlDeviceGetMigMode, handle)
             pci = ask(pci_fn, handle) if pci_fn is not None else None

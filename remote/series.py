@@ -293,6 +293,9 @@ class RunSeries:
         self.checkpoint_times: dict[str, float] = {}  # seen over history: rotation deletes old
         self.errors: Mapping[str, str] = {}
         self.discovery: Discovery | None = None  # issue 8: a run nobody configured
+        self.left_behind = False
+        """A discovered run whose live processes were, when last seen, all VRAM zombie holders
+        (zombies.left_behind_runs): once they are reaped it is gone, not a dead run."""
         self.events_raw = False
         """Issue 3: the next poll may go without the event decoder (the probe sends new records
         raw): an answer came, and no event file has more left than one poll sends raw."""
@@ -551,7 +554,8 @@ class RunSeries:
                 "seen_running": self.seen_running,
                 "last_seen_running_at": self.last_seen_running_at,
                 "checkpoint_times": self.checkpoint_times,
-                "discovery": self.discovery.to_state() if self.discovery else None}
+                "discovery": self.discovery.to_state() if self.discovery else None,
+                "left_behind": self.left_behind}
 
     @classmethod
     def from_state(cls, name: str, state: Mapping[str, Any],
@@ -579,4 +583,5 @@ class RunSeries:
         at = state.get("last_seen_running_at")
         run.last_seen_running_at = float(at) if isinstance(at, (int, float)) else None
         run.discovery = Discovery.from_state(name, state.get("discovery"))
+        run.left_behind = state.get("left_behind") is True
         return run

@@ -20,7 +20,8 @@ Never a live run's process: a configured run with a process that is not itself l
 protects all its processes and their descendants (a run gpuwatch only discovered, issue 8,
 protects nothing: its processes are judged like any other). Everything but ``defunct``
 needs the GPU idle (``idle_util_pct``) over ``sustain_polls`` snapshots (U21: never one
-snapshot), which also rules out a neighbour container's busy job and a process caught mid-exit.
+snapshot), which also rules out a neighbour container's busy job and a process caught mid-exit,
+and ``orphaned`` and ``invisible`` need the holder itself seen holding in each of them.
 
 Identity for actions: (pid, start_ticks) with the snapshot's boot id (DESIGN §4).
 """
@@ -151,6 +152,26 @@ def _idle(snaps: list[HostSnapshot], gpu: int, pct: float) -> bool:
     return True
 
 
+def _held_throughout(proc: ProcessInfo, window: list[HostSnapshot]) -> bool:
+    """The same process (pid and start time) held a GPU in every snapshot of the window: an
+    idle GPU says nothing of a holder that was not there yet. On a real H100 a rank orphaned
+    between two polls was flagged on its first sighting, because the polls before it (an idle
+    GPU, and one caught between a run's steps) were idle: a run started in a `( ... &)`
+    subshell also has ppid 1 and no session of its own, and sits idle through its CUDA
+    start-up (U21: never one snapshot)."""
+    for snap in window[:-1]:
+        if not any(p.pid == proc.pid and p.start_ticks == proc.start_ticks and _holds_gpu(p)
+                   for p in snap.processes):
+            return False
+    return True
+
+
+def _listed_throughout(pid: int, gpu: int, window: list[HostSnapshot]) -> bool:
+    """The driver listed this pid on this GPU in every snapshot of the window."""
+    return all(any(a.pid == pid and a.gpu_index == gpu for a in snap.gpu_processes)
+               for snap in window[:-1])
+
+
 def _gpu_processes_ok(snap: HostSnapshot) -> bool:
     return "gpus.apps" not in snap.section_errors and "gpus" not in snap.section_errors
 
@@ -216,7 +237,8 @@ def zombie_holders(history: HostHistory) -> list[ZombieHolder]:
                 continue
             why = _left_behind(proc, table, earlier)
             gpus = _gpus_held(proc)
-            if why is None or not gpus or not all(_idle(window, g, idle_pct) for g in gpus):
+            if why is None or not gpus or not all(_idle(window, g, idle_pct) for g in gpus) \
+                    or not _held_throughout(proc, window):
                 continue
             gpu = proc.gpu_index if proc.gpu_index is not None else min(gpus)
             owner = configured_run(proc)
@@ -245,6 +267,8 @@ def zombie_holders(history: HostHistory) -> list[ZombieHolder]:
         gpu = app.gpu_index
         if visible_holders.get(gpu) or not _idle(window, gpu, idle_pct):
             continue  # someone here uses that GPU: the pid may be their host-side alias
+        if not _listed_throughout(app.pid, gpu, window):
+            continue  # first seen now: a neighbour container's job may be starting up
         out.append(ZombieHolder(
             app.pid, None, None, gpu, app.gpu_mem_mib, app.process_name or "?",
             "invisible", False,
@@ -281,14 +305,25 @@ def _mem_used(snap: HostSnapshot, gpu: int) -> int:
 def left_behind_runs(history: HostHistory, holders: Iterable[ZombieHolder]) -> frozenset[str]:
     """The discovered runs (issue 8) whose every live process is one of `holders`: an orphaned
     rank of a dead DDP job has a cwd and a script, so discovery groups it as a run, which read
-    "running" beside the finding that it is a zombie (U11). A configured run is never one: it
-    protects its processes, so none of them is a holder."""
+    "running" beside the finding that it is a zombie (U11); and one that was, whose processes
+    are gone since (reaped). A configured run is never one: it protects its processes, so none
+    of them is a holder. Remembered on the run's series (RunSeries.left_behind, kept in the
+    store), so a cron `--once` after a reap knows it too."""
     now = history.current
     if now is None:
         return frozenset()
     held = {z.pid for z in holders if z.pid is not None}
-    return frozenset(
-        r.name for r in now.runs
-        if r.pids and set(r.pids) <= held
-        and getattr(history.runs.get(r.name), "discovery", None) is not None)
+    out = set()
+    for sample in now.runs:
+        series = history.runs.get(sample.name)
+        if series is None or series.discovery is None:
+            continue
+        if sample.pids:
+            series.left_behind = set(sample.pids) <= held
+        # No live process: it stays what it was. Its zombies reaped (`z`, `gpuwatch reap`)
+        # or gone, it is not a run that died: on a real H100 it read "dead", killed, with the
+        # dead run's leftover checkpoint reported a second time under its name.
+        if series.left_behind:
+            out.add(sample.name)
+    return frozenset(out)
 

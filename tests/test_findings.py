@@ -250,6 +250,37 @@ def test_orphaned_holder_on_an_idle_gpu_after_its_run_died(tmp_path: Path) -> No
     assert holder.gpu_mem_mib == 30_000 and f.evidence["signallable"] == [701]
 
 
+def test_a_holder_is_no_zombie_on_its_first_sighting(tmp_path: Path) -> None:
+    """Seen on a real H100 (tests/device/run.sh): a rank orphaned between two polls was
+    flagged on the first poll that saw it, because the polls before it found the GPU idle. An
+    idle GPU says nothing of a holder that was not there: a run started in a `( ... &)`
+    subshell also has ppid 1 and no session of its own, and holds VRAM idle through its CUDA
+    start-up. Each holder must itself be seen over the window (U21); so must a pid that only
+    the driver lists (invisible)."""
+    from gpuwatch.remote.zombies import zombie_holders
+
+    box = box_at(tmp_path, 2)
+    w = Watched(box)
+    w.poll()
+    w.poll()  # GPU 1 idle and empty for two polls
+    box.add_process(replace(training_process(701, ppid=1, gpu=1), session=650))
+    box.add_compute_app(1, 701, "python", 30_000)
+    box.add_compute_app(0, 4242, "python", 20_000)  # not in this /proc: another namespace
+    box.set_gpu(1, util_pct=0, mem_used_mib=30_000)
+    box.set_gpu(0, util_pct=0, mem_used_mib=20_000)
+    w.poll()
+    assert zombie_holders(w.history) == [] and "gpu.vram_zombie" not in w.codes()
+    w.poll()
+    assert {(z.pid, z.reason) for z in zombie_holders(w.history)} == {
+        (701, "orphaned"), (4242, "invisible")}
+    # A holder that came back as another process under the same pid starts anew.
+    box.remove_process(701)
+    box.add_process(replace(training_process(701, ppid=1, gpu=1), session=650,
+                            start_s=999.0))
+    w.poll()
+    assert [z.pid for z in zombie_holders(w.history)] == [4242]
+
+
 def test_setsid_nohup_run_and_live_runs_are_never_zombies(tmp_path: Path) -> None:
     box = box_at(tmp_path, 2)
     # setsid nohup python train.py: ppid 1, but it leads its own session (seed 000)
@@ -588,3 +619,43 @@ def test_a_discovered_run_that_is_only_a_zombie_reads_left_behind(tmp_path: Path
     w.history.record_failure(PollFailure("timeout", "no answer", time.time()))
     evaluate(w.history)
     assert w.history.left_behind == frozenset(found)
+
+
+def test_a_left_behind_run_is_gone_once_its_zombie_is_reaped(tmp_path: Path) -> None:
+    """Seen on a real H100 (tests/device/run.sh): after `gpuwatch reap` ended the orphaned
+    rank, the run discovery had made of it read "dead" (cause: killed) in `--once --json`,
+    and the dead configured run's leftover checkpoint was reported again under its name. Its
+    only processes were zombies: reaped, it is gone, not dead; in the TUI's long history and
+    in a cron `--once` that rebuilds the history from the store alike."""
+    from gpuwatch.remote.collect import PollOutcome
+    from gpuwatch.remote.once import judge
+    from gpuwatch.remote.report import host_json
+    from gpuwatch.remote.series import RunSeries
+
+    w = orphaned_rank(tmp_path)
+    w.poll()
+    (name,) = w.history.left_behind
+    w.box.remove_process(701)  # reaped
+    w.box.remove_compute_app(701)
+    w.box.set_gpu(1, util_pct=0, mem_used_mib=0)
+    w.poll()
+    assert w.history.current is not None
+    assert [r.pids for r in w.history.current.runs if r.name == name] == [()]
+    assert w.history.left_behind == frozenset({name}) and w.codes() == []
+    doc = host_json(judge(w.history, PollOutcome(w.host, time.time(), 0.1, w.snapshot(), b"{}")))
+    assert name not in [r["name"] for r in doc["runs"]] and doc["findings"] == []
+
+    # The store's copy of the run's state says so too (a cron `--once` after the reap).
+    series = w.history.runs[name]
+    w.history.runs[name] = RunSeries.from_state(name, series.state())
+    assert w.history.runs[name].left_behind and w.history.runs[name].discovery is not None
+    w.poll()
+    assert w.history.left_behind == frozenset({name}) and w.codes() == []
+
+    # Relaunched (a live process of its own again), it is a run like any other.
+    w.box.add_process(training_process(702, gpu=1, nohup=True))
+    w.box.add_compute_app(1, 702, "python", 30_000)
+    w.box.set_gpu(1, util_pct=97, mem_used_mib=30_000)
+    w.poll()
+    running = [r.name for r in w.history.current.runs if 702 in r.pids]
+    assert running and not set(running) & w.history.left_behind

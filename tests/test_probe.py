@@ -1111,3 +1111,39 @@ def test_strip_source_keeps_the_code():
     namespace: dict = {}
     exec(stripped, namespace)
     assert namespace["X"] == "kept" and namespace["f"]() == "axb" and namespace["Only"]
+
+
+H100_MEMORY_PYNVML = FAKE_PYNVML.replace(
+    "def nvmlDeviceGetMemoryInfo(h): return NS(used=70211 << 20, total=81559 << 20)\n", '''\
+nvmlMemory_v2 = 0x02000028
+
+
+def nvmlDeviceGetMemoryInfo(h, version=None):
+    # An idle H100 80GB HBM3, driver 580.159.04, nvidia-ml-py 13.610.43 (tests/captures/
+    # h100-driver580): v1 counts the 480 MiB the driver reserves as used; nvidia-smi -q says
+    # "Reserved : 480 MiB, Used : 0 MiB", as v2 does. GPU 1: a driver without the _v2 call.
+    if version is None:
+        return NS(total=85520809984, free=85017493504, used=503316480)
+    if h == 1:
+        raise NVMLError_FunctionNotFound()
+    return NS(version=version, total=85520809984, reserved=503316480, free=85017493504, used=0)
+
+
+class NVMLError_FunctionNotFound(NVMLError):
+    pass
+''')
+
+
+def test_nvml_memory_used_leaves_out_the_drivers_reserve(box: Box, tmp_path: Path):
+    """Found on a real H100 (tests/device/run.sh): NVML's v1 memory info read 480 MiB used on
+    an idle GPU where nvidia-smi read 0, so the two GPU paths disagreed by the reserve and an
+    idle GPU with a bigger reserve would pass zombie_unattributed_mib (U11). v2 where the
+    driver has it; v1 where it does not (and with a pynvml that has no `version`, above)."""
+    assert H100_MEMORY_PYNVML != FAKE_PYNVML
+    (tmp_path / "nvml").mkdir()
+    (tmp_path / "nvml" / "pynvml.py").write_text(H100_MEMORY_PYNVML)
+    doc = probe_doc(box_request(box, want={}), {**box.env(), "PYTHONPATH": str(tmp_path / "nvml")})
+    assert doc["errors"] == {} and doc["gpus"]["source"] == "nvml"
+    gpu0, gpu1 = rows(doc["gpus"]["devices"])
+    assert (gpu0["mem_used_mib"], gpu0["mem_total_mib"]) == (0, 81559)
+    assert (gpu1["mem_used_mib"], gpu1["mem_total_mib"]) == (480, 81559)

@@ -423,6 +423,9 @@ async def test_reaping_the_zombie_frees_its_vram(start_fleet: StartFleet) -> Non
     demo = fleet.demo_box("demo-zombie")
     zombie = demo.zombie_pid
     assert zombie is not None and _alive(zombie)
+    # Its pid exists from the fork; its /proc cmdline only once it has exec'd (seen empty
+    # once under load: a KeyError here).
+    await wait_for(lambda: zombie in scan_processes(), limit_s=5, what="the zombie to exec")
     proc = scan_processes()[zombie]
     assert proc.ppid != os.getpid()  # its launcher is gone: an orphan
     assert "--local_rank=3" in proc.argv
