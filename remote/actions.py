@@ -848,8 +848,10 @@ def _verdict(plan: ActionPlan, history: HostHistory) -> ActionOutcome:
         if dev is not None and dev.mem_used_mib is not None:
             mem.append(f"GPU {g} now uses {dev.mem_used_mib} MiB")
     extra = f" ({'; '.join(mem)})" if mem else ""
-    zombie = (f"; pid {', '.join(map(str, defunct))} exited and await their parent's reaping"
-              if defunct else "")
+    zombie = ("" if not defunct else
+              f"; pid {defunct[0]} has exited and awaits its parent's reaping" if len(defunct) == 1
+              else f"; pids {', '.join(map(str, defunct))} have exited and await their parents' "
+                   "reaping")
     n = len(plan.targets)
     return ActionOutcome(True, f"{n} process{'es' * (n != 1)} gone from {plan.host} and no "
                                f"longer holding GPU memory{extra}{zombie}")

@@ -61,12 +61,14 @@ def split_header(line: str) -> list[tuple[str, str]]:
     return out
 
 
-def state_from_capture(gpu_csv: str, apps_csv: str | None = None) -> dict[str, Any]:
-    """gpus.json state from a captured --query-gpu CSV (and --query-compute-apps CSV)."""
+def state_from_capture(gpu_csv: str, apps_csv: str | None = None,
+                       driver_version: str | None = None) -> dict[str, Any]:
+    """gpus.json state from a captured --query-gpu CSV (and --query-compute-apps CSV); the
+    driver version from its column unless given."""
     lines = gpu_csv.rstrip("\n").split("\n")
     cols = split_header(lines[0])
     names = [n for n, _ in cols]
-    driver = lines[1].split(", ")[names.index("driver_version")]
+    driver = driver_version or lines[1].split(", ")[names.index("driver_version")]
     state: dict[str, Any] = {"driver_version": driver, "gpus": [], "compute_apps": []}
     table, aliases = ns.gpu_table(state)
     for row in lines[1:]:
@@ -121,6 +123,30 @@ def test_query_compute_apps_matches_capture_bytes(tmp_path: Path, machine: str) 
     out = run_smi(sim, "--query-compute-apps=" + query_of(real), "--format=csv")
     assert out.returncode == 0, out.stdout
     assert out.stdout == real
+
+
+OWN_CAPTURES = Path(__file__).with_name("captures")
+
+
+@pytest.mark.parametrize("gpu", ["h100-driver580", "h200-driver580"])
+@pytest.mark.parametrize("label", ["idle", "load1", "orphan", "after-reap"])
+def test_probes_own_queries_match_our_driver_580_captures(tmp_path: Path, gpu: str,
+                                                          label: str) -> None:
+    """The stand-in asked exactly what the probe asks (tests/captures: an H100 and an H200
+    we captured, driver 580.159.04) prints what the real tool printed: clocks.sm answered as
+    clocks.current.sm, the old reason family under the new name, temperature.gpu with no unit,
+    a compute-apps table with one process or none."""
+    folder = OWN_CAPTURES / gpu / "smi"
+    event, throttle, apps = (folder / "queries.txt").read_text().split()
+    real = (folder / f"{label}.gpu-event.csv").read_text()
+    real_apps = (folder / f"{label}.apps.csv").read_text()
+    sim = write_state(tmp_path, state_from_capture(real, real_apps, "580.159.04"))
+    assert run_smi(sim, "--query-gpu=" + event, "--format=csv").stdout == real
+    # taken a moment later: the same header and GPU, load figures that moved
+    said = run_smi(sim, "--query-gpu=" + throttle, "--format=csv").stdout.split("\n")
+    later = (folder / f"{label}.gpu-throttle.csv").read_text().split("\n")
+    assert said[0] == later[0] and said[1].split(", ")[:3] == later[1].split(", ")[:3]
+    assert run_smi(sim, "--query-compute-apps=" + apps, "--format=csv").stdout == real_apps
 
 
 def test_old_driver_sample_matches_bytes(tmp_path: Path) -> None:
