@@ -29,7 +29,8 @@ MAX_STDOUT = 4 * 1024 * 1024
 """A probe document is a few KB; a box that prints megabytes is not running our probe."""
 MAX_STDERR = 64 * 1024
 DEFAULT_SSH_CONFIG = SshSettings().config_file
-CARRIED_HINTS = ("nvidia_smi_reasons", "pynvml", "spawn", "cgroup", "kernel_lines")
+CARRIED_HINTS = ("nvidia_smi_reasons", "pynvml", "pynvml_dir", "spawn", "cgroup",
+                 "kernel_lines")
 """What a box says of itself that the next poll's request carries back (Collector.memory)."""
 NVML_RECHECK_S = 300.0
 """A box whose python did not import pynvml is asked again this often (issue 3): pynvml
@@ -223,8 +224,13 @@ class Collector:
             self._hints.setdefault(host.name, {})["nvidia_smi_reasons"] = (
                 snapshot.nvidia_smi_reasons)
         if snapshot.pynvml is not None:  # issue 3: the NVML reader goes only where it imports
-            self._hints.setdefault(host.name, {})["pynvml"] = snapshot.pynvml
+            hints = self._hints.setdefault(host.name, {})
+            hints["pynvml"] = snapshot.pynvml
             self._nvml_check_due[host.name] = started_at + NVML_RECHECK_S
+            if snapshot.pynvml_dir:  # found there without site-packages next time
+                hints["pynvml_dir"] = snapshot.pynvml_dir
+            else:
+                hints.pop("pynvml_dir", None)
         if snapshot.spawn is not None:  # the subprocess part goes where posix_spawnp is not
             self._hints.setdefault(host.name, {})["spawn"] = snapshot.spawn
         if snapshot.kernel_lines is not None:  # the kernel log parser goes where it has work

@@ -332,6 +332,9 @@ class HostSnapshot:
     for a search: the client sends the discover module again, now or on the next poll."""
     pynvml: bool | None = None
     """Whether the box's python imports pynvml (the client sends the NVML reader only then)."""
+    pynvml_dir: str | None = None
+    """The folder the box's python imported pynvml from (the next poll's request names it, so
+    that the probe need not load site-packages to find it)."""
     spawn: bool | None = None
     """Whether the box's python has os.posix_spawnp (the client sends the probe's subprocess
     way of running commands only where it has not)."""
@@ -806,6 +809,7 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
         probe_cpu_s=doc.opt_float("cpu_s"),
         runs=_runs(doc, errors) + _discovered_runs(doc, errors),
         pynvml=gpu_section.opt_bool("pynvml") if gpu_section else None,
+        pynvml_dir=gpu_section.opt_str("pynvml_dir") if gpu_section else None,
         spawn=info.opt_bool("spawn") if info else None,
         kernel_lines=kernel.opt_int("candidates") if kernel else None,
         xid_counts_partial=bool(kernel and kernel.data.get("partial") is True),

@@ -33,10 +33,11 @@ Output: {"v": 1, "probe_s", "cpu_s", "errors": {section: message}, and the secti
 (issue 8: run objects as in "runs", each with a "discovered" object, see discover.py),
 "discovery": {"reuse": {...}} | {"need": "now" | "next", "why"} (issue 3, see
 discovery_state)}. "gpus" also says "pynvml": whether this python imports it (the client sends
-the NVML reader only then, issue 3; absent when the request's want.nvml is false) and "nvml":
-why NVML was not used, when it was not. "host" says "spawn": whether this python has
-os.posix_spawnp (the client sends run_bounded_popen only where not). "kernel" says
-"candidates": how many lines may be Xids or OOM kills, and holds them as "raw" (with
+the NVML reader only then, issue 3; absent when the request's want.nvml is false),
+"pynvml_dir": the folder it imported from (the request's "pynvml_dir" next poll, see
+import_pynvml_from) and "nvml": why NVML was not used, when it was not. "host" says "spawn":
+whether this python has os.posix_spawnp (the client sends run_bounded_popen only where not).
+"kernel" says "candidates": how many lines may be Xids or OOM kills, and holds them as "raw" (with
 "raw_total") where the request came without the parser (see collect_kernel).
 A section that fails is {"error": message} (also listed in "errors") and the rest of the
 document stands.
@@ -701,6 +702,34 @@ def collect_gpus_smi(hint, deadline):
 # ---------------------------------------------------------------- NVML
 
 # ================================================================ nvml (issue 3)
+def import_pynvml_from(home):
+    """import pynvml → (module, the sys.path folder it came from). `home`: the folder this
+    box's python found it in last poll (the client carries it back): only that folder goes on
+    sys.path, after the stdlib, instead of site.main() with every installed package's .pth
+    file: 65 ms of a 138 ms NVML poll on a real H100 box's torch venv (tests/device/
+    probe_cost.py). Where it is not there any more, site as before."""
+    fast = isinstance(home, str) and home and "site" not in sys.modules and (
+        os.path.isfile(os.path.join(home, "pynvml.py"))
+        or os.path.isfile(os.path.join(home, "pynvml", "__init__.py")))
+    if fast:
+        sys.path.append(home)
+    else:
+        load_site()
+    try:
+        import pynvml
+    except ImportError:
+        if not fast:
+            raise
+        sys.path.remove(home)
+        return import_pynvml_from(None)
+    if fast:
+        return pynvml, home
+    path = os.path.abspath(getattr(pynvml, "__file__", None) or "")
+    folder = os.path.dirname(path)  # a package's parent folder
+    return pynvml, os.path.dirname(folder) if os.path.basename(path).startswith("__init__.") \
+        else folder
+
+
 def call_with_deadline(fn, timeout_s):
     """Run fn in a daemon thread: an in-process NVML call into a hung driver cannot be
     interrupted, so we stop waiting for it instead (the probe exits with os._exit)."""
@@ -792,15 +821,19 @@ def collect_gpus_nvml(nvml):
 def collect_gpus(request):
     timeout_s = number_setting(request, "nvidia_smi_timeout_s", DEFAULT_NVIDIA_SMI_TIMEOUT_S)
     deadline = time.monotonic() + timeout_s
-    nvml_problem, importable, checked = None, False, True
+    nvml_problem, importable, checked, home = None, False, True, None
     if SIM_DIR:
         nvml_problem = "simulated box: GPUs come from the stand-in nvidia-smi"
     elif not want(request, "nvml"):  # the client asks again now and then (collect.py)
         checked = False
     else:
-        load_site()
+        nvml_import = globals().get("import_pynvml_from")  # with the NVML reader
         try:
-            import pynvml
+            if nvml_import is not None:
+                pynvml, home = nvml_import(request.get("pynvml_dir"))
+            else:
+                load_site()
+                import pynvml
         except ImportError:
             nvml_problem = "pynvml not importable"
         else:
@@ -811,13 +844,15 @@ def collect_gpus(request):
             else:
                 try:
                     section = call_with_deadline(lambda: reader(pynvml), timeout_s)
-                    section["pynvml"] = True
+                    section["pynvml"], section["pynvml_dir"] = True, home
                     return section
                 except Exception as exc:  # no driver library, no GPU, hung: try nvidia-smi
                     nvml_problem = describe(exc)
     section = collect_gpus_smi(request.get("nvidia_smi_reasons"), deadline)
     if checked:  # the client sends the NVML part only where it imports
         section["pynvml"] = importable
+    if home:
+        section["pynvml_dir"] = home
     if nvml_problem:
         section["nvml"] = nvml_problem
     return section

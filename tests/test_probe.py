@@ -1147,3 +1147,41 @@ def test_nvml_memory_used_leaves_out_the_drivers_reserve(box: Box, tmp_path: Pat
     gpu0, gpu1 = rows(doc["gpus"]["devices"])
     assert (gpu0["mem_used_mib"], gpu0["mem_total_mib"]) == (0, 81559)
     assert (gpu1["mem_used_mib"], gpu1["mem_total_mib"]) == (480, 81559)
+
+
+def test_pynvml_is_imported_from_where_it_was_last_found_without_site(box: Box,
+                                                                      tmp_path: Path):
+    """On a real H100 box's torch venv, site.main() took 65 ms of a 138 ms NVML poll, all of
+    it the venv's .pth files (tests/device/probe_cost.py). The probe says which folder pynvml
+    came from; told it back, it puts only that folder on sys.path and never loads site. A
+    folder that no longer holds pynvml costs nothing but site, as before."""
+    from gpuwatch.remote.model import parse_probe_output
+
+    home = tmp_path / "only-here"
+    home.mkdir()
+    (home / "pynvml.py").write_text(FAKE_PYNVML + (
+        "\nimport sys as _sys\n\n\ndef nvmlDeviceGetName(h):\n"
+        "    return 'site loaded' if 'site' in _sys.modules else 'no site'\n"))
+    # No PYTHONPATH: this pynvml is on no path the box's python knows of (site would find the
+    # real nvidia-ml-py of this venv instead, and NVML would fail here, without a driver).
+    env = {k: v for k, v in box.env().items() if k not in ("PYTHONPATH", "GPUWATCH_SIM_DIR")}
+
+    def poll(request: dict) -> dict:  # a steady poll's payload: no event decoder, so no site
+        result = subprocess.run(["sh", "-c", build_command(sys.executable)],
+                                input=build_stdin(request, trim=True), env=env,
+                                capture_output=True, timeout=30)
+        assert result.returncode == 0, result.stderr.decode()
+        return json.loads(result.stdout)
+
+    steady = {"want": {"discover": False}, "runs": [], "pynvml": True}
+    told = poll(box_request(box, **steady, pynvml_dir=str(home)))
+    assert told["gpus"]["source"] == "nvml", told["gpus"]
+    assert {r["name"] for r in rows(told["gpus"]["devices"])} == {"no site"}
+    assert told["gpus"]["pynvml_dir"] == str(home)
+    assert parse_probe_output(json.dumps(told).encode(), "box").pynvml_dir == str(home)
+
+    gone = poll(box_request(box, **steady, pynvml_dir=str(tmp_path / "moved")))
+    import pynvml  # this venv's nvidia-ml-py, found through site as before
+
+    assert gone["gpus"]["pynvml"] is True and gone["gpus"]["source"] == "nvidia-smi"
+    assert gone["gpus"]["pynvml_dir"] == os.path.dirname(pynvml.__file__)

@@ -182,3 +182,30 @@ def test_real_once_documents_follow_the_shipped_schema(gpu: str) -> None:
     assert len(docs) >= 8
     for path in docs:
         jsonschema.validate(json.loads(path.read_text(encoding="utf-8")), schema)
+
+
+def test_the_client_tells_the_box_where_its_pynvml_is() -> None:
+    """The probe's document says which folder pynvml came from; the collector sends it back
+    with the next request (and in its memory, for a cron `--once`), and forgets it when the
+    box's python no longer imports pynvml."""
+    from gpuwatch.remote.collect import Collector, build_request
+    from gpuwatch.remote.config import parse_config
+
+    host = parse_config('[hosts.box]\nssh = "box"\n').host("box")
+    assert host is not None
+    doc = probe_doc("h100-driver580", "load.nvml.json")
+    folder = "/opt/torch/.venv/lib/python3.12/site-packages"
+    doc["gpus"]["pynvml_dir"] = folder
+    collector = Collector()
+    snap = parse_probe_output(json.dumps(doc).encode(), "box")
+    assert snap.pynvml is True and snap.pynvml_dir == folder
+    collector._learn(host, 0.0, snap, None)
+    assert build_request(host, collector._hints.get("box"))["pynvml_dir"] == folder
+    assert collector.memory(host)["hints"]["pynvml_dir"] == folder
+    again = Collector()
+    again.restore(host, collector.memory(host))
+    assert again._hints["box"]["pynvml_dir"] == folder
+    doc["gpus"]["pynvml"] = False
+    del doc["gpus"]["pynvml_dir"]
+    collector._learn(host, 0.0, parse_probe_output(json.dumps(doc).encode(), "box"), None)
+    assert "pynvml_dir" not in build_request(host, collector._hints.get("box"))
