@@ -618,6 +618,18 @@ def _record(store: Store | None, plan: ActionPlan, phase: str, outcome: ActionOu
                         outcome=label, ok=outcome.ok, message=outcome.message)
 
 
+def mark_reaped(plan: ActionPlan, history: HostHistory) -> None:
+    """After a reap was sent: each discovered run whose every last-seen process was one of its
+    targets is gone, not dead (RunSeries.reaped; zombies.left_behind_runs). Kept in the store
+    with the run's state, so a cron `--once` after `gpuwatch reap` knows it too."""
+    if plan.kind != "reap":
+        return
+    targets = {t.pid for t in plan.targets}
+    for series in history.runs.values():
+        if series.discovery is not None and series.pids and set(series.pids) <= targets:
+            series.reaped = True
+
+
 async def execute(plan: ActionPlan, host: HostConfig, *, store: Store | None, readonly: bool,
                   accept_new_host_keys: bool = False, grace_s: float = 10.0) -> ActionOutcome:
     """Carry a confirmed plan out; every call (refused ones too) lands in the audit log.

@@ -84,6 +84,7 @@ async def _run(kind: str, host: HostConfig, store: Store, *, pid: int | None, si
     print(outcome.message, flush=True)
     if outcome.ok is False:
         return EXIT_FAILED
+    actions.mark_reaped(plan, history)
     verdict = None
     for attempt in range(VERIFY_POLLS):
         if attempt:

@@ -293,9 +293,10 @@ class RunSeries:
         self.checkpoint_times: dict[str, float] = {}  # seen over history: rotation deletes old
         self.errors: Mapping[str, str] = {}
         self.discovery: Discovery | None = None  # issue 8: a run nobody configured
-        self.left_behind = False
-        """A discovered run whose live processes were, when last seen, all VRAM zombie holders
-        (zombies.left_behind_runs): once they are reaped it is gone, not a dead run."""
+        self.reaped = False
+        """A discovered run whose only processes gpuwatch ended as VRAM zombies (a reap,
+        actions.mark_reaped): gone, not a dead run (zombies.left_behind_runs), until it has
+        processes again."""
         self.events_raw = False
         """Issue 3: the next poll may go without the event decoder (the probe sends new records
         raw): an answer came, and no event file has more left than one poll sends raw."""
@@ -321,7 +322,7 @@ class RunSeries:
         if sample.discovered is not None:
             self.discovery = sample.discovered.merged(self.discovery)
         if sample.pids:
-            self.seen_running = True
+            self.seen_running, self.reaped = True, False
             self.last_seen_running_at = box_time
         if sample.log is not None:
             self.log_seen = [sample.log.bytes, sample.log.mtime]
@@ -555,7 +556,7 @@ class RunSeries:
                 "last_seen_running_at": self.last_seen_running_at,
                 "checkpoint_times": self.checkpoint_times,
                 "discovery": self.discovery.to_state() if self.discovery else None,
-                "left_behind": self.left_behind}
+                "reaped": self.reaped}
 
     @classmethod
     def from_state(cls, name: str, state: Mapping[str, Any],
@@ -583,5 +584,5 @@ class RunSeries:
         at = state.get("last_seen_running_at")
         run.last_seen_running_at = float(at) if isinstance(at, (int, float)) else None
         run.discovery = Discovery.from_state(name, state.get("discovery"))
-        run.left_behind = state.get("left_behind") is True
+        run.reaped = state.get("reaped") is True
         return run

@@ -184,8 +184,8 @@ def zombie_holders(history: HostHistory) -> list[ZombieHolder]:
     if snap is None or "processes" in snap.section_errors:
         return []
     th = history.thresholds
-    window = recent(history)
-    sustained = len(window) >= max(1, th.sustain_polls)
+    window = recent(history, max(2, th.sustain_polls))  # U21: never one snapshot, even
+    sustained = len(window) >= max(2, th.sustain_polls)  # with sustain_polls = 1
     table = {p.pid: p for p in snap.processes}
     earlier: dict[tuple[int, int], ProcessInfo] = {}
     seen_before: dict[str, set[tuple[int, int]]] = {}
@@ -305,10 +305,10 @@ def _mem_used(snap: HostSnapshot, gpu: int) -> int:
 def left_behind_runs(history: HostHistory, holders: Iterable[ZombieHolder]) -> frozenset[str]:
     """The discovered runs (issue 8) whose every live process is one of `holders`: an orphaned
     rank of a dead DDP job has a cwd and a script, so discovery groups it as a run, which read
-    "running" beside the finding that it is a zombie (U11); and one that was, whose processes
-    are gone since (reaped). A configured run is never one: it protects its processes, so none
-    of them is a holder. Remembered on the run's series (RunSeries.left_behind, kept in the
-    store), so a cron `--once` after a reap knows it too."""
+    "running" beside the finding that it is a zombie (U11); and one whose processes gpuwatch
+    reaped (RunSeries.reaped, kept in the store, so a cron `--once` after `gpuwatch reap`
+    knows it too). A configured run is never one: it protects its processes, so none of them
+    is a holder."""
     now = history.current
     if now is None:
         return frozenset()
@@ -318,12 +318,12 @@ def left_behind_runs(history: HostHistory, holders: Iterable[ZombieHolder]) -> f
         series = history.runs.get(sample.name)
         if series is None or series.discovery is None:
             continue
-        if sample.pids:
-            series.left_behind = set(sample.pids) <= held
-        # No live process: it stays what it was. Its zombies reaped (`z`, `gpuwatch reap`)
-        # or gone, it is not a run that died: on a real H100 it read "dead", killed, with the
-        # dead run's leftover checkpoint reported a second time under its name.
-        if series.left_behind:
+        # Its processes reaped (`z`, `gpuwatch reap`), it is gone, not a run that died: on a
+        # real H100 it read "dead", killed, with the dead run's leftover checkpoint reported
+        # a second time under its name. Only a reap says so: a run that vanishes by itself
+        # after being taken for a zombie is reported dead (its death may be an OOM kill).
+        gone = series.reaped if not sample.pids else set(sample.pids) <= held
+        if gone:
             out.add(sample.name)
     return frozenset(out)
 

@@ -625,8 +625,9 @@ def test_a_left_behind_run_is_gone_once_its_zombie_is_reaped(tmp_path: Path) -> 
     """Seen on a real H100 (tests/device/run.sh): after `gpuwatch reap` ended the orphaned
     rank, the run discovery had made of it read "dead" (cause: killed) in `--once --json`,
     and the dead configured run's leftover checkpoint was reported again under its name. Its
-    only processes were zombies: reaped, it is gone, not dead; in the TUI's long history and
-    in a cron `--once` that rebuilds the history from the store alike."""
+    only processes were zombies that gpuwatch reaped: it is gone, not dead; in the TUI's long
+    history and in a cron `--once` that rebuilds the history from the store alike."""
+    from gpuwatch.remote.actions import mark_reaped, plan_reap
     from gpuwatch.remote.collect import PollOutcome
     from gpuwatch.remote.once import judge
     from gpuwatch.remote.report import host_json
@@ -635,7 +636,10 @@ def test_a_left_behind_run_is_gone_once_its_zombie_is_reaped(tmp_path: Path) -> 
     w = orphaned_rank(tmp_path)
     w.poll()
     (name,) = w.history.left_behind
-    w.box.remove_process(701)  # reaped
+    plan = plan_reap(w.host, w.history)
+    assert [t.pid for t in plan.targets] == [701]
+    mark_reaped(plan, w.history)  # what `z` and `gpuwatch reap` do once the signal is sent
+    w.box.remove_process(701)
     w.box.remove_compute_app(701)
     w.box.set_gpu(1, util_pct=0, mem_used_mib=0)
     w.poll()
@@ -648,7 +652,7 @@ def test_a_left_behind_run_is_gone_once_its_zombie_is_reaped(tmp_path: Path) -> 
     # The store's copy of the run's state says so too (a cron `--once` after the reap).
     series = w.history.runs[name]
     w.history.runs[name] = RunSeries.from_state(name, series.state())
-    assert w.history.runs[name].left_behind and w.history.runs[name].discovery is not None
+    assert w.history.runs[name].reaped and w.history.runs[name].discovery is not None
     w.poll()
     assert w.history.left_behind == frozenset({name}) and w.codes() == []
 
@@ -659,3 +663,18 @@ def test_a_left_behind_run_is_gone_once_its_zombie_is_reaped(tmp_path: Path) -> 
     w.poll()
     running = [r.name for r in w.history.current.runs if 702 in r.pids]
     assert running and not set(running) & w.history.left_behind
+    assert not w.history.runs[running[0]].reaped
+
+
+def test_a_run_taken_for_a_zombie_that_then_dies_by_itself_is_dead(tmp_path: Path) -> None:
+    """Only a reap makes a left-behind run's end "gone": one whose processes vanish without
+    it (a run started with `nohup ... &`, whose ppid is 1, idle on its GPU through a long
+    evaluation, then OOM-killed) is a dead run, reported as one."""
+    w = orphaned_rank(tmp_path)
+    w.poll()
+    (name,) = w.history.left_behind
+    w.box.remove_process(701)
+    w.box.remove_compute_app(701)
+    w.poll()
+    assert w.history.left_behind == frozenset()
+    assert w.history.runs[name].status == "dead"

@@ -364,6 +364,8 @@ class GpuwatchApp(App[None]):
             return
         self.notify(outcome.message, title=title, timeout=8,
                     severity="error" if outcome.ok is False else "information")
+        if outcome.ok is not False:
+            actions.mark_reaped(plan, data.history)
         if self.feed is None:
             return
         # Verified by a poll that began after the action ended (U1: a kill's exit code proves
