@@ -96,6 +96,7 @@ class ProcessInfo:
     gpu_mem_mib: int | None  # summed over GPUs
     script: str | None = None  # U2, U42: a run process's .py/.sh, as the box resolves it
     script_mtime: float | None = None  # the box's clock; newer than started_at: code changed
+    elastic_rank: bool = False  # U11: a session leader holding a GPU with TORCHELASTIC_RUN_ID
 
     @property
     def holds_nvidia_dev(self) -> bool | None:
@@ -497,7 +498,8 @@ def _gpu_use(apps: tuple[GpuProcess, ...]) -> dict[int, tuple[int | None, int | 
 
 def _process(row: _Node, use: Mapping[int, tuple[int | None, int | None]],
              clock: tuple[int, int] | None,
-             scripts: Mapping[int, tuple[str | None, float | None]]) -> ProcessInfo:
+             scripts: Mapping[int, tuple[str | None, float | None]],
+             elastic: frozenset[int] = frozenset()) -> ProcessInfo:
     pid, start_ticks = row.get_int("pid"), row.get_int("start_ticks")
     gpu_index, gpu_mem_mib = use.get(pid, (None, None))
     started_at = None if clock is None else clock[0] + start_ticks / clock[1]
@@ -510,8 +512,15 @@ def _process(row: _Node, use: Mapping[int, tuple[int | None, int | None]],
         cgroup=row.opt_str("cgroup"), cwd=row.opt_str("cwd"), exe=row.opt_str("exe"),
         nvidia_devs=row.opt_list("nvidia_devs", _is_int, "integers"), run=row.opt_str("run"),
         gpu_index=gpu_index, gpu_mem_mib=gpu_mem_mib, script=scripts.get(pid, (None, None))[0],
-        script_mtime=scripts.get(pid, (None, None))[1],
+        script_mtime=scripts.get(pid, (None, None))[1], elastic_rank=pid in elastic,
     )
+
+
+def _elastic(section: _Node) -> frozenset[int]:
+    """Pids of torchrun's ranks among the session leaders holding a GPU (U11); none from
+    probes that do not say."""
+    raw = section.data.get("elastic")
+    return frozenset(p for p in raw if _is_int(p)) if isinstance(raw, list) else frozenset()
 
 
 def _scripts(section: _Node) -> dict[int, tuple[str | None, float | None]]:
@@ -796,7 +805,7 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
         gpu_processes=apps,
         gpu_source=gpu_section.opt_str("source") if gpu_section else None,
         nvidia_smi_reasons=gpu_section.opt_str("reasons") if gpu_section else None,
-        processes=tuple(_process(row, use, clock, scripts)
+        processes=tuple(_process(row, use, clock, scripts, _elastic(procs))
                         for row in procs.table("procs")) if procs else (),
         process_counts=_counts(procs) if procs else None,
         disks=_disks(doc, errors),

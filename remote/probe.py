@@ -1050,6 +1050,19 @@ def process_row(stat, users, limits, devices, run):
     ]
 
 
+ELASTIC_MARK = b"TORCHELASTIC_RUN_ID="
+
+
+def environ_has(pid, mark):
+    """Whether /proc/PID/environ (read up to 1 MiB) holds the variable `mark` (b"NAME=")."""
+    try:
+        with open(proc_path(pid, "environ"), "rb") as f:
+            data = f.read(1 << 20)
+    except OSError:
+        return False
+    return data.startswith(mark) or (b"\0" + mark) in data
+
+
 def collect_processes(request, limits, gpu_pids, found):
     procs, kernel_threads = scan_table()
     runs = request.get("runs")
@@ -1085,9 +1098,15 @@ def collect_processes(request, limits, gpu_pids, found):
             script, mtime = run_script(str(pid), row[PROC_FIELDS.index("cwd")])
             if script is not None and mtime is not None:  # {script: [mtime, pid, ...]}
                 scripts.setdefault(script, [mtime]).append(pid)
+    # U11: torchrun starts each rank in a session of its own (torch 2.11, tests/captures): a
+    # rank its dead torchrun left behind looks like a `setsid nohup` run but for its
+    # environment. Read only for the session leaders that hold a GPU.
+    elastic = [pid for pid in holders if procs[pid]["session"] == pid
+               and environ_has(str(pid), ELASTIC_MARK)]
     return {
         "procs": table(PROC_FIELDS, rows),
         "scripts": scripts,
+        "elastic": elastic,
         "total": len(procs) + kernel_threads,
         "kernel_threads": kernel_threads,
         "zombies": len(zombies),

@@ -109,6 +109,9 @@ def _left_behind(proc: ProcessInfo, table: Mapping[int, ProcessInfo],
     if to_init and proc.session != proc.pid:  # setsid nohup: a session leader, on purpose
         return f"its parent is {'init' if proc.ppid == 1 else parent and parent.comm} " \
                "and it does not lead its own session (not a setsid launch)"
+    if to_init and proc.elastic_rank:  # torchrun gives each rank a session of its own
+        return f"it is a torchrun rank (TORCHELASTIC_RUN_ID) and its parent is " \
+               f"{'init' if proc.ppid == 1 else parent and parent.comm}: its torchrun is gone"
     return None
 
 

@@ -678,3 +678,51 @@ def test_a_run_taken_for_a_zombie_that_then_dies_by_itself_is_dead(tmp_path: Pat
     w.poll()
     assert w.history.left_behind == frozenset()
     assert w.history.runs[name].status == "dead"
+
+
+def torchrun_rank(pid: int, ppid: int, gpu: int) -> SimProcess:
+    """A rank as torch 2.11's torchrun starts it (tests/captures/h100-driver580/
+    torchrun-ranks.txt): a session and process group of its own, TORCHELASTIC_RUN_ID set."""
+    rank = training_process(pid, ppid=ppid, gpu=gpu)
+    return replace(rank, environ={**rank.environ, "TORCHELASTIC_RUN_ID": "none",
+                                  "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+
+
+def test_a_torchrun_rank_whose_torchrun_died_stays_a_zombie(tmp_path: Path) -> None:
+    """Seen on a real H100 with torch 2.11 (tests/device/run.sh): SIGKILL torchrun and its
+    ranks, ppid 1 and each leading its own session, were called zombies for one poll only
+    (the poll that saw them re-parented), read "running" ever after, and a gpuwatch started
+    after the death never flagged them. Their environment says they are torchrun's."""
+    from gpuwatch.remote.zombies import zombie_holders
+
+    box = box_at(tmp_path, 2)
+    box.add_process(SimProcess(700, ("python", "/usr/bin/torchrun", "train.py"), ppid=1))
+    box.add_process(torchrun_rank(701, 700, 1))
+    box.add_compute_app(1, 701, "python", 30_000)
+    box.set_gpu(1, util_pct=98, mem_used_mib=30_000)
+    w = Watched(box)
+    w.poll()
+    box.remove_process(700)
+    box.update_process(701, ppid=1)
+    box.set_gpu(1, util_pct=0)
+    w.poll()  # the GPU was busy a poll ago: not yet
+    assert zombie_holders(w.history) == []
+    for _ in range(4):  # then on every poll, not only on one
+        w.poll()
+        (holder,) = zombie_holders(w.history)
+        assert holder.pid == 701 and holder.reason == "orphaned" and holder.signallable
+        assert "torchrun" in holder.explanation
+    late = Watched(box)  # never saw torchrun alive
+    late.poll()
+    late.poll()
+    assert [z.pid for z in zombie_holders(late.history)] == [701]
+
+    # A `setsid nohup python train.py` run idle on its GPU for as long: not a zombie.
+    box2 = box_at(tmp_path / "two", 2)
+    box2.add_process(training_process(801, gpu=1, nohup=True))
+    box2.add_compute_app(1, 801, "python", 30_000)
+    box2.set_gpu(1, util_pct=0, mem_used_mib=30_000)
+    quiet = Watched(box2)
+    for _ in range(3):
+        quiet.poll()
+    assert zombie_holders(quiet.history) == []

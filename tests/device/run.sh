@@ -4,7 +4,9 @@
 # sees goes to $OUT: raw nvidia-smi output in the probe's exact query formats (idle and under
 # a real PyTorch load), the probe's own documents (NVML and nvidia-smi paths), and
 # `gpuwatch --once --json` through a run's life: training, SIGKILL, relaunch, an orphaned
-# rank holding VRAM, reap. It changes no GPU setting (power, clocks, MIG, persistence).
+# rank holding VRAM, reap; then torchrun's two ranks left behind by a SIGKILLed torchrun, as
+# seen by a gpuwatch that watched it die and by one started after. It changes no GPU setting
+# (power, clocks, MIG, persistence).
 set -u
 OUT=${OUT:?}
 REPO=$(pwd)
@@ -113,6 +115,22 @@ for i in 1 2 3 4; do once "orphan$i"; sleep 2; done
 smi_set orphan
 "$GW" reap --config "$WORK/config.toml" box --yes > "$OUT/once/reap.txt" 2>&1; echo "reap: exit $?" >> "$OUT/once/exits.txt"
 sleep 2; smi_set after-reap; once after-reap
+pkill -KILL -f orphan_gpu.py
+
+log torchrun ranks orphaned  # its ranks lead sessions of their own (torch 2.11)
+TORCHRUN=$(dirname "$PY")/torchrun
+cd "$WORK/run" && setsid nohup "$TORCHRUN" --nproc_per_node=2 orphan_gpu.py rank 2 > torchrun.log 2>&1 < /dev/null &
+cd "$REPO"
+for i in $(seq 60); do [ "$(grep -c 'rank holds' "$WORK/run/torchrun.log" 2>/dev/null)" = 2 ] && break; sleep 1; done
+TR=$(pgrep -f 'torchrun --nproc_per_node=2 orphan_gpu')
+ps -eo pid,ppid,pgid,sid,stat,cmd | grep '[o]rphan_gpu' > "$OUT/once/torchrun-ps.txt"
+once torchrun-alive
+kill -KILL "$TR"; sleep 2
+ps -eo pid,ppid,pgid,sid,stat,cmd | grep '[o]rphan_gpu' >> "$OUT/once/torchrun-ps.txt"
+for i in 1 2 3; do once "torchrun-orphans$i"; sleep 2; done
+# A gpuwatch that never saw torchrun alive: a store of its own.
+for i in 1 2 3; do XDG_STATE_HOME=$WORK/state-late "$GW" --once --json --config "$WORK/config.toml" > "$OUT/once/torchrun-late$i.json" 2>&1; echo "torchrun-late$i: exit $?" >> "$OUT/once/exits.txt"; sleep 2; done
+"$GW" reap --config "$WORK/config.toml" box --yes > "$OUT/once/torchrun-reap.txt" 2>&1; echo "torchrun-reap: exit $?" >> "$OUT/once/exits.txt"
 pkill -KILL -f orphan_gpu.py
 cp "$WORK/run/train.log" "$OUT/train.log"
 ls -la "$WORK/state/gpuwatch/" > "$OUT/state-ls.txt" 2>&1
