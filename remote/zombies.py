@@ -9,7 +9,10 @@ A "zombie holder" is one of:
   left behind by a dead run: re-parented to init (or a subreaper) and not a session leader, or
   its run's other processes vanished — and its GPU has sat idle for several polls. A run
   started with ``setsid nohup`` also has ppid 1, but it leads its own session: not flagged for
-  that alone (seed 000).
+  that alone (seed 000); nor is a shell's job (``nohup python train.py &`` with job control: a
+  process group of its own) left running at logout. torchrun (torch 2.11) starts each rank in
+  a session of its own: a rank whose parent is init and whose environment has
+  TORCHELASTIC_RUN_ID is one its torchrun left behind (seen on a real H100).
 - ``invisible``: a pid nvidia-smi lists that this box's /proc does not show (another PID
   namespace: a container, or a dead container's context) on an idle GPU nobody visible holds.
   Not signallable from here: restart the container (or reset the GPU).
@@ -101,6 +104,11 @@ def _left_behind(proc: ProcessInfo, table: Mapping[int, ProcessInfo],
         return None
     if any(a.comm.startswith(DETACH_SERVERS) for a in _ancestors(proc, table)):
         return None  # under tmux/screen: detached on purpose
+    if proc.pgrp == proc.pid and proc.session != proc.pid and not proc.elastic_rank:
+        # A job of an interactive shell (`nohup python train.py &`): job control gave it a
+        # process group of its own, and after logout it is re-parented to init without
+        # leading a session. A rank left by its launcher is in the launcher's group.
+        return None
     before = earlier.get((proc.pid, proc.start_ticks))
     if before is not None and before.ppid != proc.ppid and before.ppid not in table:
         return f"its parent {before.ppid} exited and it was re-parented to {proc.ppid}"

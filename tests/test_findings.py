@@ -225,7 +225,7 @@ def orphaned_rank(tmp_path: Path) -> Watched:
     is re-parented to init and its GPU goes idle: polled once since."""
     box = box_at(tmp_path, 2)
     box.add_process(SimProcess(700, ("bash", "launch.sh"), ppid=1))
-    box.add_process(replace(training_process(701, ppid=700, gpu=1), session=700))
+    box.add_process(replace(training_process(701, ppid=700, gpu=1), session=700, pgrp=700))
     box.add_compute_app(1, 701, "python", 30_000)
     box.set_gpu(1, util_pct=98, mem_used_mib=30_000)
     w = Watched(box)
@@ -263,7 +263,7 @@ def test_a_holder_is_no_zombie_on_its_first_sighting(tmp_path: Path) -> None:
     w = Watched(box)
     w.poll()
     w.poll()  # GPU 1 idle and empty for two polls
-    box.add_process(replace(training_process(701, ppid=1, gpu=1), session=650))
+    box.add_process(replace(training_process(701, ppid=1, gpu=1), session=650, pgrp=650))
     box.add_compute_app(1, 701, "python", 30_000)
     box.add_compute_app(0, 4242, "python", 20_000)  # not in this /proc: another namespace
     box.set_gpu(1, util_pct=0, mem_used_mib=30_000)
@@ -275,7 +275,7 @@ def test_a_holder_is_no_zombie_on_its_first_sighting(tmp_path: Path) -> None:
         (701, "orphaned"), (4242, "invisible")}
     # A holder that came back as another process under the same pid starts anew.
     box.remove_process(701)
-    box.add_process(replace(training_process(701, ppid=1, gpu=1), session=650,
+    box.add_process(replace(training_process(701, ppid=1, gpu=1), session=650, pgrp=650,
                             start_s=999.0))
     w.poll()
     assert [z.pid for z in zombie_holders(w.history)] == [4242]
@@ -726,3 +726,32 @@ def test_a_torchrun_rank_whose_torchrun_died_stays_a_zombie(tmp_path: Path) -> N
     for _ in range(3):
         quiet.poll()
     assert zombie_holders(quiet.history) == []
+
+
+def test_a_shell_job_left_running_at_logout_is_no_zombie(tmp_path: Path) -> None:
+    """`nohup python train.py &` typed in an interactive shell: job control gives the job a
+    process group of its own; at logout the shell exits and the job is re-parented to init,
+    in the shell's session. Idle on its GPU for a while (a long checkpoint save), it is still a
+    live run: never offered for reaping. A rank its launcher left behind is in the launcher's
+    process group, and is (test_orphaned_holder_on_an_idle_gpu_after_its_run_died)."""
+    from gpuwatch.remote.zombies import zombie_holders
+
+    box = box_at(tmp_path, 2)
+    box.add_process(SimProcess(600, ("-bash",), comm="bash", tty_nr=34816))  # the login shell
+    job = replace(training_process(601, ppid=600, gpu=1, nohup=True, tty_nr=34816),
+                  session=600, pgrp=601)
+    box.add_process(job)
+    box.add_compute_app(1, 601, "python", 30_000)
+    box.set_gpu(1, util_pct=97, mem_used_mib=30_000)
+    w = Watched(box)
+    w.poll()
+    box.remove_process(600)  # logout
+    box.update_process(601, ppid=1)
+    box.set_gpu(1, util_pct=0)
+    for _ in range(4):
+        w.poll()
+        assert zombie_holders(w.history) == [] and "gpu.vram_zombie" not in w.codes()
+    late = Watched(box)  # a gpuwatch that never saw the shell
+    for _ in range(3):
+        late.poll()
+    assert zombie_holders(late.history) == []

@@ -304,7 +304,7 @@ async def test_z_reaps_the_zombie_then_polls_and_reports_the_verified_outcome(
     zombie = next(o for o in outcomes if o.host.name == "gpu-zombie")
     assert zombie.snapshot is not None
     # rank 3 left behind: re-parented to init, not a session leader (zombies.py, U11)
-    procs = tuple(replace(p, session=4000) for p in zombie.snapshot.processes)
+    procs = tuple(replace(p, session=4000, pgrp=4000) for p in zombie.snapshot.processes)
     zombie = replace(zombie, snapshot=replace(zombie.snapshot, processes=procs))
     collector = FakeCollector([zombie])
     app = make_app(cfg, poll=True, collector=collector)  # type: ignore[arg-type]
