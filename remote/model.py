@@ -499,7 +499,7 @@ def _gpu_use(apps: tuple[GpuProcess, ...]) -> dict[int, tuple[int | None, int | 
 def _process(row: _Node, use: Mapping[int, tuple[int | None, int | None]],
              clock: tuple[int, int] | None,
              scripts: Mapping[int, tuple[str | None, float | None]],
-             elastic: frozenset[int] = frozenset()) -> ProcessInfo:
+             elastic: frozenset[int]) -> ProcessInfo:
     pid, start_ticks = row.get_int("pid"), row.get_int("start_ticks")
     gpu_index, gpu_mem_mib = use.get(pid, (None, None))
     started_at = None if clock is None else clock[0] + start_ticks / clock[1]
@@ -791,6 +791,7 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
     use = _gpu_use(apps)
     cgroup = _section(doc, "cgroup", errors)
     scripts = _scripts(procs) if procs else {}
+    elastic = _elastic(procs) if procs else frozenset()
     logind = _section(doc, "logind", errors)
     kernel = _kernel_section(doc, errors)
     return HostSnapshot(
@@ -805,7 +806,7 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
         gpu_processes=apps,
         gpu_source=gpu_section.opt_str("source") if gpu_section else None,
         nvidia_smi_reasons=gpu_section.opt_str("reasons") if gpu_section else None,
-        processes=tuple(_process(row, use, clock, scripts, _elastic(procs))
+        processes=tuple(_process(row, use, clock, scripts, elastic)
                         for row in procs.table("procs")) if procs else (),
         process_counts=_counts(procs) if procs else None,
         disks=_disks(doc, errors),
