@@ -61,6 +61,12 @@ metrics CSV and JSONL files, sent only to a poll where a run names some or disco
 them (a third of the run files part)."""
 METRICS_LINES = ("# " + "=" * 64 + " metrics (issue 3)\n",
                  "# " + "=" * 64 + " end of metrics\n")
+GLOB = "gpuwatch_probe:glob"
+"""Inside the run files part, between these two lines: the probe's own glob (probe.glob_paths:
+`import glob` pulls in re, 3.7 ms of a poll), sent only to a poll where a run's path has glob
+characters (discovery names every HuggingFace run's checkpoints by one; the poll that finds
+the run reads them with the stdlib's glob)."""
+GLOB_LINES = ("# " + "=" * 64 + " glob (issue 3)\n", "# " + "=" * 64 + " end of glob\n")
 CGROUP_V1 = "gpuwatch_probe:cgroup_v1"
 """The probe's reader of cgroup v1 files, between these two lines: sent unless the last poll
 of the host said its cgroups are v2 (most boxes now)."""
@@ -76,7 +82,8 @@ POPEN = "gpuwatch_probe:popen"
 and 3.7, PyPy; subprocess, 4 ms more CPU), between these two lines: sent unless the last poll
 of the host said its python has os.posix_spawnp."""
 POPEN_LINES = ("# " + "=" * 64 + " popen (issue 3)\n", "# " + "=" * 64 + " end of popen\n")
-PARTS = ((RAW_RECORDS, RAW_RECORDS_LINES), (METRICS, METRICS_LINES), (RUN_FILES, RUN_FILES_LINES),
+PARTS = ((RAW_RECORDS, RAW_RECORDS_LINES), (METRICS, METRICS_LINES), (GLOB, GLOB_LINES),
+         (RUN_FILES, RUN_FILES_LINES),
          (NVML, NVML_LINES), (POPEN, POPEN_LINES), (CGROUP_V1, CGROUP_V1_LINES),
          (KERNEL, KERNEL_LINES))
 """Optional parts of the probe's source, each cut out of it unless `parts` names it (inner
@@ -256,8 +263,9 @@ def modules_for(request: dict[str, Any]) -> tuple[str, ...]:
     (issue 8, a quarter of the upload) unless the request carries the last discovery for the
     probe to reuse (issue 3, probe.reuse_discovery: on a box whose runs did not change, every
     poll but the first); the probe's run files part when the request has runs or discovery
-    may find some; the event decoder when discovery may find event files this poll, or when a
-    run's event files need it (decodes_event_files), else, where a run reads event files, the
+    may find some, and its glob where a run's path has glob characters; the event decoder
+    when discovery may find event files this poll, or when a run's event files need it
+    (decodes_event_files), else, where a run reads event files, the
     probe's raw records part: in steady state their new records go raw (issue 3); the metrics
     readers where a run names metrics files or discovery may find some; the NVML reader unless
     the box said its python has no pynvml; the subprocess part unless the box said its python
@@ -272,6 +280,8 @@ def modules_for(request: dict[str, Any]) -> tuple[str, ...]:
         wanted.add(RUN_FILES)
     if any(isinstance(r, dict) and r.get("metrics") for r in _runs(request)):
         wanted.add(METRICS)
+    if any(_globbed(r) for r in _runs(request)):
+        wanted.add(GLOB)
     if decodes_event_files(request):
         wanted.add("gpuwatch_tfevents")
     elif reads_event_files(request):
@@ -287,7 +297,18 @@ def modules_for(request: dict[str, Any]) -> tuple[str, ...]:
     if request.get("kernel_lines") != 0:
         wanted.add(KERNEL)
     return tuple(part for part in (*(name for name, _ in MODULES), RUN_FILES, RAW_RECORDS,
-                                   METRICS, NVML, POPEN, CGROUP_V1, KERNEL) if part in wanted)
+                                   METRICS, GLOB, NVML, POPEN, CGROUP_V1, KERNEL)
+                 if part in wanted)
+
+
+def _globbed(run: Any) -> bool:
+    """Whether a run's entry names a path with glob characters (probe.has_glob)."""
+    if not isinstance(run, dict):
+        return False
+    paths = [run.get(key) for key in ("log", "events", "checkpoints", "done")]
+    metrics = run.get("metrics")
+    paths += metrics if isinstance(metrics, list) else []
+    return any(isinstance(p, str) and any(c in p for c in "*?[") for p in paths)
 
 
 def build_command(python: str = "python3") -> str:

@@ -17,9 +17,11 @@ import zlib
 from pathlib import Path
 
 import pytest
+from gpuwatch.remote import probe as probe_module
 from gpuwatch.remote.config import RunConfig
 from gpuwatch.remote.model import HostSnapshot, RunSample, parse_probe_output
 from gpuwatch.remote.probe_bundle import (
+    GLOB,
     METRICS,
     RUN_FILES,
     build_command,
@@ -425,6 +427,96 @@ def test_checkpoint_files_glob_keeps_tmp_apart(workdir: Path):
     assert sorted(c.path.rsplit("/", 1)[-1] for c in sample.leftovers) == [
         "latest.pth.tmp", "model.partial"]
 
+
+
+# The probe's own glob (importing glob costs 3.7 ms of a poll: re, enum, contextlib): the
+# stdlib's glob and fnmatch are the reference it is held to.
+GLOB_NAMES = ["a", "ab", "abc", "b", "ba", ".hidden", ".h2", "a.py", "b.pt", "c-1", "c-2",
+              "c-10", "x]y", "x[y", "[ab]", "a*b", "q?", "-", "!", "Z", "checkpoint-500",
+              "tmp-checkpoint-600", ""]
+GLOB_PATTERNS = ["*", "?", "??", "a*", "*b", "*b*", "a?c", "[ab]", "[!ab]", "[a-c]*", "[!a-c]*",
+                 "[]x]*", "x[]]y", "x[[]y", "x[y", "[", "]", "[!]", "[!]]*", "[-]", "[a-]",
+                 "[z-a]", "[!z-a]", "*[0-9]", "c-?", "c-[12]", "c-*0", "**", "*.*", ".*",
+                 ".h*", "*.p[yt]", "a**c", "*a*b*", "checkpoint-*", "[c]heckpoint-[0-9]*",
+                 "tmp*", "[*]", "[?]*", "q[?]", "\\*", "[\\]", "*-*-*"]
+
+
+def test_glob_match_is_fnmatchcase():
+    import fnmatch
+
+    for pattern in GLOB_PATTERNS:
+        for name in GLOB_NAMES:
+            assert probe_module.glob_match(name, pattern) == fnmatch.fnmatchcase(name, pattern), \
+                (name, pattern)
+
+
+def test_expand_glob_finds_what_glob_finds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import glob
+
+    for folder in ("runs/v1", "runs/v2", "runs/.old", "out/checkpoint-1", "out/checkpoint-22",
+                   "out/tmp-checkpoint-3", "x[1]", "x1"):
+        (tmp_path / folder).mkdir(parents=True)
+    for name in ("runs/v1/ev.tfevents.1", "runs/v2/ev.tfevents.2", "runs/.old/ev.tfevents.0",
+                 "runs/notes.txt", "out/checkpoint-1/model.pt", "out/checkpoint-22/model.pt",
+                 "out/latest.pt.tmp", "out/.hid.pt", "x1/f", "x[1]/f"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "out" / "link").symlink_to(tmp_path / "runs")
+    (tmp_path / "out" / "dangling").symlink_to(tmp_path / "nowhere")
+    patterns = ["runs/*", "runs/*/", "runs/*/ev.*", "runs/.*/ev.*", "runs/v?/ev.tfevents.[0-9]",
+                "out/checkpoint-*", "out/checkpoint-*/model.pt", "out/*/model.pt",
+                "out/*", "out/.*", "out/*/", "out/li*/v1/ev.*", "out/d*", "x[1]/f", "x[[]1]/f",
+                "*/v1", "*/*/ev.tfevents.1", "runs//v*", "out/checkpoint-*/missing",
+                "nowhere/*", "run?/notes.txt", "*"]
+    monkeypatch.chdir(tmp_path)
+    for pattern in patterns:
+        for path in (pattern, str(tmp_path / pattern)):
+            want = sorted(glob.glob(path))
+            assert probe_module.expand_glob(path, 100) == (want, False), path
+            assert probe_module.glob_paths(path, 100) == (want, False), path
+    # bounded: at most `cap`, and it says so
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(30):
+        (many / f"ckpt-{i}").write_text("")
+    for expand in (probe_module.expand_glob, probe_module.glob_paths):
+        got, capped = expand(str(many / "ckpt-*"), 10)
+        assert capped and len(got) == 10 and set(got) <= set(glob.glob(str(many / "ckpt-*")))
+    assert probe_module.expand_glob(str(many / "ckpt-1"), 10) == ([str(many / "ckpt-1")], False)
+
+
+def test_a_run_with_a_checkpoint_glob_does_not_import_re(workdir: Path):
+    """The steady poll of a HuggingFace run (checkpoints `checkpoint-*`): re, glob and what
+    they import stay out of the probe's process."""
+    (workdir / "outputs" / "checkpoint-500").mkdir(parents=True)
+    (workdir / "outputs" / "checkpoint-500" / "model.safetensors").write_bytes(b"\0" * 64)
+    (workdir / "train.log").write_text("step 1 loss 2.0\n")
+    run = RunConfig("r", workdir=str(workdir), log="train.log",
+                    checkpoints="outputs/checkpoint-*")
+    request = {"v": 1, "want": {**QUIET, "discover": False},
+               "runs": [run_request(run, RunSeries("r"))]}
+    assert modules_for(request)[:3] == ("gpuwatch_probe", RUN_FILES, GLOB)
+    plain = {**request, "runs": [run_request(RunConfig("r", workdir=str(workdir),
+                                                       checkpoints="outputs"), None)]}
+    assert GLOB not in modules_for(plain)  # a plain path: no glob goes
+    assert GLOB not in modules_for({"v": 1})  # discovery's first poll: the stdlib's glob
+    result = subprocess.run(["sh", "-c", build_command(sys.executable).replace(
+        " -S ", " -S -X importtime ", 1)], input=build_stdin(request, trim=True), env=ENV,
+        capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr.decode()
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.decode().splitlines()
+                if line.startswith("import time:")}
+    assert "pwd" in imported  # the probe's own imports are listed
+    assert not imported & {"re", "glob", "fnmatch", "enum", "contextlib"}, result.stderr.decode()
+    doc = json.loads(result.stdout)
+    checkpoints = doc["runs"][0]["checkpoints"]
+    assert checkpoints["total"] == 1 and checkpoints["items"]["fields"][0] == "path"
+    assert checkpoints["items"]["rows"][0][0] == str(workdir / "outputs" / "checkpoint-500")
+    # a probe sent without its glob (as if the client misjudged) reads it with the stdlib's
+    lacking = compressed_probe(("gpuwatch_probe", RUN_FILES))
+    result = subprocess.run(["sh", "-c", build_command(sys.executable)], env=ENV,
+                            input=b"%d\n" % len(lacking) + lacking + json.dumps(request).encode(),
+                            capture_output=True, timeout=60)
+    assert json.loads(result.stdout)["runs"][0]["checkpoints"] == checkpoints
 
 def test_status_running_dead_finished(workdir: Path):
     tag = f"gpuwatch-test-{uuid.uuid4().hex[:8]}"

@@ -23,6 +23,7 @@ both sides alike; figures are medians unless they say otherwise.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import resource
@@ -177,6 +178,98 @@ def python_wall(code: str, n: int) -> float:
     return median(samples)
 
 
+BUSY_RANKS, BUSY_WORKERS = 8, 2
+
+
+def busy_box(root: Path) -> Box:
+    """The 8-GPU box as it is while a run trains on it: a torchrun launcher and its 8 ranks
+    (one GPU each, in the launcher's session and process group, as torch before 2.11 starts
+    them), each with 2 dataloader workers forked from it (the NVIDIA fds inherited), in an HF
+    style folder with a log, TensorBoard event files (tensorboardX) and checkpoints. Nobody
+    configured the run: discovery finds it (issue 8), and from the third poll on reuses what
+    it found (issue 3)."""
+    from gpuwatch.remote.sim.box import SimProcess, training_process
+    from tensorboardX import SummaryWriter
+
+    sim = Box(root / "box", h100_sxm(8))
+    work = root / "work"
+    (work / "outputs" / "checkpoint-500").mkdir(parents=True)
+    (work / "outputs" / "checkpoint-500" / "model.safetensors").write_bytes(b"\0" * 4096)
+    (work / "train.py").write_text("pass\n")
+    (work / "train.log").write_text("".join(f"step {i} loss 1.0\n" for i in range(200)))
+    writer = SummaryWriter(str(work / "runs" / "exp1"))
+    for step in range(100):
+        for tag in range(EVENT_TAGS):
+            writer.add_scalar(f"train/t{tag}", 1.0 / (step + 1), step)
+    writer.close()
+    sim.add_process(SimProcess(
+        pid=5000, cmdline=("/usr/bin/python3", "/usr/local/bin/torchrun", "--nproc_per_node",
+                           str(BUSY_RANKS), "train.py", "--output_dir", "outputs"),
+        comm="torchrun", cwd=str(work), start_s=590.0, session=5000, pgrp=5000,
+        fds={0: "/dev/null", 1: str(work / "train.log"), 2: str(work / "train.log")}))
+    pid = 5001
+    for gpu in range(BUSY_RANKS):
+        sim.set_gpu(gpu, util_pct=97, sm_clock_mhz=1980, power_w=650.5, mem_used_mib=70000)
+        rank = dataclasses.replace(training_process(pid, gpu=gpu, ppid=5000, workdir=str(work)),
+                                   session=5000, pgrp=5000)
+        sim.add_process(rank)
+        sim.add_compute_app(gpu, pid, "python", 69000)
+        for worker in range(BUSY_WORKERS):
+            sim.add_process(dataclasses.replace(
+                rank, pid=pid + 1 + worker, ppid=pid, threads=4, start_s=rank.start_s + 5))
+        pid += 1 + BUSY_WORKERS
+    return sim
+
+
+def busy_box_figures(tmp_path: Path, sshd_factory: Callable[..., SshdBox],
+                     bare_own: float) -> None:
+    """Real polls of the busy box through its own sshd, as `gpuwatch` polls it (the host's
+    history carried from poll to poll); then the probe's CPU on the last poll's input."""
+    from gpuwatch.remote.findings import HostHistory
+
+    sim = busy_box(tmp_path / "busy")
+    sshd = sshd_factory(env=sim.env(base_path=BOX_PATH))
+    host = HostConfig("busy", "box1", settings=SshSettings(
+        config_file=str(sshd.ssh_config), known_hosts=str(sshd.known_hosts)))
+    history = HostHistory(host.name)
+    requests: list[dict[str, Any]] = []
+
+    def spy(request: dict[str, Any], *, trim: bool = False) -> bytes:
+        requests.append(request)
+        return probe_bundle.build_stdin(request, trim=trim)
+
+    async def polls() -> list[PollOutcome]:
+        collector, outcomes = Collector(), []
+        for _ in range(POLLS // 3 + 2):
+            outcome = await collector.poll(host, history.runs)
+            assert outcome.ok and outcome.snapshot is not None, outcome.error_message
+            history.record(outcome.snapshot, outcome.ended_at)
+            outcomes.append(outcome)
+        return outcomes[2:]  # the first poll and the one after (discovery's module) left out
+
+    collect.build_stdin = spy  # type: ignore[assignment]
+    try:
+        outcomes = asyncio.run(polls())
+    finally:
+        collect.build_stdin = probe_bundle.build_stdin
+    steady = requests[-1]
+    assert probe_bundle.modules_for(steady)[:1] == ("gpuwatch_probe",), "discovery not reused"
+    (run,) = outcomes[-1].snapshot.runs if outcomes[-1].snapshot else ()
+    assert run.name == "train" and len(run.pids) == 1 + BUSY_RANKS * (1 + BUSY_WORKERS), run
+    env = sim.env(base_path=BOX_PATH)
+    stdin = probe_bundle.build_stdin(steady, trim=True)
+    own, _ = self_cpu(["/bin/sh", "-c", probe_bundle.build_command("python3")], stdin, env, 30)
+    row(f"a busy box: torchrun, {BUSY_RANKS} ranks, {BUSY_RANKS * BUSY_WORKERS} dataloader "
+        "workers", "discovered run")
+    row("  probe process CPU, steady", ms(own), "<= 2x bare python", own <= 2 * bare_own)
+    row("  ratio to bare python (both schedstat)", f"{own / bare_own:.2f}x")
+    sent = median([float(o.bytes_sent) for o in outcomes])
+    received = median([float(o.bytes_received) for o in outcomes])
+    row("  bytes sent per poll, steady", f"{sent / 1024:.1f} KB", "<= 16 KB", sent <= 16 * 1024)
+    row("  bytes received per poll, steady", f"{received / 1024:.1f} KB", "<= 8 KB",
+        received <= 8 * 1024)
+
+
 # --------------------------------------------------------------------------------------------
 
 
@@ -260,7 +353,8 @@ def event_run_polls(tmp_path: Path, host: HostConfig) -> None:
         len(series["r"].series["train/t0"]) == step)
 
 
-def test_poll_figures(tmp_path: Path, box8: tuple[Box, SshdBox]) -> None:
+def test_poll_figures(tmp_path: Path, box8: tuple[Box, SshdBox],
+                      sshd_factory: Callable[..., SshdBox]) -> None:
     sim, sshd = box8
     host = HostConfig("gpu1", "box1", settings=SshSettings(
         config_file=str(sshd.ssh_config), known_hosts=str(sshd.known_hosts)))
@@ -336,6 +430,7 @@ def test_poll_figures(tmp_path: Path, box8: tuple[Box, SshdBox]) -> None:
     row("  ratio to bare python (both schedstat)", f"{probe_own / bare_own:.2f}x")
     row("  before: with discovery and the event decoder shipped", ms(full_own))
     row("  its children (stand-in nvidia-smi, dmesg)", ms(probe_children))
+    busy_box_figures(tmp_path, sshd_factory, bare_own)
 
     # -- 4. bytes per poll, steady state ------------------------------------------------------
     sent = median([float(o.bytes_sent) for o in outcomes])
