@@ -218,7 +218,9 @@ def table(fields, rows):
 
 
 def proc_path(*parts):
-    return os.path.join(PROCFS, *parts)
+    """A file under the proc root. Joined by hand: os.path.join was a tenth of the process
+    table's CPU on a busy box (a few calls per process and one per open fd)."""
+    return PROCFS + "/" + "/".join(parts)
 
 
 def read_text(path):
@@ -912,10 +914,10 @@ def nvidia_devices(pid, cap):
         return None
     if len(names) > cap:
         return "skipped"
-    minors = set()
+    minors, fd_dir = set(), fd_dir + "/"
     for name in names:
         try:
-            target = os.readlink(os.path.join(fd_dir, name))
+            target = os.readlink(fd_dir + name)
         except OSError:
             continue
         if target.startswith("/dev/nvidia") and target[11:].isdigit():
