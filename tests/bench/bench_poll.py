@@ -266,6 +266,10 @@ def busy_box_figures(tmp_path: Path, sshd_factory: Callable[..., SshdBox],
     sent = median([float(o.bytes_sent) for o in outcomes])
     received = median([float(o.bytes_received) for o in outcomes])
     row("  bytes sent per poll, steady", f"{sent / 1024:.1f} KB", "<= 16 KB", sent <= 16 * 1024)
+    nvml = len(probe_bundle.build_command("python3")) + len(probe_bundle.build_stdin(
+        {**steady, "pynvml": True, "want": {}}, trim=True))
+    row("    the same where the box's python imports pynvml (the NVML reader goes)",
+        f"{nvml / 1024:.1f} KB", "<= 16 KB", nvml <= 16 * 1024)
     row("  bytes received per poll, steady", f"{received / 1024:.1f} KB", "<= 8 KB",
         received <= 8 * 1024)
 
