@@ -1521,10 +1521,11 @@ def glob_paths(path, cap):
     glob` pulls in re, enum and contextlib, 3.7 ms of every poll of a box whose run names its
     checkpoints by a glob, as discovery names every HuggingFace run's (checkpoint-*): a sixth
     of the probe's CPU there. Sent only to such polls (probe_bundle.GLOB)."""
-    parts = path.split("/")
-    paths, listed = ["/" if path.startswith("/") else ""], False
-    for i, part in enumerate(parts[1:] if path.startswith("/") else parts):
-        last = i == len(parts) - (2 if path.startswith("/") else 1)
+    absolute = path.startswith("/")
+    parts = path.split("/")[1 if absolute else 0:]
+    paths, listed = ["/" if absolute else ""], False
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
         if not part:  # a doubled or trailing slash: glob keeps it, and wants a folder there
             paths = [p + "/" for p in paths if os.path.isdir(p or ".")] if last else paths
             continue

@@ -119,6 +119,23 @@ def rusage_cpu(argv: list[str], env: dict[str, str], n: int) -> float:
 
 
 @contextmanager
+def recorded_requests() -> Iterator[list[dict[str, Any]]]:
+    """The requests the Collector builds while in the block, in order (each poll's, and a
+    poll's second exec where the probe asked for discovery's module)."""
+    requests: list[dict[str, Any]] = []
+
+    def spy(request: dict[str, Any], *, trim: bool = False) -> bytes:
+        requests.append(request)
+        return probe_bundle.build_stdin(request, trim=trim)
+
+    collect.build_stdin = spy  # type: ignore[assignment]
+    try:
+        yield requests
+    finally:
+        collect.build_stdin = probe_bundle.build_stdin
+
+
+@contextmanager
 def first_connection_clock() -> Iterator[tuple[int, list[float]]]:
     """A port that accepts TCP and never speaks; yields (port, arrival times, monotonic)."""
     arrivals: list[float] = []
@@ -232,11 +249,6 @@ def busy_box_figures(tmp_path: Path, sshd_factory: Callable[..., SshdBox],
     host = HostConfig("busy", "box1", settings=SshSettings(
         config_file=str(sshd.ssh_config), known_hosts=str(sshd.known_hosts)))
     history = HostHistory(host.name)
-    requests: list[dict[str, Any]] = []
-
-    def spy(request: dict[str, Any], *, trim: bool = False) -> bytes:
-        requests.append(request)
-        return probe_bundle.build_stdin(request, trim=trim)
 
     async def polls() -> list[PollOutcome]:
         collector, outcomes = Collector(), []
@@ -247,11 +259,8 @@ def busy_box_figures(tmp_path: Path, sshd_factory: Callable[..., SshdBox],
             outcomes.append(outcome)
         return outcomes[2:]  # the first poll and the one after (discovery's module) left out
 
-    collect.build_stdin = spy  # type: ignore[assignment]
-    try:
+    with recorded_requests() as requests:
         outcomes = asyncio.run(polls())
-    finally:
-        collect.build_stdin = probe_bundle.build_stdin
     steady = requests[-1]
     assert probe_bundle.modules_for(steady)[:1] == ("gpuwatch_probe",), "discovery not reused"
     (run,) = outcomes[-1].snapshot.runs if outcomes[-1].snapshot else ()
@@ -319,11 +328,6 @@ def event_run_polls(tmp_path: Path, host: HostConfig) -> None:
     run_host = HostConfig(host.name, host.ssh, settings=host.settings,
                           runs=(RunConfig("r", process="train.py", events=str(folder)),))
     series = {"r": RunSeries("r")}
-    shipped: list[bool] = []
-
-    def spy(request: dict[str, Any], *, trim: bool = False) -> bytes:
-        shipped.append("gpuwatch_tfevents" in probe_bundle.modules_for(request))
-        return probe_bundle.build_stdin(request, trim=trim)
 
     async def polls() -> tuple[list[PollOutcome], list[int]]:
         collector, outcomes, growth = Collector(), [], []
@@ -337,11 +341,9 @@ def event_run_polls(tmp_path: Path, host: HostConfig) -> None:
                 outcomes.append(outcome)
         return outcomes, growth[2:]
 
-    collect.build_stdin = spy  # type: ignore[assignment]
-    try:
+    with recorded_requests() as requests:
         outcomes, growth = asyncio.run(polls())
-    finally:
-        collect.build_stdin = probe_bundle.build_stdin
+    shipped = ["gpuwatch_tfevents" in probe_bundle.modules_for(r) for r in requests]
     sent = median([float(o.bytes_sent) for o in outcomes])
     received = median([float(o.bytes_received) for o in outcomes])
     steady = shipped[2:]
@@ -367,14 +369,6 @@ def test_poll_figures(tmp_path: Path, box8: tuple[Box, SshdBox],
     print(f"  {'figure':<58} {'measured':>22}  {'target':<26}")
 
     # -- 1. wall: a poll against the floor; 2. client CPU -------------------------------------
-    requests: list[dict[str, Any]] = []  # what the polls send, as the Collector builds it
-
-    def spy(request: dict[str, Any], *, trim: bool = False) -> bytes:
-        requests.append(request)
-        return probe_bundle.build_stdin(request, trim=trim)
-
-    collect.build_stdin = spy  # type: ignore[assignment]
-
     async def polls() -> tuple[list[float], list[float], list[PollOutcome], float]:
         collector = Collector()
         options = sshd.asyncssh_options()
@@ -396,10 +390,8 @@ def test_poll_figures(tmp_path: Path, box8: tuple[Box, SshdBox],
             await floor_call(options)
         return floors, walls, outcomes, (client, (time.process_time() - cpu0) / POLLS)
 
-    try:
+    with recorded_requests() as requests:  # what the polls send, as the Collector builds it
         floors, walls, outcomes, (client_cpu, floor_cpu) = asyncio.run(polls())
-    finally:
-        collect.build_stdin = probe_bundle.build_stdin
     first_request, steady_request = requests[0], requests[-1]
     assert "gpuwatch_discover" not in probe_bundle.modules_for(steady_request)
     snaps = [o.snapshot for o in outcomes if o.snapshot is not None]
