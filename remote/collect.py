@@ -159,15 +159,20 @@ class Collector:
 
     async def poll(self, host: HostConfig,
                    runs: Mapping[str, RunSeries] | None = None) -> PollOutcome:
-        """One poll; `runs` is the host's run state (history.runs) for incremental reads."""
-        steps = self._steps(host, runs)
-        step: dict[str, Any] | PollOutcome = next(steps)
-        while not isinstance(step, PollOutcome):
-            try:
-                result: _Exec | _Failed = await self._exec(host, step)
-            except _Failed as exc:
-                result = exc
-            step = _resume(steps, result)
+        """One poll; `runs` is the host's run state (history.runs) for incremental reads.
+        Never raises: whatever goes wrong is this host's error, never its neighbours'."""
+        started_at = self._clock()
+        try:
+            steps = self._steps(host, runs)
+            step: dict[str, Any] | PollOutcome = next(steps)
+            while not isinstance(step, PollOutcome):
+                try:
+                    result: _Exec | _Failed = await self._exec(host, step)
+                except _Failed as exc:
+                    result = exc
+                step = _resume(steps, result)
+        except Exception as exc:  # a bug of ours, not the box's: said, logged, polled again
+            return internal_failure(host, started_at, exc, "polling")
         return step
 
     def poll_local(self, host: HostConfig,
@@ -175,14 +180,18 @@ class Collector:
         """poll() of a `local` host without an event loop: `--once` with one local host never
         imports asyncio (issue 3: ~40 ms of its start-up)."""
         assert host.is_local, host
-        steps = self._steps(host, runs)
-        step: dict[str, Any] | PollOutcome = next(steps)
-        while not isinstance(step, PollOutcome):
-            try:
-                result: _Exec | _Failed = _local_exec(*_wire(host, step), host)
-            except _Failed as exc:
-                result = exc
-            step = _resume(steps, result)
+        started_at = self._clock()
+        try:
+            steps = self._steps(host, runs)
+            step: dict[str, Any] | PollOutcome = next(steps)
+            while not isinstance(step, PollOutcome):
+                try:
+                    result: _Exec | _Failed = _local_exec(*_wire(host, step), host)
+                except _Failed as exc:
+                    result = exc
+                step = _resume(steps, result)
+        except Exception as exc:
+            return internal_failure(host, started_at, exc, "polling")
         return step
 
     def _steps(self, host: HostConfig, runs: Mapping[str, RunSeries] | None
@@ -269,6 +278,19 @@ class Collector:
             raise _Failed(exc.kind, exc.message) from None
         return _Exec(result.exit_status, result.stdout, result.stderr, result.stdout_truncated,
                      result.bytes_sent, result.bytes_received)
+
+
+def internal_failure(host: HostConfig, started_at: float, exc: Exception, doing: str,
+                     poll_s: float = 0.0) -> PollOutcome:
+    """An exception of ours while `doing` something with one host's poll, as that host's
+    `probe` error: its one-line summary for the person, its traceback in the error log."""
+    from . import errorlog
+
+    where = errorlog.record(exc, f"{doing} {host.name}")
+    told = f"; traceback in {where}" if where is not None else ""
+    return PollOutcome(host, started_at, poll_s, None, None, "probe",
+                       f"gpuwatch failed while {doing} this host ({errorlog.summary(exc)})"
+                       f"{told}")
 
 
 def _wire(host: HostConfig, request: dict[str, Any]) -> tuple[str, bytes]:
@@ -362,3 +384,12 @@ def _snapshot(host: HostConfig, result: _Exec) -> HostSnapshot:
         return parse_probe_output(result.stdout, host.name)
     except ProbeError as exc:
         raise _Failed("probe", f"{exc}{' (stderr: ' + last + ')' if last else ''}") from None
+    except (RecursionError, MemoryError, ValueError, TypeError, ArithmeticError) as exc:
+        # The parser's limits should have said ProbeError; whatever slips past them is still
+        # this document's fault, so this host's error (its traceback kept for a bug report).
+        from . import errorlog
+
+        logged = errorlog.record(exc, f"parsing {host.name}'s document")
+        raise _Failed("probe", f"{where} sent a document gpuwatch cannot read "
+                               f"({errorlog.summary(exc)})"
+                               f"{'; traceback in ' + str(logged) if logged else ''}") from None

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .collect import Collector, PollOutcome, ssh_config_file
+from .collect import Collector, PollOutcome, internal_failure, ssh_config_file
 from .config import Config, HostConfig
 from .discovered import discovered_names, is_discovered_state, record_launches
 from .findings import HostHistory, PollFailure, Thresholds, evaluate
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 class OnceResult:
     reports: list[HostReport]
     store_warning: str | None
+    """What could not be saved (a locked or failing store), for stderr: the report stands."""
 
 
 def history_from_store(store: Store, host: HostConfig,
@@ -56,7 +58,21 @@ def history_from_store(store: Store, host: HostConfig,
 
 
 def judge(history: HostHistory, outcome: PollOutcome) -> HostReport:
-    """Fold one outcome into the host's history and run the rules on it."""
+    """Fold one outcome into the host's history and run the rules on it. Never raises: a
+    document that breaks a rule is that host's `probe` error (the traceback in the error log),
+    reported beside every other host as usual."""
+    try:
+        return _judge(history, outcome)
+    except Exception as exc:
+        failed = internal_failure(outcome.host, outcome.started_at, exc, "judging",
+                                  outcome.poll_s)
+    try:  # the failure itself is judged as any failed poll is (the last good data kept, stale)
+        return _judge(history, failed)
+    except Exception:
+        return HostReport(failed)
+
+
+def _judge(history: HostHistory, outcome: PollOutcome) -> HostReport:
     if outcome.snapshot is not None:
         history.record(outcome.snapshot, outcome.ended_at)
     else:
@@ -188,11 +204,36 @@ def _histories(config: Config, store: Store, collector: Collector,
 def _conclude(store: Store, collector: Collector, histories: dict[str, HostHistory],
               outcomes: Sequence[PollOutcome]) -> OnceResult:
     reports = []
+    unsaved: dict[str, str] = {}
+    """Host → why its poll was not saved. The report stands either way (issue 15: a store
+    locked by another process took the whole report down)."""
+    locked: str | None = None
     for outcome in outcomes:
-        history = histories[outcome.host.name]
-        reports.append(judge(history, outcome))
-        remember(store, outcome, history, collector)
+        name = outcome.host.name
+        history = histories[name]
+        report = judge(history, outcome)
+        reports.append(report)
+        outcome = report.outcome  # a document that broke a rule is not kept as the last good
+        if locked is not None:  # each write would wait out the busy timeout again
+            unsaved[name] = locked
+            continue
+        try:
+            remember(store, outcome, history, collector)
+        except sqlite3.OperationalError as exc:  # locked, busy, disk full, read-only
+            locked = unsaved[name] = (f"{exc} (another gpuwatch or an sqlite3 shell may "
+                                      f"hold its write lock)" if "lock" in str(exc)
+                                      else str(exc))
+        except Exception as exc:  # this host's data; the others are still saved
+            from . import errorlog
+
+            where = errorlog.record(exc, f"saving {name}")
+            unsaved[name] = f"{errorlog.summary(exc)}; traceback in {where}"
     # `--once` exits once it has printed this: out of the collector's sight with what it built,
     # the interpreter's last collections at exit skip them (12 ms of a ~100 ms cron run here).
     gc.freeze()
-    return OnceResult(reports, store.warning)
+    warning = None
+    if unsaved:
+        why = "; ".join(dict.fromkeys(unsaved.values()))
+        warning = (f"{store.path or 'the store'}: this poll of {', '.join(unsaved)} was not "
+                   f"saved ({why}); the next run compares with the last saved one")
+    return OnceResult(reports, warning)

@@ -157,6 +157,13 @@ class Poller(Generic[H, R]):
             loop.in_flight = True
             try:
                 result = await self._poll(loop.host)
+            except Exception as exc:  # `poll` should say its failures; a loop never dies of one
+                from . import errorlog
+
+                errorlog.record(exc, f"polling {loop.host}")
+                loop.failures += 1
+                delay = next_delay(self._interval(loop.host), loop.failures, rng=self._rng)
+                continue
             finally:
                 loop.in_flight = False
             if self._stopping:  # its cancellation was lost (see stop)

@@ -162,6 +162,12 @@ class Store:
             return cls(_connect(target), target)
         except StoreTooNew as exc:  # not ours to rebuild: keep it, work from memory this time
             return cls(_memory(), None, warning=f"{target}: {exc}; history is not kept this run")
+        except sqlite3.OperationalError as exc:
+            # Locked, busy, unopenable, a full disk: the file may be whole and another process
+            # may be using it. Never moved aside for that; this run works from memory.
+            return cls(_memory(), None,
+                       warning=f"{target} could not be used ({exc}); history is not kept "
+                               f"this run")
         except (sqlite3.DatabaseError, OSError) as exc:
             aside = target.with_name(f"{target.name}.corrupt-{int(time.time())}")
             for suffix in ("", "-wal", "-shm"):

@@ -12,15 +12,18 @@ from harness.sshd import SshdBox
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The probe's payload cache ($XDG_CACHE_HOME/gpuwatch) of the whole run, and of the
-    gpuwatch processes the tests start, in a temporary folder: never the machine's ~/.cache."""
-    old = os.environ.get("XDG_CACHE_HOME")
+    """The probe's payload cache ($XDG_CACHE_HOME/gpuwatch) and the error log
+    ($XDG_STATE_HOME/gpuwatch/errors.log) of the whole run, and of the gpuwatch processes the
+    tests start, in temporary folders: never the machine's ~/.cache or ~/.local/state."""
+    old = {name: os.environ.get(name) for name in ("XDG_CACHE_HOME", "XDG_STATE_HOME")}
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("xdg-state"))
     yield
-    if old is None:
-        os.environ.pop("XDG_CACHE_HOME", None)
-    else:
-        os.environ["XDG_CACHE_HOME"] = old
+    for name, value in old.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 # --------------------------------------------------------------------------------------------

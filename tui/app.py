@@ -165,7 +165,15 @@ class GpuwatchApp(App[None]):
         data = self.hosts.get(message.host)
         if data is None:
             return
+        # judge() never raises: a document that breaks a rule comes back as this host's
+        # `probe` error, shown as any failed poll is, and the host backs off as one does.
         report = judge(data.history, message.outcome)
+        outcome = report.outcome
+        if self.feed is not None:
+            if outcome.ok or not message.outcome.ok:
+                self.feed.judge_failed.discard(message.host)
+            else:
+                self.feed.judge_failed.add(message.host)
         # Runs' series go to the store at most every RUNS_SAVE_S per host (and at exit): they
         # are what a restart resumes from, and serialising them on every poll of 64 hosts is
         # the handler's biggest cost. The poll itself (GPU rows, the document) goes every time.
@@ -174,14 +182,18 @@ class GpuwatchApp(App[None]):
         if save_runs:
             self._runs_saved[message.host] = now
         try:
-            remember(self.store, message.outcome, data.history if save_runs else None,
+            remember(self.store, outcome, data.history if save_runs else None,
                      self.feed.collector if self.feed is not None else None)
-        except sqlite3.Error as exc:  # the store is a convenience: never fatal (DESIGN §5)
+        except Exception as exc:  # the store is a convenience: never fatal (DESIGN §5)
+            if not isinstance(exc, sqlite3.Error):
+                from gpuwatch.remote import errorlog
+
+                errorlog.record(exc, f"saving {message.host}")
             if not self._store_failed:
                 self._store_failed = True
                 self.notify(f"history is not being saved: {exc}", title="Store",
-                            severity="warning")
-        data.apply(message.outcome, report.findings)
+                            severity="warning", markup=False)
+        data.apply(outcome, report.findings)
         # Every host's runs share one budget of points (a sweep of 64 runs would otherwise keep
         # up to 2.4 MB a tag): a new tag anywhere shrinks every tag's share.
         apply_budget((run for d in self.hosts.values() for run in d.history.runs.values()),

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from gpuwatch.remote.config import Config
 
 EXIT_OK, EXIT_FINDING, EXIT_UNPOLLED = 0, 1, 2
-EXIT_SOFTWARE = 70  # sysexits EX_SOFTWARE: a part that is not built yet
+EXIT_SOFTWARE = 70  # sysexits EX_SOFTWARE: an internal error (a bug), never a finding
 EXIT_CANTCREAT = 73
 EXIT_USAGE, EXIT_CONFIG = 64, 78
 
@@ -41,7 +41,7 @@ gpuwatch scalars PATH ... [--tag T] [--json]
                                       print the scalars of TensorBoard event files
 
 exit codes of --once: 0 healthy; 1 a finding at or above --fail-on; 2 a host could not be
-polled; 64 usage error; 78 config error"""
+polled; 64 usage error; 70 internal error (traceback in the error log); 78 config error"""
 
 
 def package_version() -> str:
@@ -226,6 +226,21 @@ def run(argv: Sequence[str]) -> int:
     except ConfigError as exc:
         print(f"gpuwatch: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except Exception as exc:  # a bug of ours: never exit 1, which cron reads as a finding
+        return internal_error(exc, verb or ("--once" if getattr(args, "once", False) else
+                                            "the TUI"))
+
+
+def internal_error(exc: BaseException, doing: str) -> int:
+    """One line on stderr naming where the traceback went, and EX_SOFTWARE (70)."""
+    from gpuwatch.remote import errorlog
+
+    where = errorlog.record(exc, f"gpuwatch {doing}")
+    told = (f"the traceback is in {where}" if where is not None
+            else "the error log could not be written")
+    print(f"gpuwatch: internal error in {doing}: {errorlog.summary(exc)}; {told}; please "
+          f"report it", file=sys.stderr)
+    return EXIT_SOFTWARE
 
 
 def _kill(args: argparse.Namespace) -> int:
@@ -305,6 +320,8 @@ def _once(args: argparse.Namespace) -> int:
         if store.warning:
             print(f"gpuwatch: {store.warning}", file=sys.stderr)
         result = run_once(config, store, accept_new_host_keys=args.accept_new_host_keys)
+    if result.store_warning:  # the report still goes out: the store is a convenience
+        print(f"gpuwatch: {result.store_warning}", file=sys.stderr)
     if args.json:
         sys.stdout.write(to_json_text(document(result.reports)))
     elif args.prometheus:
@@ -324,9 +341,20 @@ def _tui(args: argparse.Namespace) -> int:
     with Store.open() as store:
         if store.warning:
             print(f"gpuwatch: {store.warning}", file=sys.stderr)
-        build_app(config, store=store, readonly=args.readonly, theme=args.theme,
-                  accept_new_host_keys=args.accept_new_host_keys).run()
-    return EXIT_OK
+        app = build_app(config, store=store, readonly=args.readonly, theme=args.theme,
+                        accept_new_host_keys=args.accept_new_host_keys)
+        app.run()
+    return _app_exit(app)
+
+
+def _app_exit(app: object) -> int:
+    """The TUI's exit status: 0, or 70 where Textual ended it on an exception of ours (Textual
+    has printed it; the error log keeps it too)."""
+    if not getattr(app, "return_code", 0):
+        return EXIT_OK
+    error = getattr(app, "_exception", None)  # Textual keeps the first unhandled exception
+    return internal_error(error if error is not None else RuntimeError("the TUI failed"),
+                          "the TUI")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -342,7 +370,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     _started()
 
-    async def main() -> None:
+    async def main() -> object:
         async with DemoFleet.start() as fleet:
             config = load_file(fleet.config_path)
             if args.interval:
@@ -351,9 +379,9 @@ def _demo(args: argparse.Namespace) -> int:
                 app = build_app(config, store=store, readonly=args.readonly, theme=args.theme,
                                 accept_new_host_keys=args.accept_new_host_keys)
                 await app.run_async()
+                return app
 
-    asyncio.run(main())
-    return EXIT_OK
+    return _app_exit(asyncio.run(main()))
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -35,9 +35,12 @@ class PollFeed:
                     return limiter.opening(opening_keys(h))
             collector = Collector(accept_new_host_keys=accept_new_host_keys, opening=opening)
         self.collector = collector
+        self.judge_failed: set[str] = set()
+        """Hosts whose last good poll could not be judged (the app says which): they back off
+        as a failed poll does, from their next poll on."""
         self.poller: Poller[HostConfig, PollOutcome] = Poller(
-            list(config.hosts), self._poll, on_result, lambda o: o.ok,
-            interval=config.interval)
+            list(config.hosts), self._poll, on_result,
+            lambda o: o.ok and o.host.name not in self.judge_failed, interval=config.interval)
         self.started = False
 
     async def _poll(self, host: HostConfig) -> PollOutcome:
