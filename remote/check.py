@@ -81,6 +81,8 @@ def healthy(outcome: PollOutcome, startup_s: float | None = None,
     names = sorted({g.name for g in snap.gpus if g.name})
     gpus = (f"{len(snap.gpus)} GPU{'s' * (len(snap.gpus) != 1)}"
             + (f" ({', '.join(names)})" if names else "")) if snap.gpus else "no GPU"
+    if snap.gpu_error is not None:  # never "no GPU" for GPUs that could not be read
+        gpus = f"{gpus}, and {snap.gpu_error.summary}" if snap.gpus else snap.gpu_error.summary
     where, there = ("this machine", "here") if host.is_local else (f"ssh {host.ssh}", "on the box")
     python = f"Python {version} (`{host.python}`)" if version else f"`{host.python}`"
     lines = [f"{host.name}: ok via {where}: polled in {_ms(outcome.poll_s)}, the probe ran "

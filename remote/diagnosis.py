@@ -9,6 +9,8 @@ most authoritative first, and returns one cause with the evidence behind it:
                    whatever host ``free`` said).
 3. ``oom_kernel``  a kernel OOM-kill line names one of the run's pids (U9).
 4. ``xid``         an NVIDIA Xid was logged since the last poll, on the run's GPU when known (U22).
+   ``gpu_lost``    no Xid line, but in the same poll a GPU of the run vanished from the list, or
+                   the driver stopped answering (nvidia-smi hung, GPU lost, driver gone, U22).
 5. ``exception``   the log's tail ends in a Traceback, CUDA out of memory or an NCCL timeout
                    (seed 002); the line is quoted.
 6. ``sighup``      it was tty-bound, SIGHUP not ignored, not under tmux/screen, and its session
@@ -30,8 +32,10 @@ from typing import Any
 
 from .model import HostSnapshot, KernelEvent, ProcessInfo
 
-CAUSES = ("reboot", "oom_cgroup", "oom_kernel", "xid", "exception", "sighup", "killed",
-          "unknown")
+CAUSES = ("reboot", "oom_cgroup", "oom_kernel", "xid", "gpu_lost", "exception", "sighup",
+          "killed", "unknown")
+WEDGED = ("gpu_lost", "timeout", "driver_not_loaded")
+"""GPU query failures that kill (or hang) the processes on the GPUs, not only the tools."""
 DETACH_SERVERS = ("tmux", "screen", "SCREEN")
 
 # The most telling lines of a crash, most specific first; each is searched in the log's tail.
@@ -94,6 +98,9 @@ class Diagnosis:
             return f"the kernel OOM killer killed pid {ev.get('pid')} ({ev.get('name')})"
         if self.cause == "xid":
             return f"NVIDIA Xid {ev.get('xid')} on {ev.get('pci')} (U22)"
+        if self.cause == "gpu_lost":
+            return (f"its GPU was lost or the driver stopped answering in the same poll "
+                    f"({ev.get('gpu_error') or ev.get('message')}); the box needs a reboot")
         if self.cause == "exception":
             return f"it crashed: {ev.get('line')!r}"
         if self.cause == "sighup":
@@ -106,6 +113,26 @@ class Diagnosis:
 
 
 # ---------------------------------------------------------------- evidence readers
+
+def gpu_loss(before: HostSnapshot, now: HostSnapshot, gpus: set[int]) -> dict[str, Any] | None:
+    """Evidence that the GPUs went away between `before` and `now`: the run's GPUs (any GPU
+    where they are not known) missing from `now`'s list, or a wedged-driver error new in
+    `now`; None otherwise."""
+    err = now.gpu_error
+    had = {g.index: g for g in before.gpus}
+    have = {g.index for g in now.gpus}
+    if err is not None and err.kind in WEDGED and (before.gpu_error is None
+                                                   or before.gpu_error.kind not in WEDGED):
+        return {"gpu_error": err.kind, "message": err.message,
+                "gpus": sorted(gpus) if gpus else sorted(had)}
+    if err is None and now.gpus:
+        gone = sorted((gpus or set(had)) & (set(had) - have))
+        if gone:
+            return {"gpu_error": None, "message": "GPU " + ", ".join(map(str, gone)) +
+                    " no longer listed", "gpus": gone,
+                    "pci": [had[i].pci_bus_id for i in gone]}
+    return None
+
 
 def new_kernel_events(before: HostSnapshot | None, now: HostSnapshot) -> list[KernelEvent]:
     """Kernel events in `now` that `before` did not have (same boot; dedupe by time and
@@ -228,6 +255,12 @@ def diagnose(before: HostSnapshot, now: HostSnapshot, pids: Sequence[int], *,
         e = xids[-1]
         return verdict("xid", xid=e.xid, pci=e.pci, gpu=xid_gpu(e, now), message=e.message,
                        at=e.at)
+
+    # 4b. no Xid line (a kernel log we cannot read, or none written), but a GPU of the run fell
+    # out of the list, or the driver stopped answering, in this very poll (U22)
+    lost = gpu_loss(before, now, wanted)
+    if lost is not None:
+        return verdict("gpu_lost", **lost)
 
     # 5. the log says how it ended
     crash = crash_line(tail)

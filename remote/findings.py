@@ -178,6 +178,10 @@ class HostHistory:
     """Discovered runs whose every live process is a VRAM zombie holder (U11): what a dead run
     left behind, not a run of its own (its cwd and script made discovery group it). Shown as
     left behind rather than running; its own findings give way to gpu.vram_zombie."""
+    known_gpus: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The GPUs this host has shown since it last booted, by uuid (else bus id, else index):
+    {"index", "uuid", "pci", "name"}. Kept in the store, so that a cron `--once` knows a box
+    had 8 GPUs when it lists 7 (gpu.lost) or none (gpu.query_failed is critical)."""
 
     def restore_deaths(self, deaths: Mapping[str, Mapping[str, Any]],
                        rank_deaths: Mapping[str, Mapping[str, Any]] | None = None) -> None:
@@ -210,6 +214,7 @@ class HostHistory:
         self.snapshots.append(snapshot)
         self.failure = None
         self.last_ok_at = at
+        self._note_gpus(before, snapshot)
         if runs:
             old_logs = {name: (s.log_seen and list(s.log_seen)) for name, s in self.runs.items()}
             for sample in snapshot.runs:
@@ -218,6 +223,29 @@ class HostHistory:
                     series = self.runs[sample.name] = RunSeries(sample.name)
                 series.update(sample, snapshot.taken_at)
             self._note_deaths(before, snapshot, old_logs)
+
+    def _note_gpus(self, before: HostSnapshot | None, now: HostSnapshot) -> None:
+        """Remember the GPUs seen. A reboot starts the list anew (the box's GPUs are then
+        what it lists; host.rebooted says it rebooted); a failed query adds nothing."""
+        if before is not None and before.boot_id and now.boot_id \
+                and before.boot_id != now.boot_id and now.gpus and now.gpu_error is None:
+            self.known_gpus = {}
+        for g in now.gpus:
+            key = g.uuid or g.pci_bus_id or f"index {g.index}"
+            self.known_gpus[key] = {"index": g.index, "uuid": g.uuid, "pci": g.pci_bus_id,
+                                    "name": g.name}
+        if len(self.known_gpus) > 256:  # bounded: a box does not have more
+            self.known_gpus = dict(list(self.known_gpus.items())[-256:])
+
+    def restore_known_gpus(self, value: object) -> None:
+        """What known_gpus was at the last run (the store's host counters); malformed: none."""
+        if not isinstance(value, Mapping):
+            return
+        for key, gpu in list(value.items())[:256]:
+            if isinstance(key, str) and isinstance(gpu, Mapping) \
+                    and isinstance(gpu.get("index"), int) and not isinstance(gpu["index"], bool):
+                self.known_gpus[key] = {k: gpu.get(k) if isinstance(gpu.get(k), str | int)
+                                        else None for k in ("index", "uuid", "pci", "name")}
 
     def _note_deaths(self, before: HostSnapshot | None, now: HostSnapshot,
                      old_logs: Mapping[str, Any]) -> None:
@@ -442,6 +470,81 @@ def host_rebooted(history: HostHistory) -> Iterable[Finding]:
 
 
 # ---------------------------------------------------------------- GPUs
+
+GPU_QUERY_FIX = {
+    "timeout": "the driver is hung (often a GPU that fell off the bus, Xid 79): look for Xid "
+               "lines in `dmesg`; the box usually needs a reboot",
+    "driver_not_loaded": "CUDA cannot run there: load the driver (`sudo modprobe nvidia`) or "
+                         "reboot, and check that the driver package is installed",
+    "no_devices": "the driver sees no GPU: check `lspci | grep -i nvidia` and the box's "
+                  "GPU allocation",
+    "failed": "run `nvidia-smi` on the box to see why",
+}
+
+
+def _known_gpu_text(gpu: Mapping[str, Any]) -> str:
+    return f"GPU {gpu.get('index')}" + (f" ({gpu['pci']})" if gpu.get("pci") else "")
+
+
+def gpu_query_failed(history: HostHistory) -> Iterable[Finding]:
+    """U22, U17: GPUs that cannot be read are not "no GPU". Critical where the host had GPUs
+    (its history, or /dev/nvidia* on the box): a cron job at 3 am must not call it healthy."""
+    now = history.current
+    err = now.gpu_error if now is not None else None
+    if err is None or err.kind in ("driver_mismatch", "gpu_lost"):
+        return
+    had = bool(history.known_gpus) or err.devices is True
+    took = f" after {err.query_s:.1f} s" if err.query_s is not None else ""
+    what = {"timeout": "did not answer", "driver_not_loaded": "cannot reach the NVIDIA driver",
+            "no_devices": "found no GPU"}.get(err.kind, "failed")
+    yield Finding(
+        "gpu.query_failed", Severity.CRITICAL if had else Severity.WARNING,
+        f"the GPUs of {history.name} could not be read: nvidia-smi {what}{took} "
+        f"({err.message}); {GPU_QUERY_FIX.get(err.kind, GPU_QUERY_FIX['failed'])}",
+        evidence={"kind": err.kind, "message": err.message, "query_s": err.query_s,
+                  "had_gpus": len(history.known_gpus), "dev_nvidia": err.devices})
+
+
+def gpu_driver_mismatch(history: HostHistory) -> Iterable[Finding]:
+    """After an unattended driver upgrade the loaded kernel module and the new library differ:
+    running CUDA processes go on, every new one (a relaunch too) fails until a reboot."""
+    now = history.current
+    err = now.gpu_error if now is not None else None
+    if err is None or err.kind != "driver_mismatch":
+        return
+    yield Finding(
+        "gpu.driver_mismatch", Severity.CRITICAL,
+        f"the NVIDIA driver on {history.name} was upgraded under the running one ({err.message})"
+        f": runs already on the GPUs may go on, but every new CUDA process, a relaunch too, "
+        f"fails until the box is rebooted (or the nvidia kernel modules are reloaded)",
+        evidence={"kind": err.kind, "message": err.message, "query_s": err.query_s})
+
+
+def gpu_lost(history: HostHistory) -> Iterable[Finding]:
+    """U22: a GPU fell off the bus or is lost: fewer GPUs than this host had since it booted,
+    or nvidia-smi's "Unable to determine the device handle" / "GPU is lost"."""
+    now = history.current
+    if now is None:
+        return
+    err = now.gpu_error
+    listed = {g.uuid or g.pci_bus_id or f"index {g.index}" for g in now.gpus}
+    if err is not None and err.kind != "gpu_lost":
+        return  # nothing was listed: gpu.query_failed or gpu.driver_mismatch says why
+    gone = [gpu for key, gpu in history.known_gpus.items() if key not in listed]
+    if not gone and err is None:
+        return
+    names = ", ".join(_known_gpu_text(g) for g in sorted(gone, key=lambda g: g["index"]))
+    said = f" (nvidia-smi: {err.message})" if err is not None else ""
+    subject = names or "a GPU"
+    yield Finding(
+        "gpu.lost", Severity.CRITICAL,
+        f"{subject} of {history.name} is gone{said}: it fell off the bus or was lost, and what "
+        f"ran on it is dead or stuck; it comes back only with a reboot — drain the box or "
+        f"re-rent it if it happens again",
+        gpu=gone[0]["index"] if len(gone) == 1 else None,
+        evidence={"gone": gone, "listed": len(now.gpus), "had": len(history.known_gpus),
+                  "lost_lines": list(err.lost) if err is not None else []})
+
 
 def gpu_util_without_clock(history: HostHistory) -> Iterable[Finding]:
     """U21: "100% util" means a kernel ran, not that the SMs were busy. Busy util with the SM
@@ -1096,7 +1199,8 @@ def run_code_changed(history: HostHistory) -> Iterable[Finding]:
 
 RULES: tuple[Rule, ...] = (
     host_unreachable, host_rebooted, host_kill_user_processes, host_cgroup_oom,
-    host_cpu_oversubscribed, gpu_util_without_clock, gpu_throttled, gpu_xid, gpu_vram_zombie,
+    host_cpu_oversubscribed, gpu_query_failed, gpu_driver_mismatch, gpu_lost,
+    gpu_util_without_clock, gpu_throttled, gpu_xid, gpu_vram_zombie,
     gpu_idle_while_running, run_dead, run_rank_dead, run_sighup_risk, run_progress,
     run_events_empty, run_code_changed, ckpt_overdue, ckpt_tmp_leftover, disk_low,
     disk_full_soon)
@@ -1106,6 +1210,7 @@ CODES: dict[str, tuple[str, ...]] = {
     "host.kill_user_processes": ("seed 000",), "host.cgroup_oom": ("U41",),
     "host.cpu_oversubscribed": ("U40",), "gpu.util_without_clock": ("U21",),
     "gpu.throttled": ("U23",), "gpu.xid": ("U22",), "gpu.vram_zombie": ("U11",),
+    "gpu.query_failed": ("U22", "U17"), "gpu.driver_mismatch": ("U22",), "gpu.lost": ("U22",),
     "gpu.idle_while_running": ("U38", "U24"), "run.dead": ("U3",),
     "run.rank_dead": ("seed 002",), "run.sighup_risk": ("seed 000",),
     "run.stalled": ("U43", "seed 002"), "run.log_buffered": ("U43",),

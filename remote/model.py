@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -28,6 +28,64 @@ class ProbeError(Exception):
     def __init__(self, host: str, where: str, problem: str) -> None:
         super().__init__(f"{host}: probe output {where}: {problem}")
         self.host, self.where, self.problem = host, where, problem
+
+
+GPU_ERROR_KINDS = ("timeout", "driver_mismatch", "driver_not_loaded", "gpu_lost",
+                   "no_devices", "failed")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuError:
+    """The GPUs could not be read (a wedged driver is not "no GPU"): what kind of failure, the
+    tool's own first line, and how long the query took (DESIGN §3, `gpu_error`)."""
+
+    kind: str
+    """One of GPU_ERROR_KINDS."""
+    message: str
+    query_s: float | None
+    devices: bool | None = None
+    """Whether the box has /dev/nvidia* nodes (None: could not tell)."""
+    lost: tuple[str, ...] = ()
+    """nvidia-smi's lines for GPUs it could not reach ("Unable to determine the device
+    handle for GPU 0000:3B:00.0: Unknown Error")."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "query_s": self.query_s}
+
+    @property
+    def summary(self) -> str:
+        """A few words for a table cell: where the GPUs would be, never "no GPU"."""
+        took = f" after {self.query_s:.0f} s" if self.query_s is not None else ""
+        return {"timeout": f"GPUs not answering{took}",
+                "driver_mismatch": "driver mismatch: reboot",
+                "driver_not_loaded": "NVIDIA driver not loaded",
+                "gpu_lost": "GPU lost",
+                "no_devices": "driver sees no GPU"}.get(self.kind, "GPUs unreadable")
+
+
+def classify_gpu_error(message: str, *, exit_status: int | None = None, timeout: bool = False,
+                       missing: bool = False, devices: bool | None = None,
+                       lost: Sequence[str] = ()) -> str | None:
+    """The kind of a failed GPU query, from what nvidia-smi (or NVML) said and its exit status
+    (nvidia-smi(1)'s return values: 6 not found, 9 driver not loaded, 15 GPU lost, 18 NVML's
+    library/driver version mismatch). None: the box has no NVIDIA GPU (no nvidia-smi, no
+    /dev/nvidia*), which is not an error."""
+    said = message.lower()
+    if timeout:
+        return "timeout"
+    if "version mismatch" in said or exit_status == 18:
+        return "driver_mismatch"
+    if lost or "gpu is lost" in said or "device handle" in said or exit_status == 15 \
+            or "gpuislost" in said.replace(" ", "").replace("_", ""):
+        return "gpu_lost"
+    if "couldn't communicate with the nvidia driver" in said or exit_status == 9 \
+            or "driver not loaded" in said or "drivernotloaded" in said.replace("_", ""):
+        return "driver_not_loaded"
+    if "no devices were found" in said or exit_status == 6:
+        return "no_devices"
+    if missing and not devices:
+        return None
+    return "failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +403,8 @@ class HostSnapshot:
     xid_counts_partial: bool = False
     """The box sent only the newest of its candidate lines raw (probe.RAW_KERNEL_LINES, an Xid
     storm on a box that had none at the last poll): xid_counts are a lower bound this once."""
+    gpu_error: GpuError | None = None
+    """The GPUs could not be read, or some of them (U22): never the same as having none."""
 
 
 # ---------------------------------------------------------------- validating reader
@@ -783,6 +843,7 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
     info = _section(doc, "host", errors)
     clock = _host_clock(info)
     gpu_section = _section(doc, "gpus", errors)
+    gpu_error = _gpu_error(doc.data.get("gpus"), doc.child("gpus"))
     gpus = tuple(_gpu(row) for row in gpu_section.table("devices")) if gpu_section else ()
     apps = _gpu_processes(gpu_section, gpus) if gpu_section else ()
     if gpu_section and gpu_section.opt_str("apps_error"):
@@ -823,8 +884,34 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
         spawn=info.opt_bool("spawn") if info else None,
         kernel_lines=kernel.opt_int("candidates") if kernel else None,
         xid_counts_partial=bool(kernel and kernel.data.get("partial") is True),
+        gpu_error=gpu_error,
         **_discovery_note(doc),
     )
+
+
+def _gpu_error(value: object, where: str) -> GpuError | None:
+    """The GPU section's failure, or its lost GPUs beside the ones that answered, classified;
+    None where the GPUs were read (or the box has none)."""
+    if not isinstance(value, dict):
+        return None
+    node = _Node(value, where)
+    lost = node.opt_list("lost", lambda v: isinstance(v, str), "strings") or ()
+    if "error" not in value:
+        if not lost:
+            return None
+        return GpuError("gpu_lost", lost[0], None, True, tuple(lost))
+    message = node.get_str("error")
+    said = node.opt_str("said")
+    nvml = node.opt_str("nvml")
+    devices = node.opt_bool("devices")
+    kind = classify_gpu_error(
+        " ".join(t for t in (message, said, nvml) if t), exit_status=node.opt_int("exit"),
+        timeout=node.opt_bool("timeout") is True, missing=node.opt_bool("missing") is True,
+        devices=devices, lost=lost)
+    if kind is None:
+        return None
+    return GpuError(kind, (said or message)[:300], node.opt_float("query_s"), devices,
+                    tuple(lost))
 
 
 def _discovery_note(doc: _Node) -> dict[str, Any]:

@@ -48,6 +48,8 @@ def history_from_store(store: Store, host: HostConfig,
                 series.restore_points(points)
             history.runs[name] = series
     state = store.host_state(host.name)
+    if state is not None:
+        history.restore_known_gpus(state.counters.get("known_gpus"))
     if state is not None and state.doc is not None and state.last_ok_at is not None:
         try:
             snapshot = parse_probe_output(state.doc, host.name)
@@ -110,17 +112,20 @@ def resume(collector: Collector, store: Store, host: HostConfig) -> None:
 
 
 def remember(store: Store, outcome: PollOutcome, history: HostHistory | None = None,
-             collector: Collector | None = None) -> None:
-    if history is not None and history.runs:
+             collector: Collector | None = None, *, save_runs: bool = True) -> None:
+    """Save one judged outcome. `save_runs=False` leaves out what is costly to write (the runs'
+    series, findings, deaths: the TUI writes them at most once a minute)."""
+    full = history if save_runs else None
+    if full is not None and full.runs:
         store.save_runs(outcome.host.name, {
             name: (series.state(), series.points_state())
-            for name, series in history.runs.items()})
-    if history is not None:  # findings' first/last seen/cleared, and why dead runs died
-        store.update_findings(outcome.host.name, history.findings, outcome.ended_at,
+            for name, series in full.runs.items()})
+    if full is not None:  # findings' first/last seen/cleared, and why dead runs died
+        store.update_findings(outcome.host.name, full.findings, outcome.ended_at,
                               clear=outcome.snapshot is not None)
         store.save_deaths(outcome.host.name,
-                          {n: d.state() for n, d in history.deaths.items()},
-                          {n: d.state() for n, d in history.rank_deaths.items()})
+                          {n: d.state() for n, d in full.deaths.items()},
+                          {n: d.state() for n, d in full.rank_deaths.items()})
     snap = outcome.snapshot
     if snap is None:
         store.record_poll(outcome.host.name, taken_at=outcome.ended_at, ok=False,
@@ -131,9 +136,14 @@ def remember(store: Store, outcome: PollOutcome, history: HostHistory | None = N
                    power_w=g.power_w, power_limit_w=g.power_limit_w, temp_c=g.temp_c,
                    mem_used_mib=g.mem_used_mib, throttle=tuple(g.throttle_reasons or ()))
             for g in snap.gpus]
-    carried = None if collector is None else {"collector": collector.memory(outcome.host)}
+    carried: dict[str, Any] = {}
+    if collector is not None:
+        carried["collector"] = collector.memory(outcome.host)
+    if history is not None and history.known_gpus:  # gpu.lost and gpu.query_failed, by cron
+        carried["known_gpus"] = history.known_gpus
     store.record_poll(outcome.host.name, taken_at=outcome.ended_at, ok=True,
-                      boot_id=snap.boot_id, doc=outcome.doc, gpu_rows=rows, counters=carried)
+                      boot_id=snap.boot_id, doc=outcome.doc, gpu_rows=rows,
+                      counters=carried or None)
     record_launches(store, outcome.host.name, snap, outcome.ended_at)  # issue 8
 
 

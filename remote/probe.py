@@ -76,6 +76,7 @@ ETC = os.environ.get("GPUWATCH_ETC", "/etc")
 # Set only on a box of gpuwatch's simulator: its GPUs are the stand-in nvidia-smi's, so the real
 # driver of the machine the simulator runs on must not be read through NVML.
 SIM_DIR = os.environ.get("GPUWATCH_SIM_DIR")
+DEVFS = os.environ.get("GPUWATCH_DEVFS", "/dev")
 
 DEFAULT_LIMITS = {
     "procs": 48,  # processes reported in full; the rest are only counted
@@ -131,7 +132,12 @@ OOM_FIELDS = ("t_mono_s", "t_epoch", "pid", "name", "memcg")
 
 
 class ProbeFailure(Exception):
-    """A section could not be gathered; the message is what the client shows."""
+    """A section could not be gathered; the message is what the client shows, `detail` what
+    else the section's error carries (e.g. a tool's exit status)."""
+
+    def __init__(self, message, detail=None):
+        Exception.__init__(self, message)
+        self.detail = detail or {}
 
 
 def describe(exc):
@@ -244,7 +250,7 @@ def run_bounded(argv, timeout_s):
     threading and signal it pulls in) cost 4 ms, a sixth of every poll's CPU on the box.
     """
     if timeout_s <= 0:
-        raise ProbeFailure("%s not run: no time left" % argv[0])
+        raise ProbeFailure("%s not run: no time left" % argv[0], {"timeout": True})
     if not hasattr(os, "posix_spawnp"):  # Python 3.6, 3.7, PyPy
         popen = globals().get("run_bounded_popen")  # sent where the box said it has none
         if popen is None:
@@ -267,7 +273,7 @@ def run_bounded(argv, timeout_s):
                                       (os.POSIX_SPAWN_DUP2, out_w, 1),  # novm
                                       (os.POSIX_SPAWN_DUP2, err_w, 2)])  # novm
         except FileNotFoundError:
-            raise ProbeFailure("%s not found on PATH" % argv[0])
+            raise ProbeFailure("%s not found on PATH" % argv[0], {"missing": True})
         finally:
             os.close(out_w)
             os.close(err_w)
@@ -295,7 +301,8 @@ def run_bounded(argv, timeout_s):
                     time.sleep(0.01)
             except OSError:
                 pass
-            raise ProbeFailure("%s timed out after %.1fs and was killed" % (argv[0], timeout_s))
+            raise ProbeFailure("%s timed out after %.1fs and was killed" % (argv[0], timeout_s),
+                               {"timeout": True})
     finally:
         os.close(out_r)
         os.close(err_r)
@@ -322,7 +329,7 @@ def run_bounded_popen(argv, timeout_s):
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, start_new_session=True)
     except FileNotFoundError:
-        raise ProbeFailure("%s not found on PATH" % argv[0])
+        raise ProbeFailure("%s not found on PATH" % argv[0], {"missing": True})
     try:
         out, err = child.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -331,7 +338,8 @@ def run_bounded_popen(argv, timeout_s):
             child.communicate(timeout=0.5)
         except (OSError, subprocess.TimeoutExpired):
             pass
-        raise ProbeFailure("%s timed out after %.1fs and was killed" % (argv[0], timeout_s))
+        raise ProbeFailure("%s timed out after %.1fs and was killed" % (argv[0], timeout_s),
+                           {"timeout": True})
     return child.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 # ================================================================ end of popen
 
@@ -674,26 +682,50 @@ def smi_gpus(hint, deadline):
         code, out, err = run_bounded(
             ["nvidia-smi", "--query-gpu=" + ",".join(query), "--format=csv,noheader,nounits"],
             deadline - time.monotonic())
-        if code == 0:
+        lost = lost_gpu_lines(out + "\n" + err)
+        if code == 0 or lost:
             devices = [gpu_row(row) for row in parse_smi_csv(out, query)]
-            return family, devices
+            if devices or code == 0:  # the GPUs that answered stand beside the lost ones
+                return family, devices, lost
         if not is_invalid_field_error(out + err):
-            raise ProbeFailure("nvidia-smi exited %d: %s" % (code, first_line(out + "\n" + err)))
+            said = first_line(out + "\n" + err)
+            raise ProbeFailure("nvidia-smi exited %d: %s" % (code, said),
+                               {"exit": code, "said": said, "lost": lost})
     raise ProbeFailure("nvidia-smi knows neither clocks_event_reasons nor clocks_throttle_reasons")
+
+
+def lost_gpu_lines(text):
+    """U22: what nvidia-smi prints for a GPU that fell off the bus (Xid 79) instead of its
+    row, e.g. 'Unable to determine the device handle for GPU 0000:3B:00.0: Unknown Error';
+    the GPUs that still answer print their rows as usual."""
+    return [line.strip()[:200] for line in text.splitlines()
+            if "device handle for gpu" in line.lower() or "gpu is lost" in line.lower()][:64]
+
+
+def has_nvidia_nodes():
+    """Whether the box has NVIDIA device nodes (/dev/nvidia0, /dev/nvidiactl): a box whose GPU
+    tools fail is told apart from a box that has no NVIDIA GPU at all."""
+    try:
+        return any(name == "nvidiactl" or (name.startswith("nvidia") and name[6:].isdigit())
+                   for name in os.listdir(DEVFS))
+    except OSError:
+        return None
 
 
 def smi_apps(deadline):
     code, out, err = run_bounded(
         ["nvidia-smi", "--query-compute-apps=" + ",".join(SMI_APP_QUERY),
          "--format=csv,noheader,nounits"], deadline - time.monotonic())
-    if code != 0:
+    if code != 0 and not lost_gpu_lines(out + "\n" + err):  # a lost GPU's line: the rest stand
         raise ProbeFailure("nvidia-smi compute-apps exited %d: %s" % (code, first_line(out + err)))
     return [app_row(row) for row in parse_smi_csv(out, SMI_APP_QUERY)]
 
 
 def collect_gpus_smi(hint, deadline):
-    family, devices = smi_gpus(hint, deadline)
+    family, devices, lost = smi_gpus(hint, deadline)
     section = {"source": "nvidia-smi", "reasons": family, "devices": table(GPU_FIELDS, devices)}
+    if lost:
+        section["lost"] = lost
     try:
         section["apps"] = table(APP_FIELDS, smi_apps(deadline))
     except ProbeFailure as exc:  # the GPU table stands without the process list
@@ -848,7 +880,15 @@ def collect_gpus(request):
                     return section
                 except Exception as exc:  # no driver library, no GPU, hung: try nvidia-smi
                     nvml_problem = describe(exc)
-    section = collect_gpus_smi(request.get("nvidia_smi_reasons"), deadline)
+    started = time.monotonic()
+    try:
+        section = collect_gpus_smi(request.get("nvidia_smi_reasons"), deadline)
+    except ProbeFailure as exc:  # said loudly by the client: a wedged driver is not "no GPU"
+        exc.detail["query_s"] = round(time.monotonic() - started, 3)
+        exc.detail["devices"] = has_nvidia_nodes()
+        if nvml_problem and importable:
+            exc.detail["nvml"] = nvml_problem
+        raise
     if checked:  # the client sends the NVML part only where it imports
         section["pynvml"] = importable
     if home:
@@ -2372,7 +2412,7 @@ def gather(request):
         try:
             doc[name] = fn(*args)
         except Exception as exc:  # one section's failure never sinks the document
-            doc[name] = {"error": describe(exc)}
+            doc[name] = dict(getattr(exc, "detail", None) or {}, error=describe(exc))
             doc["errors"][name] = doc[name]["error"]
 
     disks = request.get("disks")

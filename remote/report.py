@@ -70,6 +70,7 @@ def host_json(report: HostReport) -> dict[str, Any]:
         "boot_id": snap.boot_id if snap else None,
         "uptime_s": snap.uptime_s if snap else None,
         "gpus": [g.to_json() for g in snap.gpus] if snap else [],
+        "gpu_error": snap.gpu_error.to_json() if snap and snap.gpu_error else None,
         "processes": [_process_json(p, report.zombies) for p in snap.processes] if snap else [],
         "disks": [d.to_json() for d in snap.disks] if snap else [],
         "runs": list(report.runs),
@@ -112,6 +113,9 @@ def _gpu_cell(snap: HostSnapshot) -> str:
         sm = (100 * g.sm_clock_mhz / g.sm_clock_max_mhz
               if g.sm_clock_mhz is not None and g.sm_clock_max_mhz else None)
         cells.append(f"{g.index}:{_num(g.util_pct)}/{_num(sm)}")
+    err = snap.gpu_error
+    if err is not None:  # never "no GPU" for GPUs that could not be read
+        cells.append(err.summary.upper())
     return " ".join(cells) or "no GPU"
 
 
@@ -207,6 +211,9 @@ def prometheus_text(reports: Sequence[HostReport]) -> str:
         if snap is None:
             continue
         m.add("uptime_seconds", "gauge", "box uptime", snap.uptime_s, host=host)
+        err = snap.gpu_error
+        m.add("gpu_query_ok", "gauge", "1 if the GPUs could be read (0: see kind)",
+              0.0 if err is not None else 1.0, host=host, error=err.kind if err else None)
         for g in snap.gpus:
             gl = {"host": host, "gpu": g.index, "uuid": g.uuid}
             m.add("gpu_utilization_percent", "gauge", "GPU util (kernel active; U21)",

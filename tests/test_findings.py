@@ -46,7 +46,8 @@ def test_every_code_has_a_rule_and_a_gotcha() -> None:
             "host.kill_user_processes", "run.stalled", "run.log_buffered", "run.events_empty",
             "ckpt.overdue", "ckpt.tmp_leftover", "disk.low", "disk.inodes_low",
             "disk.full_soon", "host.unreachable", "host.rebooted", "host.cgroup_oom",
-            "host.cpu_oversubscribed", "run.code_changed"} == set(CODES)
+            "host.cpu_oversubscribed", "run.code_changed", "gpu.query_failed",
+            "gpu.driver_mismatch", "gpu.lost"} == set(CODES)
 
 
 def test_a_quiet_box_has_no_findings(tmp_path: Path) -> None:

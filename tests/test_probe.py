@@ -235,7 +235,9 @@ def test_real_machine_without_gpu():
     doc = probe_doc({"v": 1, "disks": ["/"]}, env)
     assert time.monotonic() - started < 10
     assert doc["v"] == 1 and doc["probe_s"] < 5
-    assert doc["gpus"] == {"error": "nvidia-smi not found on PATH"}
+    gpus = doc["gpus"]
+    assert gpus["error"] == "nvidia-smi not found on PATH" and gpus["missing"] is True
+    assert gpus["devices"] is False  # no /dev/nvidia* either: a box without an NVIDIA GPU
     assert doc["errors"]["gpus"] == "nvidia-smi not found on PATH"
     assert set(doc["errors"]) <= {"gpus", "kernel", "cgroup"}  # dmesg/cgroup may be closed to us
     host = doc["host"]
@@ -473,7 +475,9 @@ def test_hung_nvidia_smi_is_killed_and_the_rest_stands(box: Box):
     started = time.monotonic()
     doc = probe_doc(box_request(box, nvidia_smi_timeout_s=1), box.env())
     assert time.monotonic() - started < 5
-    assert doc["gpus"] == {"error": "nvidia-smi timed out after 1.0s and was killed"}
+    gpus = doc["gpus"]
+    assert gpus["error"] == "nvidia-smi timed out after 1.0s and was killed"
+    assert gpus["timeout"] is True and 0.9 < gpus["query_s"] < 5  # said as a timeout, loudly
     assert set(doc["errors"]) == {"gpus"}
     assert doc["host"]["boot_id"] == BOOT_ID and rows(doc["processes"]["procs"])
     with pytest.raises(ProcessLookupError):
@@ -488,7 +492,8 @@ def test_a_child_that_closes_its_output_and_lingers_is_killed_at_the_deadline(bo
     started = time.monotonic()
     doc = probe_doc(box_request(box, limits={"dmesg_timeout_s": 1}), box.env())
     assert time.monotonic() - started < 5
-    assert doc["kernel"] == {"error": "dmesg timed out after 1.0s and was killed"}
+    assert doc["kernel"] == {"error": "dmesg timed out after 1.0s and was killed",
+                             "timeout": True}
     assert doc["errors"] == {"kernel": doc["kernel"]["error"]}
     with pytest.raises(ProcessLookupError):
         os.kill(int((box.root / "dmesg.pid").read_text()), 0)
@@ -632,7 +637,9 @@ def test_a_probe_started_with_sigchld_ignored_still_reads_its_commands(box: Box)
 def test_failing_nvidia_smi_reports_its_message(box: Box):
     box.tool("nvidia-smi", "echo 'No devices were found'; exit 6\n")
     doc = probe_doc(box_request(box), box.env())
-    assert doc["gpus"] == {"error": "nvidia-smi exited 6: No devices were found"}
+    gpus = doc["gpus"]
+    assert gpus["error"] == "nvidia-smi exited 6: No devices were found"
+    assert gpus["exit"] == 6 and gpus["said"] == "No devices were found" and gpus["lost"] == []
 
 
 def test_unreadable_dmesg_is_a_section_error(box: Box):

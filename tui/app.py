@@ -182,8 +182,8 @@ class GpuwatchApp(App[None]):
         if save_runs:
             self._runs_saved[message.host] = now
         try:
-            remember(self.store, outcome, data.history if save_runs else None,
-                     self.feed.collector if self.feed is not None else None)
+            remember(self.store, outcome, data.history,
+                     self.feed.collector if self.feed is not None else None, save_runs=save_runs)
         except Exception as exc:  # the store is a convenience: never fatal (DESIGN §5)
             if not isinstance(exc, sqlite3.Error):
                 from gpuwatch.remote import errorlog

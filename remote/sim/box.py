@@ -224,8 +224,9 @@ class Box:
         }
         self.processes: dict[int, SimProcess] = {}
         self.dmesg_lines: list[str] = []
-        for d in ("bin", "sim", "sys/fs/cgroup") + (() if real_proc else ("proc",)):
+        for d in ("bin", "sim", "dev", "sys/fs/cgroup") + (() if real_proc else ("proc",)):
             (self.root / d).mkdir(parents=True, exist_ok=True)
+        self._write_dev()
         install_stand_in(_HERE / "nvidia_smi.py", self.bin / "nvidia-smi", python)
         install_stand_in(_HERE / "dmesg.py", self.bin / "dmesg", python)
         self._write_gpus()
@@ -255,7 +256,7 @@ class Box:
         """The variables a session on this box needs (the sshd harness sets them)."""
         rest = base_path if base_path is not None else os.environ.get("PATH", "/usr/bin:/bin")
         env = {"PATH": str(self.bin) + os.pathsep + rest, "GPUWATCH_SYSFS": str(self.sys),
-               "GPUWATCH_SIM_DIR": str(self.sim)}
+               "GPUWATCH_SIM_DIR": str(self.sim), "GPUWATCH_DEVFS": str(self.root / "dev")}
         if not self.real_proc:
             env["GPUWATCH_PROCFS"] = str(self.proc)
         return env
@@ -313,17 +314,31 @@ class Box:
 
     def set_faults(self, *, hang: bool | None = None, fail: bool | str | None = None,
                    delay_s: float | None = None, dmesg_denied: bool | None = None,
-                   invalid_fields: Iterable[str] | None = None) -> None:
+                   invalid_fields: Iterable[str] | None = None, driver: str | None = None,
+                   lost: Iterable[int] | None = None) -> None:
         """Break the stand-ins: hang forever, fail like a lost driver (exit 9), answer late,
-        deny dmesg like kernel.dmesg_restrict, or reject fields as an older driver would."""
+        deny dmesg like kernel.dmesg_restrict, or reject fields as an older driver would.
+        `driver`: "mismatch" | "not_loaded" | "no_devices" | "" (healthy again), each with the
+        real tool's message and exit status; `lost`: GPU indexes that fell off the bus."""
         faults = self.state["faults"]
         for key, value in (("hang", hang), ("fail", fail), ("delay_s", delay_s),
-                           ("dmesg_denied", dmesg_denied)):
+                           ("dmesg_denied", dmesg_denied), ("driver", driver)):
             if value is not None:
                 faults[key] = value
+        if lost is not None:
+            faults["lost"] = sorted(set(lost))
         if invalid_fields is not None:
             self.state["invalid_fields"] = list(invalid_fields)
         self._write_gpus()
+
+    def _write_dev(self) -> None:
+        """GPUWATCH_DEVFS: /dev/nvidiactl and /dev/nvidiaN of a box with GPUs (empty files:
+        the probe only looks at their names)."""
+        dev = self.root / "dev"
+        if self.gpus:
+            (dev / "nvidiactl").touch()
+        for i in range(len(self.gpus)):
+            (dev / f"nvidia{i}").touch()
 
     def _write_gpus(self) -> None:
         _atomic_write(self.sim / "gpus.json", json.dumps(self.state, indent=1) + "\n")

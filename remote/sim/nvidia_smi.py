@@ -204,6 +204,19 @@ EXIT_DRIVER_NOT_LOADED = 9  # NVML_ERROR_DRIVER_NOT_LOADED
 DRIVER_FAILED = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
                  "Make sure that the latest NVIDIA driver is installed and running.")
 BAD_ARGUMENTS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
+EXIT_GPU_LOST = 15  # nvidia-smi(1): "GPU has fallen off the bus or has otherwise become
+#                     inaccessible" (NVML_ERROR_GPU_IS_LOST)
+EXIT_LIB_RM_VERSION_MISMATCH = 18  # NVML_ERROR_LIB_RM_VERSION_MISMATCH, as seen on boxes
+# The failures of a driver in trouble: what the real tool prints (on stdout) and its exit status,
+# as users have reported them after an unattended driver upgrade, an unloaded module, or no GPU.
+DRIVER_FAULTS = {
+    "mismatch": (EXIT_LIB_RM_VERSION_MISMATCH,
+                 "Failed to initialize NVML: Driver/library version mismatch\n"
+                 "NVML library version: {library}"),
+    "not_loaded": (EXIT_DRIVER_NOT_LOADED, DRIVER_FAILED),
+    "no_devices": (EXIT_NOT_FOUND, "No devices were found"),
+}
+LOST = "Unable to determine the device handle for GPU {bus}: Unknown Error"
 
 
 class UsageError(Exception):
@@ -401,8 +414,13 @@ def query_gpu(state: "State", fields: str, fmt: str, ids: "Optional[str]") -> "L
     names = resolve(fields, table, aliases)
     gpus = state.get("gpus", [])
     now = time.time()
-    rows = [[gpu_value(state, gpus, i, g, n, now) for n in names] for i, g in select(gpus, ids)]
-    return csv_lines(names, table, rows, fmt)
+    lost = lost_gpus(state)
+    chosen = select(gpus, ids)
+    rows = [[gpu_value(state, gpus, i, g, n, now) for n in names] for i, g in chosen
+            if i not in lost]
+    lines = csv_lines(names, table, rows, fmt)
+    # The GPUs that answer print their rows, then a line for each lost one (U22).
+    return lines + [LOST.format(bus=g.get("pci.bus_id", "")) for i, g in chosen if i in lost]
 
 
 def query_apps(state: "State", fields: str, fmt: str, ids: "Optional[str]") -> "List[str]":
@@ -413,7 +431,7 @@ def query_apps(state: "State", fields: str, fmt: str, ids: "Optional[str]") -> "
     rows = []
     for app in state.get("compute_apps", []):
         i = app.get("gpu", 0)
-        if i not in chosen or i >= len(gpus):
+        if i not in chosen or i >= len(gpus) or i in lost_gpus(state):
             continue
         if app.get("follows_pid") and not process_lives(app.get("pid")):
             continue  # a real driver frees a context when its process exits
@@ -493,6 +511,11 @@ def run(argv: "Sequence[str]", state: "State") -> "Tuple[int, str]":
     if faults.get("fail"):
         msg = faults["fail"] if isinstance(faults["fail"], str) else DRIVER_FAILED
         return int(faults.get("fail_exit", EXIT_DRIVER_NOT_LOADED)), msg + "\n"
+    if faults.get("driver") in DRIVER_FAULTS:
+        status, msg = DRIVER_FAULTS[faults["driver"]]
+        library = "%s.%s" % (driver_major(state.get("driver_version")) + 5, 65)
+        return status, msg.format(library=library) + "\n"
+    lost = lost_gpus(state)
     try:
         opts = parse_args(argv)
         if "--version" in opts:
@@ -511,7 +534,13 @@ def run(argv: "Sequence[str]", state: "State") -> "Tuple[int, str]":
             lines = [__doc__.strip()]
     except UsageError as exc:
         return exc.status, str(exc) + "\n"
-    return 0, "".join(line + "\n" for line in lines)
+    return (EXIT_GPU_LOST if lost else 0), "".join(line + "\n" for line in lines)
+
+
+def lost_gpus(state: "State") -> "List[int]":
+    """Indexes of GPUs that fell off the bus (faults.lost): they answer no query."""
+    lost = (state.get("faults") or {}).get("lost") or []
+    return [i for i in lost if isinstance(i, int)]
 
 
 def main(argv: "Optional[Sequence[str]]" = None) -> int:

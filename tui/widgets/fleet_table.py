@@ -92,6 +92,10 @@ class FleetTable(DataTable[Text]):
 
     def gpu_cells(self, data: HostData) -> list[Text]:
         snap = data.snapshot
+        if snap is not None and snap.gpu_error is not None and not snap.gpus:
+            # A wedged driver is not "no GPU": said where the GPUs would be.
+            return [Text(f"⚠ {snap.gpu_error.summary}", style=colour(self.app, "error")),
+                    Text(""), Text("")]
         if snap is None or not snap.gpus:
             muted = colour(self.app, "text-muted")
             none = "no GPU" if snap is not None else ""

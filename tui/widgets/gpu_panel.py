@@ -35,14 +35,18 @@ class GpuPanel(Static):
         if data is None or data.snapshot is None:
             return Text("no data yet", style=muted)
         snap = data.snapshot
-        if not snap.gpus:
+        err = snap.gpu_error
+        if not snap.gpus and err is None:
             reason = snap.section_errors.get("gpus")
             return Text(f"no GPUs reported{': ' + reason if reason else ''}", style=muted)
         width = max(10, self.size.width - LABEL - 6)
         util_c, clock_c = colour(self.app, "util"), colour(self.app, "sm-clock")
         out = Text(no_wrap=True, overflow="ellipsis")
+        if err is not None:  # a wedged driver or a lost GPU, first and in the error colour
+            out.append(f"⚠ {err.summary}: ", style=f"bold {colour(self.app, 'error')}")
+            out.append(err.message)  # box text: a Text, never markup
         for n, g in enumerate(snap.gpus):
-            if n:
+            if n or err is not None:
                 out.append("\n")
             util, clock = g.util_pct, pct(g.sm_clock_mhz, g.sm_clock_max_mhz)
             out.append(f"GPU{g.index} ", style="bold")
