@@ -899,7 +899,7 @@ def _gpu_error(value: object, where: str) -> GpuError | None:
     if "error" not in value:
         if not lost:
             return None
-        return GpuError("gpu_lost", lost[0], None, True, tuple(lost))
+        return GpuError("gpu_lost", lost[0], node.opt_float("query_s"), True, tuple(lost))
     message = node.get_str("error")
     said = node.opt_str("said")
     nvml = node.opt_str("nvml")

@@ -21,6 +21,10 @@ and each box plays its scenario:
   SIGKILLs it: memory.events oom_kill +1, the kernel's line in dmesg, GPU idle (U41). Relaunch it
   over SSH from its latest checkpoint and it runs on without running out of memory again.
 - ``demo-disk``: a fine-tune that keeps every checkpoint while /data fills toward full (U6).
+- ``demo-driver``: an unattended driver upgrade left the running kernel module and the new
+  library apart: nvidia-smi says "Driver/library version mismatch" (exit 18), as every box does
+  until it is rebooted. A wedged driver is not "no GPU": gpuwatch says so, and refuses a
+  relaunch there (every new CUDA process would fail).
 
 The simulated /data disk is the simulator hook ``BOX/sim/statvfs.json`` (the probe reads it only
 under ``GPUWATCH_SIM_DIR``): ``{"/data": {"bytes_total": int, "bytes_free": int,
@@ -64,7 +68,8 @@ from gpuwatch.remote.sim.sshserver import BoxSshServer, write_key_pair
 
 __all__ = ["BOX_NAMES", "DemoBox", "DemoFleet", "DemoRun", "Timeline", "main"]
 
-BOX_NAMES = ("demo-healthy", "demo-capped", "demo-zombie", "demo-oom", "demo-disk")
+BOX_NAMES = ("demo-healthy", "demo-capped", "demo-zombie", "demo-oom", "demo-disk",
+             "demo-driver")
 """Every box of the demo, in the order the config lists them."""
 
 FLEET_ENV = "GPUWATCH_DEMO_FLEET"
@@ -727,9 +732,21 @@ class DiskBox(DemoBox):
         disk["inodes_free"] = max(1_000_000, int(disk["inodes_free"] - inodes))
 
 
+class DriverBox(DemoBox):
+    story = ("its NVIDIA driver was upgraded under the running one: nvidia-smi answers "
+             "'Driver/library version mismatch' until the box is rebooted")
+
+    @classmethod
+    def make_gpus(cls) -> Preset:
+        return h100_sxm(2)
+
+    def prepare(self) -> None:
+        self.box.set_faults(driver="mismatch")
+
+
 BOX_KINDS: dict[str, type[DemoBox]] = {
     "demo-healthy": HealthyBox, "demo-capped": CappedBox, "demo-zombie": ZombieBox,
-    "demo-oom": OomBox, "demo-disk": DiskBox,
+    "demo-oom": OomBox, "demo-disk": DiskBox, "demo-driver": DriverBox,
 }
 
 
