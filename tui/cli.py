@@ -224,7 +224,8 @@ def run(argv: Sequence[str]) -> int:
             return _tui(args)
         return _not_built(verb)
     except ConfigError as exc:
-        print(f"gpuwatch: config error: {exc}", file=sys.stderr)
+        for line in exc.lines:  # every error of the file, one line each
+            print(f"gpuwatch: config error: {line}", file=sys.stderr)
         return EXIT_CONFIG
 
 
