@@ -1,7 +1,9 @@
 """The fleet gpuwatch watches: config.toml, validated, with every default in one place.
 
 A config error names the file, the line and the key, and what was expected, so a person can fix
-it without reading the docs (DESIGN §3). Nothing here touches the network.
+it without reading the docs (DESIGN §3); a file's errors come all at once, one line each. Every
+number has a bounded range (NumberRange), so nan, inf or a 400-digit integer is an error here,
+not a crash later. Nothing here touches the network.
 """
 
 from __future__ import annotations
