@@ -1,15 +1,19 @@
 """The fleet gpuwatch watches: config.toml, validated, with every default in one place.
 
 A config error names the file, the line and the key, and what was expected, so a person can fix
-it without reading the docs (DESIGN §3). Nothing here touches the network.
+it without reading the docs (DESIGN §3); a file's errors come all at once, one line each. Every
+number has a bounded range (NumberRange), so nan, inf or a 400-digit integer is an error here,
+not a crash later. Nothing here touches the network.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,15 +30,32 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class ConfigError(Exception):
-    """A config that cannot be used. `str()` is the one line a person reads."""
+    """A config that cannot be used: one error, or every error found in one file.
+
+    Each error is one line (`lines`) naming the file, the line and the key; `str()` is those
+    lines joined, sorted by line. `path`, `line`, `key` and `detail` are the first error's."""
 
     def __init__(self, message: str, *, path: Path | None = None, line: int | None = None,
-                 key: str | None = None) -> None:
+                 key: str | None = None, more: Sequence[ConfigError] = ()) -> None:
         self.path, self.line, self.key, self.detail = path, line, key, message
         where = ""
         if path is not None:
             where = f"{path}:{line}: " if line else f"{path}: "
-        super().__init__(f"{where}{key + ': ' if key else ''}{message}")
+        self.line_text = f"{where}{key + ': ' if key else ''}{message}"
+        self.errors: tuple[ConfigError, ...] = (self, *(e for m in more for e in m.errors))
+        super().__init__("\n".join(self.lines))
+
+    @property
+    def lines(self) -> list[str]:
+        """One line per error, in file order."""
+        return [e.line_text for e in self.errors]
+
+    @classmethod
+    def of(cls, errors: Sequence[ConfigError]) -> ConfigError:
+        """All of a file's errors as one exception, sorted by line (errors without one last)."""
+        flat = [e for error in errors for e in error.errors]
+        first, *rest = sorted(flat, key=lambda e: e.line or sys.maxsize)
+        return cls(first.detail, path=first.path, line=first.line, key=first.key, more=rest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,14 +188,108 @@ def load_file(path: Path) -> Config:
 
 
 def parse_config(text: str, path: Path | None = None) -> Config:
-    """Parse and validate TOML text; raise ConfigError naming file, line and key."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        match = re.search(r"at line (\d+)", str(exc))
-        raise ConfigError(f"not valid TOML: {exc}", path=path,
-                          line=int(match.group(1)) if match else None) from None
+    """Parse and validate TOML text. Whatever the text, the only error is a ConfigError, which
+    names file, line and key of every problem in it (not only the first)."""
+    data = _toml(text, path)
     return _Validator(text, path).config(data)
+
+
+def _toml(text: str, path: Path | None) -> dict[str, Any]:
+    """tomllib.loads, every way it can fail a ConfigError: a TOMLDecodeError, but also the
+    ValueError of an integer over Python's digit limit and the RecursionError of arrays or
+    inline tables nested thousands deep, which tomllib lets through."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        match = re.search(r"at line (\d+)", str(exc))  # else "at end of document"
+        line = int(match.group(1)) if match else _line_where(text, str.strip, last=True)
+        raise ConfigError(f"not valid TOML: {exc}", path=path, line=line) from None
+    except ValueError:
+        raise ConfigError("not valid TOML: a number too long to read (over "
+                          f"{sys.get_int_max_str_digits()} digits)", path=path,
+                          line=_line_where(text, lambda s: _LONG_DIGITS.search(s) is not None)
+                          ) from None
+    except RecursionError:
+        deepest = max(s.count("[") + s.count("{") for s in text.split("\n"))
+        raise ConfigError("not valid TOML: arrays or tables nested too deeply", path=path,
+                          line=_line_where(text, lambda s: s.count("[") + s.count("{")
+                                           == deepest)) from None
+
+
+_LONG_DIGITS = re.compile(r"[0-9A-Fa-f_]{1000}")
+
+
+def _line_where(text: str, test: Callable[[str], Any], *, last: bool = False) -> int:
+    """The number of the first (or last) line that passes test, else the last line. Lines as
+    tomllib counts them: split at "\n" only (splitlines would also split at U+2028 in a string)."""
+    lines = text.split("\n")
+    numbered = list(enumerate(lines, 1))
+    return next((n for n, s in (reversed(numbered) if last else numbered) if test(s)),
+                len(lines))
+
+
+# --- the numbers a config may hold -----------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class NumberRange:
+    """The numbers a config key accepts: finite, from `low` (excluded when `above`) to `high`,
+    whole when `integer`. Booleans are not numbers. Every range is bounded, so nan, inf and a
+    400-digit integer are errors like any other and every accepted value fits a float."""
+
+    low: float
+    high: float
+    integer: bool = False
+    above: bool = False
+
+    def holds(self, value: int | float) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        return (value > self.low if self.above else value >= self.low) and value <= self.high
+
+    def __str__(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        if self.above:
+            return f"{kind} greater than {_fmt(self.low)} and at most {_fmt(self.high)}"
+        return f"{kind} from {_fmt(self.low)} to {_fmt(self.high)}"
+
+
+_DAY_S = 86400
+_DURATION_S = NumberRange(0, 365 * _DAY_S, above=True)
+"""A threshold's span of time in seconds: more than 0 (rules divide by some), at most a year."""
+_PERCENT = NumberRange(0, 100)
+_SHARE = NumberRange(0, 1)
+_FACTOR = NumberRange(1, 1000)
+
+TOP_RANGES: Mapping[str, NumberRange] = {"interval": NumberRange(1, _DAY_S)}
+"""Top-level numbers. An interval under 1 s would poll a host back to back."""
+SSH_RANGES: Mapping[str, NumberRange] = {
+    "connect_timeout": NumberRange(0, 3600, above=True),
+    "server_alive_interval": NumberRange(0, 3600, above=True),
+    "server_alive_count_max": NumberRange(1, 100, integer=True),
+    "command_timeout": NumberRange(1, 3600),
+}
+"""`[ssh]` and per-host numbers, in seconds but the count. command_timeout is at least 1 s:
+the probe's own deadline sits a little under it, and a kill waits on the box inside it."""
+
+
+def threshold_ranges() -> dict[str, NumberRange]:
+    """`[thresholds]` numbers (the fields of remote.findings.Thresholds; for a list of integers,
+    the range of each item). A test holds every numeric field to having one."""
+    from .findings import HISTORY_LEN  # findings → series → config: import when needed
+
+    return {
+        "sustain_polls": NumberRange(1, HISTORY_LEN, integer=True),  # more are never kept
+        "sustain_window_s": _DURATION_S, "util_busy_pct": _PERCENT, "clock_low_ratio": _SHARE,
+        "power_low_ratio": _SHARE, "idle_util_pct": _PERCENT, "idle_while_running_s": _DURATION_S,
+        "zombie_unattributed_mib": NumberRange(0, 2**20, integer=True),  # 1 TiB
+        "stalled_s": _DURATION_S, "log_buffered_s": _DURATION_S, "events_grace_s": _DURATION_S,
+        "ckpt_overdue_factor": _FACTOR, "ckpt_overdue_min_s": _DURATION_S,
+        "disk_low_pct": _PERCENT, "disk_low_bytes": NumberRange(0, 2**50, integer=True),  # 1 PiB
+        "disk_critical_pct": _PERCENT, "inodes_low_pct": _PERCENT, "inodes_critical_pct": _PERCENT,
+        "disk_full_hours": NumberRange(0, 365 * 24, above=True),
+        "disk_full_min_span_s": _DURATION_S, "cpu_oversubscribed_ratio": _FACTOR,
+        "tmp_stale_s": _DURATION_S, "xid_critical": NumberRange(1, 65535, integer=True),
+    }
 
 
 # --- validation ------------------------------------------------------------------------------
@@ -183,202 +298,289 @@ _SSH_KEYS = {f.name for f in fields(SshSettings)}
 _TOP_KEYS = {"interval", "readonly", "theme", "ssh", "hosts", "thresholds"}
 _HOST_KEYS = {"ssh", "python", "disks", "runs"} | _SSH_KEYS
 _RUN_KEYS = {f.name for f in fields(RunConfig)} - {"name"}
+_RUN_STRINGS = ("process", "workdir", "log", "events", "checkpoints", "done", "relaunch")
+
+Key = tuple[str, ...]
+"""A key's path from the top of the document: ("hosts", "gpu1.lab", "ssh")."""
 
 
 class _Validator:
-    """Turns a parsed TOML dict into a Config, or a ConfigError that points at the line."""
+    """Turns a parsed TOML dict into a Config, or a ConfigError listing every problem, each
+    pointing at its line. A bad value is noted and its default used, so checking goes on."""
 
     def __init__(self, text: str, path: Path | None) -> None:
         self.path = path
-        self.lines = text.splitlines()
+        self.text = text
+        self.errors: list[ConfigError] = []
+        self._lines: dict[Key, int] | None = None
 
-    def fail(self, key: str, message: str) -> ConfigError:
-        return ConfigError(message, path=self.path, line=self.line_of(key), key=key)
+    def fail(self, key: Key, message: str) -> ConfigError:
+        return ConfigError(message, path=self.path, line=self.line_of(key), key=dotted(key))
 
-    def line_of(self, dotted: str) -> int | None:
-        """Best-effort line of a dotted key: its own `key =` line, else its table header."""
-        parts = dotted.split(".")
-        for cut in range(len(parts), 0, -1):
-            table, key = parts[: cut - 1], parts[cut - 1]
-            line = self._find(table, key)
-            if line:
-                return line
+    def note(self, key: Key, message: str) -> None:
+        self.errors.append(self.fail(key, message))
+
+    def line_of(self, key: Key) -> int | None:
+        """The line that defines key, else the one that defines the nearest table above it (a
+        key inside an inline table: the line of the table, which holds the whole of it)."""
+        if self._lines is None:
+            self._lines = key_lines(self.text)
+        for cut in range(len(key), 0, -1):
+            if key[:cut] in self._lines:
+                return self._lines[key[:cut]]
         return None
 
-    def _find(self, table: list[str], key: str) -> int | None:
-        header = re.compile(r"^\s*\[+\s*([^\]]+?)\s*\]+\s*(#.*)?$")
-        current: list[str] = []
-        for number, raw in enumerate(self.lines, 1):
-            m = header.match(raw)
-            if m:
-                current = [p.strip().strip('"\'') for p in m.group(1).split(".")]
-                if current == [*table, key]:
-                    return number
-                continue
-            m = re.match(r"^\s*(\"[^\"]*\"|'[^']*'|[A-Za-z0-9_-]+)\s*=", raw)
-            if m and current == table and m.group(1).strip('"\'') == key:
-                return number
-        return None
+    def get(self, table: Mapping[str, Any], name: str, where: Key,
+            parse: Callable[[Any, Key], Any], default: Any) -> Any:
+        """table[name] parsed, else default: when missing, or (noted) when wrong."""
+        if name not in table:
+            return default
+        try:
+            return parse(table[name], (*where, name))
+        except ConfigError as exc:
+            self.errors.append(exc)
+            return default
 
-    # typed getters ---------------------------------------------------------------------------
-    def _unknown(self, table: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    # typed values: each raises the ConfigError of its key -----------------------------------
+    def unknown(self, table: Mapping[str, Any], allowed: set[str], where: Key) -> None:
+        expected = ", ".join(sorted(allowed))
         for key in table:
             if key not in allowed:
-                expected = ", ".join(sorted(allowed))
-                raise self.fail(f"{where}{key}", f"unknown key (expected one of: {expected})")
+                self.note((*where, key), f"unknown key (expected one of: {expected})")
 
-    def _number(self, table: Mapping[str, Any], key: str, where: str, *, integer: bool = False,
-                minimum: float = 0.0) -> Any:
-        value = table[key]
-        kind = "an integer" if integer else "a number"
-        ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-        if isinstance(value, bool) or not ok:
-            raise self.fail(f"{where}{key}", f"expected {kind}, got {_describe(value)}")
-        if value <= minimum:
-            raise self.fail(f"{where}{key}",
-                            f"expected {kind} greater than {minimum:g}, got {value}")
-        return value
+    def number(self, rng: NumberRange) -> Callable[[Any, Key], Any]:
+        def parse(value: Any, key: Key) -> int | float:
+            ok = isinstance(value, int) if rng.integer else isinstance(value, (int, float))
+            if isinstance(value, bool) or not ok:
+                raise self.fail(key, f"expected {rng}, got {_describe(value)}")
+            if not rng.holds(value):
+                raise self.fail(key, f"expected {rng}, got {_shown(value)}")
+            return value if rng.integer else float(value)
+        return parse
 
-    def _string(self, table: Mapping[str, Any], key: str, where: str) -> str:
-        value = table[key]
+    def string(self, value: Any, key: Key) -> str:
         if not isinstance(value, str):
-            raise self.fail(f"{where}{key}", f"expected a string, got {_describe(value)}")
+            raise self.fail(key, f"expected a string, got {_describe(value)}")
         if not value.strip():
-            raise self.fail(f"{where}{key}", "expected a non-empty string")
+            raise self.fail(key, "expected a non-empty string")
         if _CONTROL.search(value):
-            raise self.fail(f"{where}{key}", "control characters (newlines, tabs) are not allowed")
+            raise self.fail(key, "control characters (newlines, tabs) are not allowed")
         return value
 
-    def _strings(self, table: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
-        value = table[key]
+    def strings(self, value: Any, key: Key) -> tuple[str, ...]:
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, list):
-            raise self.fail(f"{where}{key}", f"expected a list of strings, got {_describe(value)}")
-        return tuple(self._string({key: v}, key, where) for v in value)
+            raise self.fail(key, f"expected a list of strings, got {_describe(value)}")
+        return tuple(self.string(v, key) for v in value)
 
-    def _table(self, table: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
-        value = table[key]
+    def table(self, value: Any, key: Key) -> Mapping[str, Any]:
         if not isinstance(value, dict):
-            raise self.fail(f"{where}{key}", f"expected a table, got {_describe(value)}")
+            raise self.fail(key, f"expected a table, got {_describe(value)}")
+        return value
+
+    def boolean(self, value: Any, key: Key) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(key, f"expected true or false, got {_describe(value)}")
         return value
 
     # sections --------------------------------------------------------------------------------
-    def ssh(self, table: Mapping[str, Any], where: str, base: SshSettings) -> SshSettings:
-        changes: dict[str, Any] = {}
-        for key in _SSH_KEYS & table.keys():
-            if key in ("connect_timeout", "server_alive_interval", "command_timeout"):
-                changes[key] = float(self._number(table, key, where))
-            elif key == "server_alive_count_max":
-                changes[key] = self._number(table, key, where, integer=True)
-            else:
-                changes[key] = self._string(table, key, where)
-        return replace(base, **changes)
-
     def config(self, data: Mapping[str, Any]) -> Config:
-        self._unknown(data, _TOP_KEYS, "")
-        interval = float(self._number(data, "interval", "")) if "interval" in data else 10.0
-        readonly = data.get("readonly", False)
-        if not isinstance(readonly, bool):
-            raise self.fail("readonly", f"expected true or false, got {_describe(readonly)}")
-        theme = self._string(data, "theme", "") if "theme" in data else None
+        self.unknown(data, _TOP_KEYS, ())
+        interval = self.get(data, "interval", (), self.number(TOP_RANGES["interval"]), 10.0)
+        readonly = self.get(data, "readonly", (), self.boolean, False)
+        theme = self.get(data, "theme", (), self.string, None)
         ssh = SshSettings()
-        if "ssh" in data:
-            table = self._table(data, "ssh", "")
-            self._unknown(table, _SSH_KEYS, "ssh.")
-            ssh = self.ssh(table, "ssh.", ssh)
-        hosts: list[HostConfig] = []
-        if "hosts" in data:
-            for name, table in self._table(data, "hosts", "").items():
-                hosts.append(self.host(name, table, ssh))
-        thresholds = (self.thresholds(self._table(data, "thresholds", ""))
-                      if "thresholds" in data else None)
+        ssh_table = self.get(data, "ssh", (), self.table, {})
+        self.unknown(ssh_table, _SSH_KEYS, ("ssh",))
+        ssh = self.ssh(ssh_table, ("ssh",), ssh)
+        hosts = [self.host(name, table, ssh)
+                 for name, table in self.get(data, "hosts", (), self.table, {}).items()]
+        thresholds = self.get(data, "thresholds", (), self.thresholds, None)
+        if self.errors:
+            raise ConfigError.of(self.errors)
         return Config(path=self.path, interval=interval, readonly=readonly, theme=theme, ssh=ssh,
                       hosts=tuple(hosts), thresholds=thresholds)
 
-    def thresholds(self, table: Mapping[str, Any]) -> Thresholds:
-        """`[thresholds]`: any field of remote.findings.Thresholds (documented there), numbers
-        greater than 0 (an int where the default is one), or lists for the tuple fields."""
+    def ssh(self, table: Mapping[str, Any], where: Key, base: SshSettings) -> SshSettings:
+        changes: dict[str, Any] = {}
+        for key in (k for k in table if k in _SSH_KEYS):
+            rng = SSH_RANGES.get(key)
+            parse = self.number(rng) if rng else self.string
+            changes[key] = self.get(table, key, where, parse, getattr(base, key))
+        return replace(base, **changes)
+
+    def thresholds(self, value: Any, key: Key) -> Thresholds:
+        """`[thresholds]`: any field of remote.findings.Thresholds (documented there), a number
+        in its range (threshold_ranges), or a list for the tuple fields."""
         from .findings import Thresholds  # findings → series → config: import when needed
 
+        table = self.table(value, key)
         defaults = Thresholds()
-        known = {f.name for f in fields(Thresholds)}
-        self._unknown(table, known, "thresholds.")
+        self.unknown(table, {f.name for f in fields(Thresholds)}, key)
+        ranges = threshold_ranges()
         changes: dict[str, Any] = {}
-        for key, value in table.items():
-            default = getattr(defaults, key)
-            if isinstance(default, tuple):
-                items = value if isinstance(value, list) else None
-                kind = int if default and isinstance(default[0], int) else str
-                if items is None or not all(isinstance(v, kind) and not isinstance(v, bool)
-                                            for v in items):
-                    raise self.fail(f"thresholds.{key}", f"expected a list of "
-                                    f"{'integers' if kind is int else 'strings'}, got "
-                                    f"{_describe(value)}")
-                changes[key] = tuple(items)
-            elif isinstance(default, int):
-                changes[key] = int(self._number(table, key, "thresholds.", integer=True))
-            else:
-                changes[key] = float(self._number(table, key, "thresholds."))
+        for name in (n for n in table if n in ranges and n != "xid_critical"):
+            changes[name] = self.get(table, name, key, self.number(ranges[name]),
+                                     getattr(defaults, name))
+        for name in ("throttle_reasons", "throttle_info_only"):
+            changes[name] = self.get(table, name, key, self.reasons, getattr(defaults, name))
+        changes["xid_critical"] = self.get(table, "xid_critical", key,
+                                           self.numbers(ranges["xid_critical"]),
+                                           defaults.xid_critical)
         return replace(defaults, **changes)
 
-    def host(self, name: str, table: Any, ssh: SshSettings) -> HostConfig:
-        where = f"hosts.{name}."
-        if not isinstance(table, dict):
-            raise self.fail(f"hosts.{name}", f"expected a table, got {_describe(table)}")
+    def reasons(self, value: Any, key: Key) -> tuple[str, ...]:
+        if not isinstance(value, list):
+            raise self.fail(key, f"expected a list of strings, got {_describe(value)}")
+        return tuple(self.string(v, key) for v in value)
+
+    def numbers(self, rng: NumberRange) -> Callable[[Any, Key], Any]:
+        def parse(value: Any, key: Key) -> tuple[int | float, ...]:
+            if not isinstance(value, list):
+                raise self.fail(key, f"expected a list of numbers, each {rng}, got "
+                                f"{_describe(value)}")
+            item = self.number(rng)
+            return tuple(item(v, key) for v in value)
+        return parse
+
+    def host(self, name: str, value: Any, ssh: SshSettings) -> HostConfig:
+        key = ("hosts", name)
+        table = self.get({name: value}, name, ("hosts",), self.table, {})
         if _CONTROL.search(name) or not name.strip():
-            raise self.fail(f"hosts.{name}", "a host name must be printable and non-empty")
-        self._unknown(table, _HOST_KEYS, where)
-        target = self._string(table, "ssh", where) if "ssh" in table else name
-        python = self._string(table, "python", where) if "python" in table else "python3"
-        disks = self._strings(table, "disks", where) if "disks" in table else ("/",)
+            self.note(key, "a host name must be printable and non-empty")
+        self.unknown(table, _HOST_KEYS, key)
+        target = self.get(table, "ssh", key, self.string, name)
+        python = self.get(table, "python", key, self.string, "python3")
+        disks = self.get(table, "disks", key, self.disks, ("/",))
+        runs = [self.run(run_name, run_table, (*key, "runs", run_name))
+                for run_name, run_table in self.get(table, "runs", key, self.table, {}).items()]
+        return HostConfig(name=name, ssh=target, python=python, disks=disks, runs=tuple(runs),
+                          settings=self.ssh(table, key, ssh))
+
+    def disks(self, value: Any, key: Key) -> tuple[str, ...]:
+        disks = self.strings(value, key)
         for disk in disks:
             if not disk.startswith(("/", "~")):
-                raise self.fail(f"{where}disks", f"expected absolute paths, got {disk!r}")
-        runs: list[RunConfig] = []
-        if "runs" in table:
-            for run_name, run_table in self._table(table, "runs", where).items():
-                runs.append(self.run(run_name, run_table, f"{where}runs.{run_name}"))
-        return HostConfig(name=name, ssh=target, python=python, disks=disks, runs=tuple(runs),
-                          settings=self.ssh(table, where, ssh))
+                raise self.fail(key, f"expected absolute paths, got {disk!r}")
+        return disks
 
-    def run(self, name: str, table: Any, where_key: str) -> RunConfig:
-        where = where_key + "."
-        if not isinstance(table, dict):
-            raise self.fail(where_key, f"expected a table, got {_describe(table)}")
+    def run(self, name: str, value: Any, key: Key) -> RunConfig:
+        table = self.get({name: value}, name, key[:-1], self.table, {})
         if _CONTROL.search(name) or not name.strip():
-            raise self.fail(where_key, "a run name must be printable and non-empty")
-        self._unknown(table, _RUN_KEYS, where)
+            self.note(key, "a run name must be printable and non-empty")
+        self.unknown(table, _RUN_KEYS, key)
         values: dict[str, Any] = {}
-        for key in ("process", "workdir", "log", "events", "checkpoints", "done", "relaunch"):
-            if key in table:
-                values[key] = self._string(table, key, where)
-        if "metrics" in table:
-            values["metrics"] = self._strings(table, "metrics", where)
-        if "detach" in table:
-            detach = self._string(table, "detach", where)
-            if detach not in DETACH_MODES:
-                raise self.fail(f"{where}detach", f"expected one of {', '.join(DETACH_MODES)}, "
-                                f"got {detach!r}")
-            values["detach"] = detach
-        if "env" in table:
-            env = self._table(table, "env", where)
-            for var, value in env.items():
-                if not _ENV_NAME.match(var):
-                    raise self.fail(f"{where}env.{var}", "expected an environment variable name "
-                                    "(letters, digits, underscore; not starting with a digit)")
-                if not isinstance(value, str):
-                    raise self.fail(f"{where}env.{var}",
-                                    f"expected a string, got {_describe(value)}")
-            values["env"] = dict(env)
+        for field_name in _RUN_STRINGS:
+            values[field_name] = self.get(table, field_name, key, self.string, None)
+        values["metrics"] = self.get(table, "metrics", key, self.strings, ())
+        values["detach"] = self.get(table, "detach", key, self.detach, "tmux")
+        values["env"] = self.get(table, "env", key, self.env, {})
         return RunConfig(name=name, **values)
+
+    def detach(self, value: Any, key: Key) -> str:
+        detach = self.string(value, key)
+        if detach not in DETACH_MODES:
+            raise self.fail(key, f"expected one of {', '.join(DETACH_MODES)}, got {detach!r}")
+        return detach
+
+    def env(self, value: Any, key: Key) -> dict[str, str]:
+        env = self.table(value, key)
+        for var, text in env.items():
+            if not _ENV_NAME.match(var):
+                self.note((*key, var), "expected an environment variable name (letters, "
+                          "digits, underscore; not starting with a digit)")
+            elif not isinstance(text, str):
+                self.note((*key, var), f"expected a string, got {_describe(text)}")
+        return dict(env)
+
+
+# --- where each key sits ---------------------------------------------------------------------
+
+_BARE = re.compile(r"[A-Za-z0-9_-]+")
+_KEY_PART = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\\n]|\\.)*"|'[^'\n]*')"""
+_DOTTED = rf"{_KEY_PART}(?:[ \t]*\.[ \t]*{_KEY_PART})*"
+_HEADER = re.compile(rf"[ \t]*\[\[?[ \t]*({_DOTTED})[ \t]*\]")
+_ASSIGN = re.compile(rf"[ \t]*({_DOTTED})[ \t]*=[ \t]*(.*)")
+
+
+def key_lines(text: str) -> dict[Key, int]:
+    """Each key and table of a TOML document (and each table above them) with the line that
+    first defines it. Key text is decoded by tomllib itself, so quoted keys with dots or
+    escapes come out as the loader sees them; multi-line strings are skipped."""
+    found: dict[Key, int] = {}
+    table: Key = ()
+    closing: str | None = None  # the delimiter of the multi-line string we are in
+    for number, line in enumerate(text.split("\n"), 1):  # as tomllib counts lines
+        if closing is not None:
+            if closing in line:
+                closing = None
+            continue
+        header = _HEADER.match(line)
+        assign = None if header else _ASSIGN.match(line)
+        if header:
+            table = _key_path(header.group(1))
+            path = table
+        elif assign:
+            path = (*table, *_key_path(assign.group(1)))
+            rest = assign.group(2)
+            for quotes in ('"""', "'''"):
+                if rest.startswith(quotes) and quotes not in rest[3:]:
+                    closing = quotes
+        else:
+            continue
+        for cut in range(1, len(path) + 1):
+            found.setdefault(path[:cut], number)
+    return found
+
+
+def _key_path(text: str) -> Key:
+    """A dotted TOML key as its parts, decoded as tomllib decodes them (() if it cannot)."""
+    try:
+        node: Any = tomllib.loads(f"{text} = 0")
+    except (tomllib.TOMLDecodeError, ValueError, RecursionError):
+        return ()
+    parts: list[str] = []
+    while isinstance(node, dict) and len(node) == 1:
+        (part, node), = node.items()
+        parts.append(part)
+    return tuple(parts)
+
+
+def dotted(key: Key) -> str:
+    """A key path as one line of TOML-like text: bare parts as they are, others quoted with
+    anything unprintable escaped, so a key from the file cannot break or colour the line."""
+    return ".".join(p if _BARE.fullmatch(p) else _quoted(p) for p in key)
+
+
+def _quoted(part: str) -> str:
+    body = "".join(c if c.isprintable() and c not in '"\\' else
+                   ("\\" + c if c in '"\\' else f"\\u{ord(c):04x}" if ord(c) < 0x10000 else
+                    f"\\U{ord(c):08x}") for c in part)
+    return f'"{body}"'
+
+
+def _fmt(number: float) -> str:
+    return str(int(number)) if float(number).is_integer() else f"{number:g}"
+
+
+def _shown(value: int | float) -> str:
+    """A number as a message shows it: a 400-digit integer by its length, not its digits."""
+    text = repr(value)
+    return f"an integer of {len(text.lstrip('-'))} digits" if len(text) > 24 else text
 
 
 def _describe(value: Any) -> str:
     names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
              list: "a list", dict: "a table"}
-    return f"{names.get(type(value), type(value).__name__)} ({value!r})" if not isinstance(
-        value, (list, dict)) else names[type(value)]
+    if isinstance(value, (list, dict)):
+        return names[type(value)]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"an integer ({_shown(value)})"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{names.get(type(value), type(value).__name__)} ({text})"
 
 
 # --- hosts from the command line -------------------------------------------------------------

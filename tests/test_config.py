@@ -72,7 +72,7 @@ def test_full_config_loads_with_defaults_and_per_host_overrides() -> None:
         ("interval = 5\n[hosts.a]\nssh = 'a'\n[hosts.a.runs.x]\nproces = 't'\n", 5,
          "hosts.a.runs.x.proces", "unknown key"),
         ('interval = "5"\n', 1, "interval", "expected a number"),
-        ("interval = -1\n", 1, "interval", "greater than 0"),
+        ("interval = -1\n", 1, "interval", "from 1 to 86400"),
         ("[ssh]\n\nserver_alive_count_max = 1.5\n", 3, "ssh.server_alive_count_max",
          "expected an integer"),
         ("[hosts.a]\nssh = 'a'\ndisks = ['data']\n", 3, "hosts.a.disks", "absolute"),

@@ -224,7 +224,8 @@ def run(argv: Sequence[str]) -> int:
             return _tui(args)
         return _not_built(verb)
     except ConfigError as exc:
-        print(f"gpuwatch: config error: {exc}", file=sys.stderr)
+        for line in exc.lines:  # every error of the file, one line each
+            print(f"gpuwatch: config error: {line}", file=sys.stderr)
         return EXIT_CONFIG
     except Exception as exc:  # a bug of ours: never exit 1, which cron reads as a finding
         return internal_error(exc, verb or ("--once" if getattr(args, "once", False) else
