@@ -24,7 +24,8 @@ from harness.captures import capture
 
 
 def cgroup_capture() -> Path:
-    return capture("system", "cgroup", "couchbase-v2-docker-ubuntu2204", "sys", "fs", "cgroup")
+    """Our own cgroup v2 files in a 5.15 kernel's format (tests/data/captures/PROVENANCE.md)."""
+    return capture("system", "cgroup", "gpuwatch-v2", "sys", "fs", "cgroup")
 
 
 def sh(box: Box, *argv: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:

@@ -1,6 +1,6 @@
 """The stand-in nvidia-smi against real captures, byte for byte, and its faults.
 
-Each conformance test reads a real capture (../shared/captures), turns its values into typed
+Each conformance test reads a real capture (tests/data/captures), turns its values into typed
 gpus.json state with the stand-in's own parser, runs the stand-in as a subprocess with the same
 field list and format, and compares bytes. Fields derived by the stand-in (count, index,
 driver_version, the per-reason Active/Not Active flags, compute apps' gpu_* columns) are left
@@ -180,8 +180,9 @@ def test_noheader_nounits_rederives_the_same_values(tmp_path: Path, machine: str
 
 
 def test_header_keeps_units_with_nounits(tmp_path: Path) -> None:
-    """As netdata's tesla-p100.csv capture (taken with nounits) shows."""
-    real = (captures() / "netdata-godplugin" / "tesla-p100.csv").read_text()
+    """As netdata's tesla-p100.csv capture (taken with nounits) shows; that file is GPL, so this
+    reads our own file in its format (tests/data/captures/PROVENANCE.md)."""
+    real = (captures() / "gpuwatch" / "a100-csv-nounits.csv").read_text()
     header = real.split("\n", 1)[0]
     sim = write_state(tmp_path, {"driver_version": "418.67", "gpus": [{}]})
     out = run_smi(sim, "--query-gpu=" + query_of(real), "--format=csv,nounits")

@@ -1,7 +1,12 @@
-"""The real captures beside the repository (../shared/captures in CI), for conformance tests.
+"""Real captures of other tools' output, kept in the repository (tests/data/captures), for
+conformance tests.
 
-They are other projects' files, read at test time and never copied in. Where the folder is
-missing a test skips, visibly; under CI=true it fails, because CI always has it.
+Only files whose source licence allows copying are here, each with its licence and provenance
+beside it (tests/data/captures/PROVENANCE.md); where a test needs the format of a file that
+could not be copied (GPL or unknown licence), the folder holds our own file in that format.
+So a fresh clone runs these tests with nothing beside it. GPUWATCH_CAPTURES points them at
+another folder with the same files. A capture that is missing skips, visibly; under CI=true it
+fails.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from pathlib import Path
 import pytest
 
 CAPTURES = Path(os.environ.get("GPUWATCH_CAPTURES",
-                               Path(__file__).resolve().parents[3] / "shared" / "captures"))
+                               Path(__file__).resolve().parents[1] / "data" / "captures"))
 
 
 def missing(what: str) -> None:
