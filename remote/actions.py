@@ -19,6 +19,10 @@ Rules this module keeps:
   exported (U2, U18, U43).
 - Config values and box text reach a shell only through shlex.quote; nothing read from the box
   is executed; the SSH command line carries neither (U34).
+- Paths are the box's bytes end to end: a file name that is not UTF-8 arrives from the probe
+  with its bytes as lone surrogates (surrogateescape), is quoted and sent back that way, and
+  the box script turns it into the same bytes. Text for people (the confirmation, outcomes,
+  the audit log) shows those bytes escaped (`step-\\xff`): never a UnicodeEncodeError.
 """
 
 from __future__ import annotations
@@ -144,7 +148,7 @@ class ActionPlan:
         lines += [f"note: {note}" for note in self.notes]
         if self.refusal:
             lines.append(f"cannot {self.kind}: {self.refusal}")
-        return "\n".join(lines)
+        return shown_bytes("\n".join(lines))
 
     def _describe_signal(self) -> list[str]:
         if not self.targets:
@@ -189,6 +193,11 @@ class ActionOutcome:
     ok: bool | None
     message: str
 
+    def __post_init__(self) -> None:
+        # Box paths may hold bytes that are not UTF-8 (lone surrogates): shown escaped, so the
+        # message can go to a terminal, a toast or the audit log as it is.
+        object.__setattr__(self, "message", shown_bytes(self.message))
+
 
 class ActionError(Exception):
     """The box's answer to an action cannot be read."""
@@ -196,6 +205,16 @@ class ActionError(Exception):
 
 def shown_env(name: str, value: str) -> str:
     return "***" if SECRET_NAME.search(name) else value
+
+
+def shown_bytes(text: str) -> str:
+    """Text that can be written anywhere (a terminal, SQLite, JSON): the bytes of a box's file
+    name that is not UTF-8 (lone surrogates, from surrogateescape) shown as `\\xff`, any other
+    lone surrogate as `\\udXXX`. Valid text is unchanged."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no byte stands for (not from a file name)
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _refused(kind: ActionKind, host: HostConfig, reason: str, *, signal: str = "TERM",
@@ -594,8 +613,11 @@ def who() -> str:
 
 def _audit_targets(plan: ActionPlan) -> list[dict[str, Any]]:
     if plan.kind == "relaunch":
-        return [{"run": plan.launch.run if plan.launch else None}]
-    return [t.identity() for t in plan.targets]
+        rows = [{"run": plan.launch.run if plan.launch else None}]
+    else:
+        rows = [t.identity() for t in plan.targets]
+    return [{k: shown_bytes(v) if isinstance(v, str) else v for k, v in row.items()}
+            for row in rows]
 
 
 def _audit_command(plan: ActionPlan) -> str | None:
@@ -611,11 +633,15 @@ def _audit_command(plan: ActionPlan) -> str | None:
 
 def _record(store: Store | None, plan: ActionPlan, phase: str, outcome: ActionOutcome,
             label: str) -> None:
+    """One audit row. Its text is escaped first (shown_bytes): SQLite takes only valid UTF-8,
+    and a path from the box need not be (issue 15: a row must never be lost to a file name)."""
     if store is None:
         return
+    command = _audit_command(plan)
     store.record_action(who=who(), host=plan.host, action=plan.kind, phase=phase,
-                        targets=_audit_targets(plan), command=_audit_command(plan),
-                        outcome=label, ok=outcome.ok, message=outcome.message)
+                        targets=_audit_targets(plan),
+                        command=shown_bytes(command) if command is not None else None,
+                        outcome=label, ok=outcome.ok, message=shown_bytes(outcome.message))
 
 
 def mark_reaped(plan: ActionPlan, history: HostHistory) -> None:
@@ -657,6 +683,13 @@ async def execute(plan: ActionPlan, host: HostConfig, *, store: Store | None, re
                                               f"{exc.message} Nothing was done."), "failed"
     except ActionError as exc:
         outcome, label = ActionOutcome(False, str(exc)), "failed"
+    except Exception as exc:
+        # A bug of gpuwatch's own, after the request may have been sent: the audit log says
+        # so before it propagates (the caller reports internal errors).
+        _record(store, plan, "execute", ActionOutcome(False, (
+            f"gpuwatch failed while sending the {plan.kind} to {plan.host}: "
+            f"{type(exc).__name__}: {exc}; it may or may not have been done")), "failed")
+        raise
     _record(store, plan, "execute", outcome, label)
     return outcome
 
@@ -702,6 +735,8 @@ async def _signal(plan: ActionPlan, host: HostConfig, accept_new: bool,
                      "normal after a kill (U1)")
     if doc is not None and doc.get("refused"):
         return ActionOutcome(False, f"refused on {plan.host}: {doc['refused']}"), "refused"
+    if doc is not None and doc.get("failed"):
+        return _failed_on_box(plan, doc), "failed"
     results = doc.get("results", []) if doc else []
     signalled = [r for r in results if r.get("status") == "signalled"]
     for r in results:
@@ -738,6 +773,10 @@ async def _escalate(plan: ActionPlan, host: HostConfig, accept_new: bool,
                            accept_new_host_keys=accept_new)
     except (_Lost, _Unsent, ActionError):
         return None
+
+
+def _failed_on_box(plan: ActionPlan, doc: Mapping[str, Any]) -> ActionOutcome:
+    return ActionOutcome(False, f"failed on {plan.host}: {doc['failed']}")
 
 
 def _kill_line(doc: dict[str, Any] | None) -> str:
@@ -778,6 +817,8 @@ async def _relaunch(plan: ActionPlan, host: HostConfig,
                                    f"({exc}); the next poll shows whether it runs"), "sent"
     if doc.get("refused"):
         return ActionOutcome(False, f"refused on {plan.host}: {doc['refused']}"), "refused"
+    if doc.get("failed"):
+        return _failed_on_box(plan, doc), "failed"
     note = f" ({doc['note']})" if doc.get("note") else ""
     if doc.get("status") == "exited":
         tail = str(doc.get("log_tail") or "").strip().splitlines()[-5:]

@@ -102,6 +102,11 @@ class Rig:
     tmux_dir: Path
     started: list[subprocess.Popen[bytes]]
 
+    @property
+    def box_tmp(self) -> Path:
+        """The box's TMPDIR: where the action script writes its launch scripts."""
+        return self.root / "box-tmp"
+
     def host(self, *runs: RunConfig, **settings: float) -> HostConfig:
         return HostConfig(name="box1", ssh="box1", python=PY, runs=runs,
                           settings=SshSettings(config_file=str(self.sshd.ssh_config),
@@ -147,6 +152,8 @@ def rig(tmp_path: Path, sshd_factory: Callable[..., SshdBox]) -> Iterator[Rig]:
     tmux_dir.mkdir()
     env = box.env(base_path=STD_PATH)
     env["TMUX_TMPDIR"] = str(tmux_dir)  # this test's own tmux server
+    (tmp_path / "box-tmp").mkdir()
+    env["TMPDIR"] = str(tmp_path / "box-tmp")  # Rig.box_tmp
     sshd = sshd_factory(env=env, bin_dir=box.bin)
     store = Store.open(tmp_path / "state.sqlite3")
     rig = Rig(tmp_path, box, sshd, store, tmux_dir, [])
@@ -749,3 +756,109 @@ async def test_a_kill_that_drops_the_ssh_connection_is_not_a_failure(rig: Rig) -
     await poll(host, history)
     assert (await actions.verify(plan, host, history, store=rig.store)).ok is True
     assert audit(rig) == [("kill", "execute", "sent"), ("kill", "verify", "verified")]
+
+
+# ---------------------------------------------------------------- bytes, not text (issue 15)
+
+# Records its argv exactly as the kernel holds it (bytes, hex), then waits to be killed.
+ARGV_RECORDER = r'''
+import os, time
+with open(os.path.join(os.getcwd(), "argv.hex"), "w") as fh:
+    fh.write(open("/proc/self/cmdline", "rb").read().hex())
+time.sleep(600)
+'''
+
+
+@pytest.mark.parametrize("detach", ["setsid", "tmux"])
+async def test_relaunch_from_a_checkpoint_whose_name_is_not_utf8(rig: Rig, detach: str) -> None:
+    """Issue 15 case 9: the folder's name travels as bytes, probe to box, unchanged; the audit
+    row is written (the name shown escaped); no launch script is left behind."""
+    workdir = rig.root / "bytes"
+    workdir.mkdir()
+    script = f"gwt_argv_{_TOKEN}.py"
+    (workdir / script).write_text(ARGV_RECORDER)
+    ckpt = os.path.join(os.fsencode(workdir), b"ckpt", b"step-\xff\xfe")
+    os.makedirs(ckpt)
+    run = RunConfig("raw", process=script, workdir=str(workdir), log="train.log",
+                    checkpoints="ckpt/step-*", detach=detach,
+                    relaunch=f"{shlex.quote(PY)} {script} --resume {{latest_checkpoint}}")
+    host = rig.host(run)
+    history = HostHistory(host.name)
+    await poll(host, history)
+    latest = history.runs["raw"].latest_checkpoint
+    assert latest is not None and os.fsencode(latest.path) == ckpt
+
+    plan = actions.plan_relaunch(host, "raw", history)
+    assert plan.refusal is None, plan.refusal
+    assert "step-\\xff\\xfe" in plan.describe()  # the confirmation shows the bytes, escaped
+    outcome = await actions.execute(plan, host, store=rig.store, readonly=False)
+    assert outcome.ok is None, outcome.message
+    wait_for(lambda: (workdir / "argv.hex").exists() and (workdir / "argv.hex").read_text(),
+             what="the relaunched run to start")
+    argv = bytes.fromhex((workdir / "argv.hex").read_text()).rstrip(b"\0").split(b"\0")
+    assert argv[1:] == [script.encode(), b"--resume", ckpt]
+
+    (entry,) = rig.store.audit_log("box1")
+    assert (entry.action, entry.phase, entry.outcome) == ("relaunch", "execute", "sent")
+    assert "step-\\xff\\xfe" in (entry.command or ""), entry.command
+    assert os.listdir(rig.box_tmp) == []  # the launch script was whole, and removed itself
+    await poll(host, history)
+    assert (await actions.verify(plan, host, history, store=rig.store)).ok is True
+
+
+async def test_a_launch_script_cut_short_is_never_left_and_the_audit_says_why(rig: Rig) -> None:
+    """A real fault mid-write: the box's interpreter may write files of at most 512 bytes
+    (ulimit -f, SIGXFSZ ignored: the write fails with EFBIG after a partial write). No launch
+    script is left, nothing runs, and the audit row names the step that failed."""
+    workdir = rig.root / "full"
+    workdir.mkdir()
+    wrapper = rig.root / "python-fsize"
+    wrapper.write_text(f"#!/bin/sh\ntrap '' XFSZ\nulimit -f 1\nexec {shlex.quote(PY)} \"$@\"\n")
+    wrapper.chmod(0o755)
+    padding = "#" + "x" * 2000  # the script is larger than the limit
+    run = RunConfig("full", process=TRAIN, workdir=str(workdir), detach="setsid",
+                    relaunch=f"touch started {padding}")
+    host = rig.host(run)
+    history = HostHistory(host.name)
+    await poll(host, history)
+    plan = actions.plan_relaunch(host, "full", history)
+    assert plan.refusal is None, plan.refusal
+    limited = replace(host, python=str(wrapper))
+    outcome = await actions.execute(plan, limited, store=rig.store, readonly=False)
+    assert outcome.ok is False
+    assert "writing the launch script" in outcome.message, outcome.message
+    assert "File too large" in outcome.message, outcome.message
+    assert os.listdir(rig.box_tmp) == []  # not an empty script, not half of one
+    assert not (workdir / "started").exists()
+    (entry,) = rig.store.audit_log("box1")
+    assert entry.action == "relaunch" and entry.ok is False
+    assert "writing the launch script" in entry.message
+
+
+def _box_answer(request: dict, monkeypatch: pytest.MonkeyPatch,
+                capsys: pytest.CaptureFixture[str]) -> dict:
+    """The box script's main(), in this process (so a test can step into it), answering one
+    request on the real /proc."""
+    import io
+
+    from gpuwatch.remote import actions_box
+
+    monkeypatch.delenv("GPUWATCH_PROCFS", raising=False)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(json.dumps(request).encode())))
+    capsys.readouterr()
+    actions_box.main()
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_box_script_failure_is_an_answer_naming_the_step(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Whatever goes wrong inside the box script is said in its answer (the client audits what
+    it is told), never a bare traceback."""
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    doc = _box_answer({"v": 1, "op": "signal", "boot_id": boot, "signal": "TERM",
+                       "wait_s": 0, "targets": [{"pid": 2 ** 70, "start_ticks": 1},
+                                                {"pid": "1x", "start_ticks": 1}]},
+                      monkeypatch, capsys)
+    assert doc["failed"].startswith("the action script failed while signalling: ValueError")
+    plan = actions.ActionPlan("kill", "box1", (), None, "TERM", None, ())
+    assert actions._failed_on_box(plan, doc).message.startswith("failed on box1: the action")
