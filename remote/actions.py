@@ -10,6 +10,9 @@ Rules this module keeps:
 - Identity before every signal. The box-side script (actions_box.py, stdlib, Python 3.6+, sent
   over stdin like the probe) re-reads /proc/sys/kernel/random/boot_id and /proc/PID/stat's start
   time in the same call that signals; a reused pid or a rebooted box is refused there and then.
+  Where the box has pidfds (Linux 5.3+, Python 3.9+) it opens the pid first, checks, and signals
+  through the pidfd: no window at all between check and signal. The outcome and its audit row
+  say which way was used.
 - TERM, a grace period, then KILL, each signal its own SSH call (U4). A dropped connection after
   a kill is normal (U1): the outcome is never read from the kill's exit status, it is `None`
   ("sent") until a fresh poll shows the processes gone and the VRAM back.
@@ -741,10 +744,11 @@ async def _signal(plan: ActionPlan, host: HostConfig, accept_new: bool,
     signalled = [r for r in results if r.get("status") == "signalled"]
     for r in results:
         lines.append(_result_line(r, plan.signal))
+    via = _via_line(doc)
     if doc is not None and not signalled:
         done = all(r.get("status") in ("gone", "defunct") for r in results)
         ok: bool | None = None if done else False
-        return ActionOutcome(ok, "; ".join(lines) or "nothing to signal"), (
+        return ActionOutcome(ok, "; ".join(lines + via) or "nothing to signal"), (
             "sent" if done else "refused")
     if plan.signal == "TERM":
         if doc is not None:
@@ -758,8 +762,10 @@ async def _signal(plan: ActionPlan, host: HostConfig, accept_new: bool,
             rest = grace_s - (time.monotonic() - t0)
             if rest > 0:
                 await asyncio.sleep(rest)
-            lines.append(_kill_line(await _escalate(plan, host, accept_new, alive)))
-    outcome_text = "; ".join(lines) + "; the next poll verifies that they are gone"
+            escalated = await _escalate(plan, host, accept_new, alive)
+            lines.append(_kill_line(escalated))
+            via = via or _via_line(escalated)
+    outcome_text = "; ".join(lines + via) + "; the next poll verifies that they are gone"
     if lost:
         outcome_text += " (a dropped connection is not a failure: U1)"
     return ActionOutcome(None, outcome_text), "sent"
@@ -773,6 +779,23 @@ async def _escalate(plan: ActionPlan, host: HostConfig, accept_new: bool,
                            accept_new_host_keys=accept_new)
     except (_Lost, _Unsent, ActionError):
         return None
+
+
+def _via_line(doc: Mapping[str, Any] | None) -> list[str]:
+    """How the box signalled (DESIGN §4), for the outcome and the audit row: through a pidfd
+    (the identity re-checked on the very process signalled: no pid-reuse window) or by pid
+    with os.kill right after the check (a box without pidfds)."""
+    if not doc or doc.get("via") not in ("pidfd", "kill"):
+        return []
+    rows = [r for r in doc.get("results", []) if r.get("status") != "gone"]
+    if not rows:
+        return []
+    if all(r.get("via") == "pidfd" for r in rows):
+        return ["each pid was opened as a pidfd, its identity re-checked and any signal sent "
+                "through it (no pid-reuse window)"]
+    why = f": {doc['via_why']}" if doc.get("via_why") else ""
+    return [f"each identity was checked, then any signal sent by pid with kill(2) (no pidfd"
+            f"{why})"]
 
 
 def _failed_on_box(plan: ActionPlan, doc: Mapping[str, Any]) -> ActionOutcome:

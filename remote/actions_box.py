@@ -15,8 +15,14 @@ Requests (unknown keys are ignored):
         /proc/sys/kernel/random/boot_id against the snapshot's, /proc/PID/stat field 22 (start
         time in clock ticks since boot) against the target's. A mismatch signals nothing. Not
         root: only this login's own processes (a clear "not_yours", never a bare EPERM).
+        Where the box has pidfds (Linux 5.3+, Python 3.9+) the pid is opened first, the
+        identity re-checked, and the signal sent through that pidfd: it names the process
+        that was checked, so a pid reused after the check cannot be hit. Elsewhere os.kill
+        follows the check (a window of microseconds). The answer's "via" says which
+        ("pidfd" | "kill", with "via_why" for kill).
         tree: also the live descendants of a signalled target that share its session (a dead
-        run's dataloader workers and ranks). Then waits up to wait_s for them to be gone.
+        run's dataloader workers and ranks), each checked and signalled the same way. Then
+        waits up to wait_s for them to be gone.
 
     {"v": 1, "op": "relaunch", "run": str, "process": str, "scripts": [str, ...],
      "workdir": str, "log": str, "command": str, "env": {NAME: value}, "detach": "tmux" |
@@ -63,6 +69,9 @@ SESSION_NAMES = ("TERM", "STY", "DISPLAY", "SHLVL", "PWD", "OLDPWD", "_", "WINDO
                  "TERMCAP", "COLUMNS", "LINES", "MAIL")
 SESSION_PREFIXES = ("SSH_", "TMUX", "XDG_SESSION_")
 SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
+# Looked up by name: both are new in Python 3.9, and a 3.6 box has neither.
+PIDFD_OPEN = getattr(os, "pidfd_open", None)
+PIDFD_SEND = getattr(signal, "pidfd_send_signal", None)
 
 
 def fs_bytes(text: str) -> bytes:
@@ -197,9 +206,26 @@ def check_target(target: dict, euid: int) -> "tuple":
     return None, st
 
 
-def send(pid: int, sig: int) -> str:
+def pidfd_missing() -> "str | None":
+    """Why this box signals by pid (os.kill right after the identity check), or None when it
+    has pidfds and every signal goes through one."""
+    if PIDFD_OPEN is None or PIDFD_SEND is None:
+        return "Python {}.{} has no os.pidfd_open (3.9+)".format(*sys.version_info[:2])
     try:
-        os.kill(pid, sig)
+        fd = PIDFD_OPEN(os.getpid())
+    except OSError as exc:  # ENOSYS: a kernel before 5.3
+        return f"this kernel has no pidfd_open (Linux 5.3+): {exc.strerror or exc}"
+    os.close(fd)
+    return None
+
+
+def send(pid: int, sig: int, pidfd: "int | None" = None) -> str:
+    """Signal by pidfd (exactly the process it was opened on) or, without one, by pid."""
+    try:
+        if pidfd is not None and PIDFD_SEND is not None:
+            PIDFD_SEND(pidfd, sig)
+        else:
+            os.kill(pid, sig)
     except ProcessLookupError:
         return "gone"
     except PermissionError:
@@ -207,6 +233,43 @@ def send(pid: int, sig: int) -> str:
     except OSError as exc:
         return "eperm" if exc.errno == errno.EPERM else "error"
     return "signalled"
+
+
+def open_pidfd(pid: int) -> "tuple":
+    """(fd, None) for a pidfd on pid; (None, "gone") when no such process exists; (None, None)
+    when the pid cannot be opened this way (then os.kill after the check, as without pidfds)."""
+    if PIDFD_OPEN is None:
+        return None, None
+    try:
+        return PIDFD_OPEN(pid), None
+    except ProcessLookupError:
+        return None, "gone"
+    except (OSError, OverflowError):  # a thread's id, or no pid at all: the check decides
+        return None, None
+
+
+def signal_checked(target: dict, euid: int, sig: int, use_pidfd: bool,
+                   family: "set") -> "tuple":
+    """(status, stat, via) for one target: open it (pidfd), re-check its identity, signal.
+    With a pidfd there is no window (DESIGN §4): if /proc/PID/stat shows the target's start
+    time after the fd was opened, the target held the pid then, and as it is older than the
+    fd, it is the process the fd holds; the signal goes to that process alone, even if it
+    exits and its pid is reused before the signal."""
+    pid = int(target["pid"])
+    fd, early = open_pidfd(pid) if use_pidfd else (None, None)
+    if early is not None:
+        return early, None, "pidfd"
+    via = "pidfd" if fd is not None else "kill"
+    try:
+        status, st = check_target(target, euid)
+        if status is None and pid in family:
+            status = "refused"
+        if status is None:
+            status = send(pid, sig, fd)
+        return status, st, via
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def session_children(roots: "list", stats: "dict", skip: "set") -> "list":
@@ -247,37 +310,35 @@ def op_signal(req: dict, out: dict) -> dict:
                           "every pid seen then is gone; nothing was signalled")
         return out
     sig, euid = SIGNALS[name], os.geteuid()
+    out["step"] = "checking for pidfds"
+    why_not = pidfd_missing()
+    out["via"] = "kill" if why_not else "pidfd"
+    if why_not:
+        out["via_why"] = why_not
     family = own_family()
     signalled = []
     out["step"] = "signalling"
     for target in req.get("targets") or []:
-        status, st = check_target(target, euid)
+        status, st, via = signal_checked(target, euid, sig, not why_not, family)
         pid = int(target["pid"])
-        row = {"pid": pid, "start_ticks": int(target["start_ticks"])}  # type: dict
+        row = {"pid": pid, "start_ticks": int(target["start_ticks"]), "via": via}  # type: dict
         if st is not None:
             row.update(now_start_ticks=st["start_ticks"], state=st["state"],
                        user=user_name(proc_uid(pid)))
-        if status is None and pid in family:
-            status = "refused"
-        if status is None:
-            status = send(pid, sig)
-            if status == "signalled":
-                signalled.append((pid, st["start_ticks"]))
+        if status == "signalled":
+            signalled.append((pid, st["start_ticks"]))
         row["status"] = status
         out["results"].append(row)
     if req.get("tree") and signalled:
         stats = all_stats()
         roots = [pid for pid, _ in signalled if pid in stats]
         for child, root in session_children(roots, stats, family | {p for p, _ in signalled}):
-            uid = proc_uid(child["pid"])
+            status, st, via = signal_checked(child, euid, sig, not why_not, family)
             row = {"pid": child["pid"], "start_ticks": child["start_ticks"], "child_of": root,
-                   "state": child["state"], "user": user_name(uid)}
-            if euid != 0 and uid != euid:
-                row["status"] = "not_yours"
-            else:
-                row["status"] = send(child["pid"], sig)
-                if row["status"] == "signalled":
-                    signalled.append((child["pid"], child["start_ticks"]))
+                   "state": child["state"], "user": user_name(proc_uid(child["pid"])),
+                   "status": status, "via": via}
+            if status == "signalled":
+                signalled.append((child["pid"], child["start_ticks"]))
             out["results"].append(row)
     out["step"] = "waiting for them to exit"
     deadline = time.monotonic() + max(0.0, float(req.get("wait_s") or 0.0))

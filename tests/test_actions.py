@@ -657,6 +657,7 @@ def test_box_script_runs_under_python_36(tmp_path: Path) -> None:
                               input=build_stdin(request), capture_output=True, timeout=30)
         doc = json.loads(done.stdout)
         assert doc["results"][0]["status"] == "signalled", doc
+        assert doc["via"] == "kill" and "Python 3.6 has no os.pidfd_open" in doc["via_why"]
         assert sleeper.wait(5) == -signal.SIGTERM
     finally:
         sleeper.kill()
@@ -835,6 +836,35 @@ async def test_a_launch_script_cut_short_is_never_left_and_the_audit_says_why(ri
     assert "writing the launch script" in entry.message
 
 
+# ---------------------------------------------------------------- pidfds (issue 15, case 10)
+
+def _have_pidfds() -> None:
+    """This machine must have pidfds (Linux 5.3+, Python 3.9+) for the pidfd tests."""
+    from harness.captures import missing
+
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError) as exc:
+        missing(f"no pidfds here ({exc})")
+
+
+async def test_kill_goes_through_a_pidfd_and_the_audit_says_so(rig: Rig) -> None:
+    _have_pidfds()
+    holder = rig.spawn([PY, "-c", "import time; time.sleep(600)"])
+    rig.box.add_compute_app(0, holder.pid, "python", 1000, follows_pid=True)
+    host = rig.host()
+    history = HostHistory(host.name)
+    await poll(host, history)
+    plan = actions.plan_kill(host, history, holder.pid)
+    outcome = await actions.execute(plan, host, store=rig.store, readonly=False, grace_s=2.0)
+    assert outcome.ok is None, outcome.message
+    assert f"pid {holder.pid} (root): TERM sent" in outcome.message
+    assert "through it (no pid-reuse window)" in outcome.message, outcome.message
+    holder.wait(5)
+    (entry,) = rig.store.audit_log("box1")
+    assert entry.outcome == "sent" and "opened as a pidfd" in entry.message, entry.message
+
+
 def _box_answer(request: dict, monkeypatch: pytest.MonkeyPatch,
                 capsys: pytest.CaptureFixture[str]) -> dict:
     """The box script's main(), in this process (so a test can step into it), answering one
@@ -850,15 +880,126 @@ def _box_answer(request: dict, monkeypatch: pytest.MonkeyPatch,
     return json.loads(capsys.readouterr().out)
 
 
+def _identity(pid: int) -> dict:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return {"pid": pid, "start_ticks": int(stat[stat.rindex(")") + 2:].split()[19])}
+
+
+def _boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def _fork_as(pid: int) -> int | None:
+    """A child that gets exactly this (free) pid, by setting the kernel's last pid under it
+    (root): it blocks SIGTERM, so a TERM sent to it stays pending where a test can see it.
+    None when another process took the pid first."""
+    last = Path("/proc/sys/kernel/ns_last_pid")
+    read, write = os.pipe()
+    last.write_text(str(pid - 1))
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        os.write(write, b"r")
+        time.sleep(120)
+        os._exit(0)
+    os.close(write)
+    os.read(read, 1)
+    os.close(read)
+    if child == pid:
+        return child
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    return None
+
+
+def _sigterm_pending(pid: int) -> bool:
+    status = proc_status(pid)
+    return any(int(status[key], 16) & SIGTERM_BIT for key in ("SigPnd", "ShdPnd"))
+
+
+def test_a_pid_reused_between_the_check_and_the_signal_is_not_hit(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 15 case 10, with a real pid reuse: the target dies and a new process takes its pid
+    right after the box script checked the identity, before it signals. Through the pidfd
+    opened before the check, the signal goes to the dead target (gone), not the newcomer."""
+    from gpuwatch.remote import actions_box
+    from harness.captures import missing
+
+    _have_pidfds()
+    if not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK):
+        missing("forcing a pid reuse needs root (/proc/sys/kernel/ns_last_pid)")
+    target = subprocess.Popen(["sleep", "120"])
+    identity = _identity(target.pid)
+    newcomer: list[int] = []
+    checked = actions_box.check_target
+
+    def check_then_reuse(t: dict, euid: int) -> tuple:
+        verdict = checked(t, euid)
+        if int(t["pid"]) == target.pid and not newcomer:
+            target.kill()
+            target.wait()
+            for _ in range(200):  # another process may fork between the write and ours
+                got = _fork_as(target.pid)
+                if got is not None:
+                    newcomer.append(got)
+                    break
+                if os.path.exists(f"/proc/{target.pid}"):
+                    break  # taken by someone else's process: no reuse to be had
+            if not newcomer:
+                missing(f"could not get pid {target.pid} again for a forced reuse")
+        return verdict
+
+    monkeypatch.setattr(actions_box, "check_target", check_then_reuse)
+    try:
+        doc = _box_answer({"v": 1, "op": "signal", "boot_id": _boot_id(), "signal": "TERM",
+                           "wait_s": 0, "tree": True, "targets": [identity]},
+                          monkeypatch, capsys)
+        assert newcomer == [target.pid]
+        (row,) = doc["results"]
+        assert not _sigterm_pending(target.pid), "the newcomer under the reused pid was hit"
+        assert row["status"] == "gone" and row["via"] == "pidfd", row
+        assert doc["via"] == "pidfd"
+    finally:
+        for pid in newcomer:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        if target.poll() is None:
+            target.kill()
+            target.wait()
+
+
+def test_without_pidfds_the_check_is_followed_by_kill_and_the_answer_says_so(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A box without pidfds (Python < 3.9 or Linux < 5.3): today's check, then kill(2), and
+    the answer names which was used, so the outcome and the audit row can say it."""
+    from gpuwatch.remote import actions_box
+
+    monkeypatch.setattr(actions_box, "PIDFD_OPEN", None)
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        doc = _box_answer({"v": 1, "op": "signal", "boot_id": _boot_id(), "signal": "TERM",
+                           "wait_s": 5, "targets": [_identity(sleeper.pid)]},
+                          monkeypatch, capsys)
+        (row,) = doc["results"]
+        assert row["status"] == "signalled" and row["via"] == "kill", row
+        assert doc["via"] == "kill" and "no os.pidfd_open" in doc["via_why"]
+        assert sleeper.wait(5) == -signal.SIGTERM
+        assert "sent by pid with kill(2) (no pidfd: Python" in actions._via_line(doc)[0]
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
+
+
 def test_a_box_script_failure_is_an_answer_naming_the_step(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Whatever goes wrong inside the box script is said in its answer (the client audits what
-    it is told), never a bare traceback."""
-    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    doc = _box_answer({"v": 1, "op": "signal", "boot_id": boot, "signal": "TERM",
+    it is told), never a bare traceback; an absurd pid is just gone, as before pidfds."""
+    doc = _box_answer({"v": 1, "op": "signal", "boot_id": _boot_id(), "signal": "TERM",
                        "wait_s": 0, "targets": [{"pid": 2 ** 70, "start_ticks": 1},
                                                 {"pid": "1x", "start_ticks": 1}]},
                       monkeypatch, capsys)
     assert doc["failed"].startswith("the action script failed while signalling: ValueError")
+    assert doc["results"][0]["status"] == "gone"
     plan = actions.ActionPlan("kill", "box1", (), None, "TERM", None, ())
     assert actions._failed_on_box(plan, doc).message.startswith("failed on box1: the action")
