@@ -10,6 +10,9 @@ Rules this module keeps:
 - Identity before every signal. The box-side script (actions_box.py, stdlib, Python 3.6+, sent
   over stdin like the probe) re-reads /proc/sys/kernel/random/boot_id and /proc/PID/stat's start
   time in the same call that signals; a reused pid or a rebooted box is refused there and then.
+  Where the box has pidfds (Linux 5.3+, Python 3.9+) it opens the pid first, checks, and signals
+  through the pidfd: no window at all between check and signal. The outcome and its audit row
+  say which way was used.
 - TERM, a grace period, then KILL, each signal its own SSH call (U4). A dropped connection after
   a kill is normal (U1): the outcome is never read from the kill's exit status, it is `None`
   ("sent") until a fresh poll shows the processes gone and the VRAM back.
@@ -19,6 +22,10 @@ Rules this module keeps:
   exported (U2, U18, U43).
 - Config values and box text reach a shell only through shlex.quote; nothing read from the box
   is executed; the SSH command line carries neither (U34).
+- Paths are the box's bytes end to end: a file name that is not UTF-8 arrives from the probe
+  with its bytes as lone surrogates (surrogateescape), is quoted and sent back that way, and
+  the box script turns it into the same bytes. Text for people (the confirmation, outcomes,
+  the audit log) shows those bytes escaped (`step-\\xff`): never a UnicodeEncodeError.
 """
 
 from __future__ import annotations
@@ -144,7 +151,7 @@ class ActionPlan:
         lines += [f"note: {note}" for note in self.notes]
         if self.refusal:
             lines.append(f"cannot {self.kind}: {self.refusal}")
-        return "\n".join(lines)
+        return shown_bytes("\n".join(lines))
 
     def _describe_signal(self) -> list[str]:
         if not self.targets:
@@ -189,6 +196,11 @@ class ActionOutcome:
     ok: bool | None
     message: str
 
+    def __post_init__(self) -> None:
+        # Box paths may hold bytes that are not UTF-8 (lone surrogates): shown escaped, so the
+        # message can go to a terminal, a toast or the audit log as it is.
+        object.__setattr__(self, "message", shown_bytes(self.message))
+
 
 class ActionError(Exception):
     """The box's answer to an action cannot be read."""
@@ -196,6 +208,16 @@ class ActionError(Exception):
 
 def shown_env(name: str, value: str) -> str:
     return "***" if SECRET_NAME.search(name) else value
+
+
+def shown_bytes(text: str) -> str:
+    """Text that can be written anywhere (a terminal, SQLite, JSON): the bytes of a box's file
+    name that is not UTF-8 (lone surrogates, from surrogateescape) shown as `\\xff`, any other
+    lone surrogate as `\\udXXX`. Valid text is unchanged."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no byte stands for (not from a file name)
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _refused(kind: ActionKind, host: HostConfig, reason: str, *, signal: str = "TERM",
@@ -608,8 +630,11 @@ def who() -> str:
 
 def _audit_targets(plan: ActionPlan) -> list[dict[str, Any]]:
     if plan.kind == "relaunch":
-        return [{"run": plan.launch.run if plan.launch else None}]
-    return [t.identity() for t in plan.targets]
+        rows = [{"run": plan.launch.run if plan.launch else None}]
+    else:
+        rows = [t.identity() for t in plan.targets]
+    return [{k: shown_bytes(v) if isinstance(v, str) else v for k, v in row.items()}
+            for row in rows]
 
 
 def _audit_command(plan: ActionPlan) -> str | None:
@@ -625,11 +650,15 @@ def _audit_command(plan: ActionPlan) -> str | None:
 
 def _record(store: Store | None, plan: ActionPlan, phase: str, outcome: ActionOutcome,
             label: str) -> None:
+    """One audit row. Its text is escaped first (shown_bytes): SQLite takes only valid UTF-8,
+    and a path from the box need not be (issue 15: a row must never be lost to a file name)."""
     if store is None:
         return
+    command = _audit_command(plan)
     store.record_action(who=who(), host=plan.host, action=plan.kind, phase=phase,
-                        targets=_audit_targets(plan), command=_audit_command(plan),
-                        outcome=label, ok=outcome.ok, message=outcome.message)
+                        targets=_audit_targets(plan),
+                        command=shown_bytes(command) if command is not None else None,
+                        outcome=label, ok=outcome.ok, message=shown_bytes(outcome.message))
 
 
 def mark_reaped(plan: ActionPlan, history: HostHistory) -> None:
@@ -671,6 +700,13 @@ async def execute(plan: ActionPlan, host: HostConfig, *, store: Store | None, re
                                               f"{exc.message} Nothing was done."), "failed"
     except ActionError as exc:
         outcome, label = ActionOutcome(False, str(exc)), "failed"
+    except Exception as exc:
+        # A bug of gpuwatch's own, after the request may have been sent: the audit log says
+        # so before it propagates (the caller reports internal errors).
+        _record(store, plan, "execute", ActionOutcome(False, (
+            f"gpuwatch failed while sending the {plan.kind} to {plan.host}: "
+            f"{type(exc).__name__}: {exc}; it may or may not have been done")), "failed")
+        raise
     _record(store, plan, "execute", outcome, label)
     return outcome
 
@@ -716,14 +752,17 @@ async def _signal(plan: ActionPlan, host: HostConfig, accept_new: bool,
                      "normal after a kill (U1)")
     if doc is not None and doc.get("refused"):
         return ActionOutcome(False, f"refused on {plan.host}: {doc['refused']}"), "refused"
+    if doc is not None and doc.get("failed"):
+        return _failed_on_box(plan, doc), "failed"
     results = doc.get("results", []) if doc else []
     signalled = [r for r in results if r.get("status") == "signalled"]
     for r in results:
         lines.append(_result_line(r, plan.signal))
+    via = _via_line(doc)
     if doc is not None and not signalled:
         done = all(r.get("status") in ("gone", "defunct") for r in results)
         ok: bool | None = None if done else False
-        return ActionOutcome(ok, "; ".join(lines) or "nothing to signal"), (
+        return ActionOutcome(ok, "; ".join(lines + via) or "nothing to signal"), (
             "sent" if done else "refused")
     if plan.signal == "TERM":
         if doc is not None:
@@ -737,8 +776,10 @@ async def _signal(plan: ActionPlan, host: HostConfig, accept_new: bool,
             rest = grace_s - (time.monotonic() - t0)
             if rest > 0:
                 await asyncio.sleep(rest)
-            lines.append(_kill_line(await _escalate(plan, host, accept_new, alive)))
-    outcome_text = "; ".join(lines) + "; the next poll verifies that they are gone"
+            escalated = await _escalate(plan, host, accept_new, alive)
+            lines.append(_kill_line(escalated))
+            via = via or _via_line(escalated)
+    outcome_text = "; ".join(lines + via) + "; the next poll verifies that they are gone"
     if lost:
         outcome_text += " (a dropped connection is not a failure: U1)"
     return ActionOutcome(None, outcome_text), "sent"
@@ -752,6 +793,27 @@ async def _escalate(plan: ActionPlan, host: HostConfig, accept_new: bool,
                            accept_new_host_keys=accept_new)
     except (_Lost, _Unsent, ActionError):
         return None
+
+
+def _via_line(doc: Mapping[str, Any] | None) -> list[str]:
+    """How the box signalled (DESIGN §4), for the outcome and the audit row: through a pidfd
+    (the identity re-checked on the very process signalled: no pid-reuse window) or by pid
+    with os.kill right after the check (a box without pidfds)."""
+    if not doc or doc.get("via") not in ("pidfd", "kill"):
+        return []
+    rows = [r for r in doc.get("results", []) if r.get("status") != "gone"]
+    if not rows:
+        return []
+    if all(r.get("via") == "pidfd" for r in rows):
+        return ["each pid was opened as a pidfd, its identity re-checked and any signal sent "
+                "through it (no pid-reuse window)"]
+    why = f": {doc['via_why']}" if doc.get("via_why") else ""
+    return [f"each identity was checked, then any signal sent by pid with kill(2) (no pidfd"
+            f"{why})"]
+
+
+def _failed_on_box(plan: ActionPlan, doc: Mapping[str, Any]) -> ActionOutcome:
+    return ActionOutcome(False, f"failed on {plan.host}: {doc['failed']}")
 
 
 def _kill_line(doc: dict[str, Any] | None) -> str:
@@ -792,6 +854,8 @@ async def _relaunch(plan: ActionPlan, host: HostConfig,
                                    f"({exc}); the next poll shows whether it runs"), "sent"
     if doc.get("refused"):
         return ActionOutcome(False, f"refused on {plan.host}: {doc['refused']}"), "refused"
+    if doc.get("failed"):
+        return _failed_on_box(plan, doc), "failed"
     note = f" ({doc['note']})" if doc.get("note") else ""
     if doc.get("status") == "exited":
         tail = str(doc.get("log_tail") or "").strip().splitlines()[-5:]

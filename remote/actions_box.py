@@ -15,8 +15,14 @@ Requests (unknown keys are ignored):
         /proc/sys/kernel/random/boot_id against the snapshot's, /proc/PID/stat field 22 (start
         time in clock ticks since boot) against the target's. A mismatch signals nothing. Not
         root: only this login's own processes (a clear "not_yours", never a bare EPERM).
+        Where the box has pidfds (Linux 5.3+, Python 3.9+) the pid is opened first, the
+        identity re-checked, and the signal sent through that pidfd: it names the process
+        that was checked, so a pid reused after the check cannot be hit. Elsewhere os.kill
+        follows the check (a window of microseconds). The answer's "via" says which
+        ("pidfd" | "kill", with "via_why" for kill).
         tree: also the live descendants of a signalled target that share its session (a dead
-        run's dataloader workers and ranks). Then waits up to wait_s for them to be gone.
+        run's dataloader workers and ranks), each checked and signalled the same way. Then
+        waits up to wait_s for them to be gone.
 
     {"v": 1, "op": "relaunch", "run": str, "process": str, "scripts": [str, ...],
      "workdir": str, "log": str, "command": str, "env": {NAME: value}, "detach": "tmux" |
@@ -29,10 +35,15 @@ Requests (unknown keys are ignored):
         through a private 0600 script that deletes itself, exports the env and
         PYTHONUNBUFFERED=1 (U2, U43), cds to the workdir and runs the command with stdin from
         /dev/null, stdout and stderr appended to the log (U18). The env never appears in any
-        process's argv (U34).
+        process's argv (U34). The script is written whole or not at all.
 
-Answer: one JSON object on stdout: {"v": 1, "op", "boot_id", "euid", ...}; "refused": reason
-when the whole request was refused.
+        Paths and the command are bytes on the box: a file name that is not UTF-8 reaches the
+        client from the probe with its bytes as lone surrogates (Python's surrogateescape),
+        and comes back here the same way; fs_bytes turns it into the very same bytes.
+
+Answer: one JSON object on stdout: {"v": 1, "op", "boot_id", "euid", "step", ...}; "refused":
+reason when the whole request was refused; "failed": what went wrong and at which step when the
+script itself failed (never a bare traceback: the client audits what it is told).
 """
 
 import errno
@@ -58,6 +69,27 @@ SESSION_NAMES = ("TERM", "STY", "DISPLAY", "SHLVL", "PWD", "OLDPWD", "_", "WINDO
                  "TERMCAP", "COLUMNS", "LINES", "MAIL")
 SESSION_PREFIXES = ("SSH_", "TMUX", "XDG_SESSION_")
 SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
+# Looked up by name: both are new in Python 3.9, and a 3.6 box has neither.
+PIDFD_OPEN = getattr(os, "pidfd_open", None)
+PIDFD_SEND = getattr(signal, "pidfd_send_signal", None)
+
+
+def fs_bytes(text: str) -> bytes:
+    """A path or command line as the box's bytes. The probe reads names with the box's file
+    system encoding and surrogateescape, so a name that is not UTF-8 travels as lone
+    surrogates; os.fsencode gives back its very bytes. Text the box's encoding cannot hold (a
+    UTF-8 name from the config on a 3.6 box in the C locale, whose encoding is ASCII) is UTF-8,
+    with any surrogates still their bytes. Raises UnicodeEncodeError for a lone surrogate that
+    no byte stands for (not from a file name)."""
+    try:
+        return os.fsencode(text)
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape")
+
+
+def fs_text(raw: bytes) -> str:
+    """The inverse of fs_bytes, for the JSON answer (never fails)."""
+    return os.fsdecode(raw)
 
 
 def read_text(path: str) -> str:
@@ -107,13 +139,17 @@ def user_name(uid: "int | None") -> str:
         return str(uid)
 
 
-def cmdline(pid: int) -> "list":
+def cmdline_bytes(pid: int) -> "list":
     try:
         with open(os.path.join(PROCFS, str(pid), "cmdline"), "rb") as fh:
             raw = fh.read()
     except OSError:
         return []
-    return [a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0") if a]
+    return [a for a in raw.rstrip(b"\0").split(b"\0") if a]
+
+
+def cmdline(pid: int) -> "list":
+    return [a.decode("utf-8", "replace") for a in cmdline_bytes(pid)]
 
 
 def all_stats() -> "dict":
@@ -170,9 +206,26 @@ def check_target(target: dict, euid: int) -> "tuple":
     return None, st
 
 
-def send(pid: int, sig: int) -> str:
+def pidfd_missing() -> "str | None":
+    """Why this box signals by pid (os.kill right after the identity check), or None when it
+    has pidfds and every signal goes through one."""
+    if PIDFD_OPEN is None or PIDFD_SEND is None:
+        return "Python {}.{} has no os.pidfd_open (3.9+)".format(*sys.version_info[:2])
     try:
-        os.kill(pid, sig)
+        fd = PIDFD_OPEN(os.getpid())
+    except OSError as exc:  # ENOSYS: a kernel before 5.3
+        return f"this kernel has no pidfd_open (Linux 5.3+): {exc.strerror or exc}"
+    os.close(fd)
+    return None
+
+
+def send(pid: int, sig: int, pidfd: "int | None" = None) -> str:
+    """Signal by pidfd (exactly the process it was opened on) or, without one, by pid."""
+    try:
+        if pidfd is not None and PIDFD_SEND is not None:
+            PIDFD_SEND(pidfd, sig)
+        else:
+            os.kill(pid, sig)
     except ProcessLookupError:
         return "gone"
     except PermissionError:
@@ -180,6 +233,43 @@ def send(pid: int, sig: int) -> str:
     except OSError as exc:
         return "eperm" if exc.errno == errno.EPERM else "error"
     return "signalled"
+
+
+def open_pidfd(pid: int) -> "tuple":
+    """(fd, None) for a pidfd on pid; (None, "gone") when no such process exists; (None, None)
+    when the pid cannot be opened this way (then os.kill after the check, as without pidfds)."""
+    if PIDFD_OPEN is None:
+        return None, None
+    try:
+        return PIDFD_OPEN(pid), None
+    except ProcessLookupError:
+        return None, "gone"
+    except (OSError, OverflowError):  # a thread's id, or no pid at all: the check decides
+        return None, None
+
+
+def signal_checked(target: dict, euid: int, sig: int, use_pidfd: bool,
+                   family: "set") -> "tuple":
+    """(status, stat, via) for one target: open it (pidfd), re-check its identity, signal.
+    With a pidfd there is no window (DESIGN §4): if /proc/PID/stat shows the target's start
+    time after the fd was opened, the target held the pid then, and as it is older than the
+    fd, it is the process the fd holds; the signal goes to that process alone, even if it
+    exits and its pid is reused before the signal."""
+    pid = int(target["pid"])
+    fd, early = open_pidfd(pid) if use_pidfd else (None, None)
+    if early is not None:
+        return early, None, "pidfd"
+    via = "pidfd" if fd is not None else "kill"
+    try:
+        status, st = check_target(target, euid)
+        if status is None and pid in family:
+            status = "refused"
+        if status is None:
+            status = send(pid, sig, fd)
+        return status, st, via
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def session_children(roots: "list", stats: "dict", skip: "set") -> "list":
@@ -202,8 +292,8 @@ def session_children(roots: "list", stats: "dict", skip: "set") -> "list":
     return found
 
 
-def op_signal(req: dict) -> dict:
-    out = {"op": "signal", "results": [], "alive": []}  # type: dict
+def op_signal(req: dict, out: dict) -> dict:
+    out.update(op="signal", results=[], alive=[])
     fake = simulated_procfs()
     if fake:
         out["refused"] = (f"this box's /proc is a simulated tree (GPUWATCH_PROCFS={fake}): its "
@@ -220,37 +310,37 @@ def op_signal(req: dict) -> dict:
                           "every pid seen then is gone; nothing was signalled")
         return out
     sig, euid = SIGNALS[name], os.geteuid()
+    out["step"] = "checking for pidfds"
+    why_not = pidfd_missing()
+    out["via"] = "kill" if why_not else "pidfd"
+    if why_not:
+        out["via_why"] = why_not
     family = own_family()
     signalled = []
+    out["step"] = "signalling"
     for target in req.get("targets") or []:
-        status, st = check_target(target, euid)
+        status, st, via = signal_checked(target, euid, sig, not why_not, family)
         pid = int(target["pid"])
-        row = {"pid": pid, "start_ticks": int(target["start_ticks"])}  # type: dict
+        row = {"pid": pid, "start_ticks": int(target["start_ticks"]), "via": via}  # type: dict
         if st is not None:
             row.update(now_start_ticks=st["start_ticks"], state=st["state"],
                        user=user_name(proc_uid(pid)))
-        if status is None and pid in family:
-            status = "refused"
-        if status is None:
-            status = send(pid, sig)
-            if status == "signalled":
-                signalled.append((pid, st["start_ticks"]))
+        if status == "signalled":
+            signalled.append((pid, st["start_ticks"]))
         row["status"] = status
         out["results"].append(row)
     if req.get("tree") and signalled:
         stats = all_stats()
         roots = [pid for pid, _ in signalled if pid in stats]
         for child, root in session_children(roots, stats, family | {p for p, _ in signalled}):
-            uid = proc_uid(child["pid"])
+            status, st, via = signal_checked(child, euid, sig, not why_not, family)
             row = {"pid": child["pid"], "start_ticks": child["start_ticks"], "child_of": root,
-                   "state": child["state"], "user": user_name(uid)}
-            if euid != 0 and uid != euid:
-                row["status"] = "not_yours"
-            else:
-                row["status"] = send(child["pid"], sig)
-                if row["status"] == "signalled":
-                    signalled.append((child["pid"], child["start_ticks"]))
+                   "state": child["state"], "user": user_name(proc_uid(child["pid"])),
+                   "status": status, "via": via}
+            if status == "signalled":
+                signalled.append((child["pid"], child["start_ticks"]))
             out["results"].append(row)
+    out["step"] = "waiting for them to exit"
     deadline = time.monotonic() + max(0.0, float(req.get("wait_s") or 0.0))
     waiting = list(signalled)
     while waiting:
@@ -269,13 +359,14 @@ def run_pattern(text: str) -> "re.Pattern":
     return re.compile(r"(?:^|[\s/])" + re.escape(text) + r"(?:$|\s)")
 
 
-def expand(path: str, base: str) -> str:
+def expand(path: bytes, base: bytes) -> bytes:
     path = os.path.expanduser(path)
     return path if os.path.isabs(path) else os.path.join(base, path)
 
 
 def open_fds_to(pid: int, paths: "set") -> "list":
-    fd_dir = os.path.join(PROCFS, str(pid), "fd")
+    """Which of paths (bytes) pid has open."""
+    fd_dir = fs_bytes(os.path.join(PROCFS, str(pid), "fd"))
     hits = []  # type: list
     try:
         names = os.listdir(fd_dir)
@@ -291,12 +382,13 @@ def open_fds_to(pid: int, paths: "set") -> "list":
     return hits
 
 
-def still_running(req: dict, workdir: str) -> "str | None":
-    """Why the run must not be started again now, or None (U2: a shell mid-script too)."""
+def still_running(req: dict, workdir: bytes) -> "str | None":
+    """Why the run must not be started again now, or None (U2: a shell mid-script too).
+    Paths compared as bytes: a script or folder whose name is not UTF-8 is still found."""
     pattern = run_pattern(str(req["process"])) if req.get("process") else None
     scripts = {}
     for word in req.get("scripts") or []:
-        path = os.path.realpath(expand(str(word), workdir))
+        path = os.path.realpath(expand(fs_bytes(str(word)), workdir))
         if os.path.isfile(path) and not is_binary(path):  # an interpreter is not a script
             scripts[path] = str(word)
     family = own_family()
@@ -304,10 +396,11 @@ def still_running(req: dict, workdir: str) -> "str | None":
     for pid, st in sorted(all_stats().items()):
         if pid in family or st["state"] in ("Z", "X"):
             continue
-        argv = cmdline(pid)
+        raw_argv = cmdline_bytes(pid)
+        argv = [a.decode("utf-8", "replace") for a in raw_argv]
         text = " ".join(argv)
         if pattern is not None and pattern.search(text) and (
-                here is None or os.path.realpath(read_cwd(pid) or "") == here):
+                here is None or os.path.realpath(read_cwd(pid) or b"") == here):
             return (f"run {req.get('run')} is still running: pid {pid} ({text[:200]}) "
                     f"matches its process pattern {req.get('process')!r}")
         if not scripts:
@@ -315,7 +408,7 @@ def still_running(req: dict, workdir: str) -> "str | None":
         held = open_fds_to(pid, set(scripts))
         is_shell = os.path.basename(argv[0]) if argv else ""
         if is_shell in SHELLS or st["comm"] in SHELLS:
-            for arg in argv[1:]:
+            for arg in raw_argv[1:]:
                 resolved = os.path.realpath(expand(arg, read_cwd(pid) or workdir))
                 if resolved in scripts:
                     held.append(resolved)
@@ -326,7 +419,7 @@ def still_running(req: dict, workdir: str) -> "str | None":
     return None
 
 
-def is_binary(path: str) -> bool:
+def is_binary(path: bytes) -> bool:
     try:
         with open(path, "rb") as fh:
             return fh.read(4) == b"\x7fELF"
@@ -334,29 +427,59 @@ def is_binary(path: str) -> bool:
         return True
 
 
-def read_cwd(pid: int) -> "str | None":
+def read_cwd(pid: int) -> "bytes | None":
     try:
-        return os.readlink(os.path.join(PROCFS, str(pid), "cwd"))
+        return os.readlink(fs_bytes(os.path.join(PROCFS, str(pid), "cwd")))
     except OSError:
         return None
 
 
-def launch_script(script_path: str, req: dict, workdir: str, log: str) -> str:
+def launch_script(script_path: str, req: dict, workdir: bytes, log: bytes) -> bytes:
     """The private script the detached shell runs: it removes itself first (sh keeps it open,
-    so nothing can edit it under the running shell, U2), then sets everything up."""
+    so nothing can edit it under the running shell, U2), then sets everything up. Bytes: a
+    path in it that is not UTF-8 reaches the shell as its very bytes."""
     q = shlex.quote
     lines = [f"rm -f -- {q(script_path)}"]
     for name, value in sorted((req.get("env") or {}).items()):
         lines.append(f"export {name}={q(str(value))}")
     lines.append("export PYTHONUNBUFFERED=1")  # U43: a detached run's log must not stall
-    lines.append(f"cd -- {q(workdir)} || exit 1")
+    lines.append(f"cd -- {q(fs_text(workdir))} || exit 1")
     # The command's own stdin and output, not this shell's: under tmux the shell must keep the
     # pane's terminal open, or tmux takes the pane for dead and hangs it up (SIGHUP).
-    lines += ["{", str(req["command"]), "} </dev/null >>" + q(log) + " 2>&1"]
-    return "\n".join(lines) + "\n"
+    lines += ["{", str(req["command"]), "} </dev/null >>" + q(fs_text(log)) + " 2>&1"]
+    return fs_bytes("\n".join(lines) + "\n")
 
 
-def log_tail(path: str, size: int = 2000) -> str:
+def write_script(req: dict, workdir: bytes, log: bytes) -> str:
+    """A new private file (mkstemp: mode 0600, only this user reads it) holding the launch
+    script whole, or no file at all: a script cut short would run half a setup."""
+    handle, path = tempfile.mkstemp(prefix="gpuwatch-launch-", suffix=".sh")
+    try:
+        data = memoryview(launch_script(path, req, workdir, log))
+        while data:
+            data = data[os.write(handle, data):]
+    except BaseException:
+        os.close(handle)
+        os.unlink(path)
+        raise
+    os.close(handle)
+    return path
+
+
+def unencodable(req: dict) -> "str | None":
+    """The first value of a relaunch request that is no text and no file name's bytes."""
+    values = [("command", req.get("command")), ("workdir", req.get("workdir")),
+              ("log", req.get("log"))]
+    values += [(f"env {k}", v) for k, v in (req.get("env") or {}).items()]
+    for what, value in values:
+        try:
+            fs_bytes(str(value or ""))
+        except UnicodeEncodeError:
+            return what
+    return None
+
+
+def log_tail(path: bytes, size: int = 2000) -> str:
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
@@ -378,26 +501,35 @@ def tmux_session_name(base: str, tmux: str, env: dict) -> str:
     return f"{safe}-{os.getpid()}"
 
 
-def op_relaunch(req: dict) -> dict:
-    out = {"op": "relaunch", "run": req.get("run")}  # type: dict
-    workdir = os.path.expanduser(str(req.get("workdir") or ""))
-    if not workdir or not os.path.isdir(workdir):
-        out["refused"] = "the workdir %s does not exist on the box" % (workdir or "(unset)")
-        return out
+def op_relaunch(req: dict, out: dict) -> dict:
+    out.update(op="relaunch", run=req.get("run"), step="checking the request")
     env_vars = req.get("env") or {}
     bad = [k for k in env_vars if not ENV_NAME.match(str(k))]
     if bad:
         out["refused"] = f"not an environment variable name: {bad[0]!r}"
         return out
+    odd = unencodable(req)
+    if odd:
+        out["refused"] = (f"the {odd} holds text that is neither UTF-8 nor a file name's bytes "
+                          "(a lone surrogate): nothing was started")
+        return out
+    workdir = os.path.expanduser(fs_bytes(str(req.get("workdir") or "")))
+    if not workdir or not os.path.isdir(workdir):
+        out["refused"] = "the workdir %s does not exist on the box" % (
+            fs_text(workdir) or "(unset)")
+        return out
+    out["step"] = "checking that no copy of the run is alive"
     busy = still_running(req, workdir)
     if busy:
         out["refused"] = busy
         return out
-    log = expand(str(req.get("log") or "gpuwatch-relaunch.log"), workdir)
+    out["step"] = "opening the log"
+    log = expand(fs_bytes(str(req.get("log") or "gpuwatch-relaunch.log")), workdir)
+    out["log"] = fs_text(log)
     try:
         fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     except OSError as exc:
-        out["refused"] = f"cannot append to the log {log}: {exc.strerror or exc}"
+        out["refused"] = f"cannot append to the log {fs_text(log)}: {exc.strerror or exc}"
         return out
     # Not the SSH session's own variables (and no TMUX: never nest into someone's session);
     # the run's recorded or configured variables are exported over these by the script.
@@ -406,26 +538,28 @@ def op_relaunch(req: dict) -> dict:
     tmux = shutil.which("tmux") if req.get("detach") == "tmux" else None
     if req.get("detach") == "tmux" and tmux is None:
         out["note"] = "tmux is not installed on the box: started with setsid nohup instead"
-    handle, script = tempfile.mkstemp(prefix="gpuwatch-launch-", suffix=".sh")
+    script = None
     try:
-        with os.fdopen(handle, "w") as fh:  # mkstemp: mode 0600, only this user reads it
-            fh.write(launch_script(script, req, workdir, log))
+        out["step"] = "writing the launch script"
+        script = write_script(req, workdir, log)
+        out["step"] = "starting it"
         if tmux is not None:
             out.update(start_tmux(tmux, script, req, workdir, env))
         else:
             out.update(start_setsid(script, workdir, env, fd))
+        out["step"] = "watching it start"
+        settle(out, float(req.get("settle_s") or 1.0), log)
     except (OSError, subprocess.SubprocessError) as exc:
-        out["refused"] = f"could not start it: {exc}"
+        out["refused"] = f"could not start it ({out['step']}): {exc}"
     finally:
         os.close(fd)
-    settle(out, float(req.get("settle_s") or 1.0), log)
-    if os.path.exists(script) and out.get("status") != "started":
-        os.unlink(script)  # the shell never got to it
-    out["log"] = log
+        if script is not None and os.path.exists(script) and out.get("status") != "started":
+            os.unlink(script)  # the shell never got to it
+    out.pop("_child", None)
     return out
 
 
-def start_setsid(script: str, workdir: str, env: dict, log_fd: int) -> dict:
+def start_setsid(script: str, workdir: bytes, env: dict, log_fd: int) -> dict:
     """setsid (a new session: no controlling terminal, no SSH session to die with) + nohup
     (SIGHUP ignored, seed 000), stdin /dev/null, output appended to the log."""
     nohup = shutil.which("nohup")
@@ -442,7 +576,7 @@ def start_setsid(script: str, workdir: str, env: dict, log_fd: int) -> dict:
     return {"status": "started", "detach": "setsid", "pid": child.pid, "_child": child}
 
 
-def start_tmux(tmux: str, script: str, req: dict, workdir: str, env: dict) -> dict:
+def start_tmux(tmux: str, script: str, req: dict, workdir: bytes, env: dict) -> dict:
     name = tmux_session_name(str(req.get("session") or "gpuwatch"), tmux, env)
     # One string, run by tmux's default-shell -c: the same on tmux 1.x to 3.x.
     shell = f"exec /bin/sh {shlex.quote(script)}"
@@ -463,7 +597,7 @@ def start_tmux(tmux: str, script: str, req: dict, workdir: str, env: dict) -> di
     return {"status": "started", "detach": "tmux", "session": name, "pid": pid}
 
 
-def settle(out: dict, settle_s: float, log: str) -> None:
+def settle(out: dict, settle_s: float, log: bytes) -> None:
     """Give the new process a moment; report it, or that it exited at once (with the log's
     last lines, as data)."""
     child = out.pop("_child", None)
@@ -494,20 +628,32 @@ def settle(out: dict, settle_s: float, log: str) -> None:
 # ---------------------------------------------------------------- main
 
 def main() -> None:
+    out = {"step": "reading the request"}  # type: dict
     try:
         req = json.loads(sys.stdin.buffer.read().decode("utf-8"))
         if not isinstance(req, dict):
             raise ValueError("the request is not an object")
     except ValueError as exc:
-        out = {"refused": f"unreadable request: {exc}"}  # type: dict
+        out["refused"] = f"unreadable request: {exc}"
     else:
-        op = req.get("op")
-        if op == "signal":
-            out = op_signal(req)
-        elif op == "relaunch":
-            out = op_relaunch(req)
-        else:
-            out = {"refused": f"unknown op {op!r}"}
+        run_op(req, out)
     out.update(v=1, boot_id=boot_id(), euid=os.geteuid())
     sys.stdout.write(json.dumps(out))
     sys.stdout.flush()
+
+
+def run_op(req: dict, out: dict) -> None:
+    """The asked op, into out. Whatever fails in it is said in the answer ("failed", naming
+    the step), never a bare traceback: the client writes what it is told to the audit log."""
+    op = req.get("op")
+    try:
+        if op == "signal":
+            op_signal(req, out)
+        elif op == "relaunch":
+            op_relaunch(req, out)
+        else:
+            out["refused"] = f"unknown op {op!r}"
+    except Exception as exc:  # reported to the client, which audits it
+        out.pop("_child", None)
+        out["failed"] = (f"the action script failed while {out.get('step', 'starting')}: "
+                         f"{type(exc).__name__}: {exc}")

@@ -102,6 +102,11 @@ class Rig:
     tmux_dir: Path
     started: list[subprocess.Popen[bytes]]
 
+    @property
+    def box_tmp(self) -> Path:
+        """The box's TMPDIR: where the action script writes its launch scripts."""
+        return self.root / "box-tmp"
+
     def host(self, *runs: RunConfig, **settings: float) -> HostConfig:
         return HostConfig(name="box1", ssh="box1", python=PY, runs=runs,
                           settings=SshSettings(config_file=str(self.sshd.ssh_config),
@@ -147,6 +152,8 @@ def rig(tmp_path: Path, sshd_factory: Callable[..., SshdBox]) -> Iterator[Rig]:
     tmux_dir.mkdir()
     env = box.env(base_path=STD_PATH)
     env["TMUX_TMPDIR"] = str(tmux_dir)  # this test's own tmux server
+    (tmp_path / "box-tmp").mkdir()
+    env["TMPDIR"] = str(tmp_path / "box-tmp")  # Rig.box_tmp
     sshd = sshd_factory(env=env, bin_dir=box.bin)
     store = Store.open(tmp_path / "state.sqlite3")
     rig = Rig(tmp_path, box, sshd, store, tmux_dir, [])
@@ -650,6 +657,7 @@ def test_box_script_runs_under_python_36(tmp_path: Path) -> None:
                               input=build_stdin(request), capture_output=True, timeout=30)
         doc = json.loads(done.stdout)
         assert doc["results"][0]["status"] == "signalled", doc
+        assert doc["via"] == "kill" and "Python 3.6 has no os.pidfd_open" in doc["via_why"]
         assert sleeper.wait(5) == -signal.SIGTERM
     finally:
         sleeper.kill()
@@ -749,3 +757,249 @@ async def test_a_kill_that_drops_the_ssh_connection_is_not_a_failure(rig: Rig) -
     await poll(host, history)
     assert (await actions.verify(plan, host, history, store=rig.store)).ok is True
     assert audit(rig) == [("kill", "execute", "sent"), ("kill", "verify", "verified")]
+
+
+# ---------------------------------------------------------------- bytes, not text (issue 15)
+
+# Records its argv exactly as the kernel holds it (bytes, hex), then waits to be killed.
+ARGV_RECORDER = r'''
+import os, time
+with open(os.path.join(os.getcwd(), "argv.hex"), "w") as fh:
+    fh.write(open("/proc/self/cmdline", "rb").read().hex())
+time.sleep(600)
+'''
+
+
+@pytest.mark.parametrize("detach", ["setsid", "tmux"])
+async def test_relaunch_from_a_checkpoint_whose_name_is_not_utf8(rig: Rig, detach: str) -> None:
+    """Issue 15 case 9: the folder's name travels as bytes, probe to box, unchanged; the audit
+    row is written (the name shown escaped); no launch script is left behind."""
+    workdir = rig.root / "bytes"
+    workdir.mkdir()
+    script = f"gwt_argv_{_TOKEN}.py"
+    (workdir / script).write_text(ARGV_RECORDER)
+    ckpt = os.path.join(os.fsencode(workdir), b"ckpt", b"step-\xff\xfe")
+    os.makedirs(ckpt)
+    run = RunConfig("raw", process=script, workdir=str(workdir), log="train.log",
+                    checkpoints="ckpt/step-*", detach=detach,
+                    relaunch=f"{shlex.quote(PY)} {script} --resume {{latest_checkpoint}}")
+    host = rig.host(run)
+    history = HostHistory(host.name)
+    await poll(host, history)
+    latest = history.runs["raw"].latest_checkpoint
+    assert latest is not None and os.fsencode(latest.path) == ckpt
+
+    plan = actions.plan_relaunch(host, "raw", history)
+    assert plan.refusal is None, plan.refusal
+    assert "step-\\xff\\xfe" in plan.describe()  # the confirmation shows the bytes, escaped
+    outcome = await actions.execute(plan, host, store=rig.store, readonly=False)
+    assert outcome.ok is None, outcome.message
+    wait_for(lambda: (workdir / "argv.hex").exists() and (workdir / "argv.hex").read_text(),
+             what="the relaunched run to start")
+    argv = bytes.fromhex((workdir / "argv.hex").read_text()).rstrip(b"\0").split(b"\0")
+    assert argv[1:] == [script.encode(), b"--resume", ckpt]
+
+    (entry,) = rig.store.audit_log("box1")
+    assert (entry.action, entry.phase, entry.outcome) == ("relaunch", "execute", "sent")
+    assert "step-\\xff\\xfe" in (entry.command or ""), entry.command
+    assert os.listdir(rig.box_tmp) == []  # the launch script was whole, and removed itself
+    await poll(host, history)
+    assert (await actions.verify(plan, host, history, store=rig.store)).ok is True
+
+
+async def test_a_launch_script_cut_short_is_never_left_and_the_audit_says_why(rig: Rig) -> None:
+    """A real fault mid-write: the box's interpreter may write files of at most 512 bytes
+    (ulimit -f, SIGXFSZ ignored: the write fails with EFBIG after a partial write). No launch
+    script is left, nothing runs, and the audit row names the step that failed."""
+    workdir = rig.root / "full"
+    workdir.mkdir()
+    wrapper = rig.root / "python-fsize"
+    wrapper.write_text(f"#!/bin/sh\ntrap '' XFSZ\nulimit -f 1\nexec {shlex.quote(PY)} \"$@\"\n")
+    wrapper.chmod(0o755)
+    padding = "#" + "x" * 2000  # the script is larger than the limit
+    run = RunConfig("full", process=TRAIN, workdir=str(workdir), detach="setsid",
+                    relaunch=f"touch started {padding}")
+    host = rig.host(run)
+    history = HostHistory(host.name)
+    await poll(host, history)
+    plan = actions.plan_relaunch(host, "full", history)
+    assert plan.refusal is None, plan.refusal
+    limited = replace(host, python=str(wrapper))
+    outcome = await actions.execute(plan, limited, store=rig.store, readonly=False)
+    assert outcome.ok is False
+    assert "writing the launch script" in outcome.message, outcome.message
+    assert "File too large" in outcome.message, outcome.message
+    assert os.listdir(rig.box_tmp) == []  # not an empty script, not half of one
+    assert not (workdir / "started").exists()
+    (entry,) = rig.store.audit_log("box1")
+    assert entry.action == "relaunch" and entry.ok is False
+    assert "writing the launch script" in entry.message
+
+
+# ---------------------------------------------------------------- pidfds (issue 15, case 10)
+
+def _have_pidfds() -> None:
+    """This machine must have pidfds (Linux 5.3+, Python 3.9+) for the pidfd tests."""
+    from harness.captures import missing
+
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError) as exc:
+        missing(f"no pidfds here ({exc})")
+
+
+async def test_kill_goes_through_a_pidfd_and_the_audit_says_so(rig: Rig) -> None:
+    _have_pidfds()
+    holder = rig.spawn([PY, "-c", "import time; time.sleep(600)"])
+    rig.box.add_compute_app(0, holder.pid, "python", 1000, follows_pid=True)
+    host = rig.host()
+    history = HostHistory(host.name)
+    await poll(host, history)
+    plan = actions.plan_kill(host, history, holder.pid)
+    outcome = await actions.execute(plan, host, store=rig.store, readonly=False, grace_s=2.0)
+    assert outcome.ok is None, outcome.message
+    assert f"pid {holder.pid} (root): TERM sent" in outcome.message
+    assert "through it (no pid-reuse window)" in outcome.message, outcome.message
+    holder.wait(5)
+    (entry,) = rig.store.audit_log("box1")
+    assert entry.outcome == "sent" and "opened as a pidfd" in entry.message, entry.message
+
+
+def _box_answer(request: dict, monkeypatch: pytest.MonkeyPatch,
+                capsys: pytest.CaptureFixture[str]) -> dict:
+    """The box script's main(), in this process (so a test can step into it), answering one
+    request on the real /proc."""
+    import io
+
+    from gpuwatch.remote import actions_box
+
+    monkeypatch.delenv("GPUWATCH_PROCFS", raising=False)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(json.dumps(request).encode())))
+    capsys.readouterr()
+    actions_box.main()
+    return json.loads(capsys.readouterr().out)
+
+
+def _identity(pid: int) -> dict:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return {"pid": pid, "start_ticks": int(stat[stat.rindex(")") + 2:].split()[19])}
+
+
+def _boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def _fork_as(pid: int) -> int | None:
+    """A child that gets exactly this (free) pid, by setting the kernel's last pid under it
+    (root): it blocks SIGTERM, so a TERM sent to it stays pending where a test can see it.
+    None when another process took the pid first."""
+    last = Path("/proc/sys/kernel/ns_last_pid")
+    read, write = os.pipe()
+    last.write_text(str(pid - 1))
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        os.write(write, b"r")
+        time.sleep(120)
+        os._exit(0)
+    os.close(write)
+    os.read(read, 1)
+    os.close(read)
+    if child == pid:
+        return child
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    return None
+
+
+def _sigterm_pending(pid: int) -> bool:
+    status = proc_status(pid)
+    return any(int(status[key], 16) & SIGTERM_BIT for key in ("SigPnd", "ShdPnd"))
+
+
+def test_a_pid_reused_between_the_check_and_the_signal_is_not_hit(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 15 case 10, with a real pid reuse: the target dies and a new process takes its pid
+    right after the box script checked the identity, before it signals. Through the pidfd
+    opened before the check, the signal goes to the dead target (gone), not the newcomer."""
+    from gpuwatch.remote import actions_box
+    from harness.captures import missing
+
+    _have_pidfds()
+    if not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK):
+        missing("forcing a pid reuse needs root (/proc/sys/kernel/ns_last_pid)")
+    target = subprocess.Popen(["sleep", "120"])
+    identity = _identity(target.pid)
+    newcomer: list[int] = []
+    checked = actions_box.check_target
+
+    def check_then_reuse(t: dict, euid: int) -> tuple:
+        verdict = checked(t, euid)
+        if int(t["pid"]) == target.pid and not newcomer:
+            target.kill()
+            target.wait()
+            for _ in range(200):  # another process may fork between the write and ours
+                got = _fork_as(target.pid)
+                if got is not None:
+                    newcomer.append(got)
+                    break
+                if os.path.exists(f"/proc/{target.pid}"):
+                    break  # taken by someone else's process: no reuse to be had
+            if not newcomer:
+                missing(f"could not get pid {target.pid} again for a forced reuse")
+        return verdict
+
+    monkeypatch.setattr(actions_box, "check_target", check_then_reuse)
+    try:
+        doc = _box_answer({"v": 1, "op": "signal", "boot_id": _boot_id(), "signal": "TERM",
+                           "wait_s": 0, "tree": True, "targets": [identity]},
+                          monkeypatch, capsys)
+        assert newcomer == [target.pid]
+        (row,) = doc["results"]
+        assert not _sigterm_pending(target.pid), "the newcomer under the reused pid was hit"
+        assert row["status"] == "gone" and row["via"] == "pidfd", row
+        assert doc["via"] == "pidfd"
+    finally:
+        for pid in newcomer:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        if target.poll() is None:
+            target.kill()
+            target.wait()
+
+
+def test_without_pidfds_the_check_is_followed_by_kill_and_the_answer_says_so(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A box without pidfds (Python < 3.9 or Linux < 5.3): today's check, then kill(2), and
+    the answer names which was used, so the outcome and the audit row can say it."""
+    from gpuwatch.remote import actions_box
+
+    monkeypatch.setattr(actions_box, "PIDFD_OPEN", None)
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        doc = _box_answer({"v": 1, "op": "signal", "boot_id": _boot_id(), "signal": "TERM",
+                           "wait_s": 5, "targets": [_identity(sleeper.pid)]},
+                          monkeypatch, capsys)
+        (row,) = doc["results"]
+        assert row["status"] == "signalled" and row["via"] == "kill", row
+        assert doc["via"] == "kill" and "no os.pidfd_open" in doc["via_why"]
+        assert sleeper.wait(5) == -signal.SIGTERM
+        assert "sent by pid with kill(2) (no pidfd: Python" in actions._via_line(doc)[0]
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
+
+
+def test_a_box_script_failure_is_an_answer_naming_the_step(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Whatever goes wrong inside the box script is said in its answer (the client audits what
+    it is told), never a bare traceback; an absurd pid is just gone, as before pidfds."""
+    doc = _box_answer({"v": 1, "op": "signal", "boot_id": _boot_id(), "signal": "TERM",
+                       "wait_s": 0, "targets": [{"pid": 2 ** 70, "start_ticks": 1},
+                                                {"pid": "1x", "start_ticks": 1}]},
+                      monkeypatch, capsys)
+    assert doc["failed"].startswith("the action script failed while signalling: ValueError")
+    assert doc["results"][0]["status"] == "gone"
+    plan = actions.ActionPlan("kill", "box1", (), None, "TERM", None, ())
+    assert actions._failed_on_box(plan, doc).message.startswith("failed on box1: the action")
