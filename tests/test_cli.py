@@ -70,3 +70,16 @@ def test_config_from_environment(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "GPUWATCH_CONFIG": str(path), "HOME": str(tmp_path)}
     out = gpuwatch("check", env=env)
     assert out.returncode == EXIT_CONFIG and str(path) in out.stderr
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "1e-9", "-5", "1e400"])
+def test_interval_on_the_command_line_has_the_configs_range(value: str,
+                                                             capsys: pytest.CaptureFixture[str]
+                                                             ) -> None:
+    """Issue 15: --interval overrides the config's interval; it gets the same range."""
+    from gpuwatch.tui import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run(["--once", "--interval", value, "local"])
+    assert exit_info.value.code == 64
+    assert "from 1 to 86400" in capsys.readouterr().err

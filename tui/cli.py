@@ -79,7 +79,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--config", metavar="PATH",
                        help="config file (default: $GPUWATCH_CONFIG, else "
                             "$XDG_CONFIG_HOME/gpuwatch/config.toml)")
-    group.add_argument("--interval", metavar="S", type=_positive_float,
+    group.add_argument("--interval", metavar="S", type=_interval,
                        help="seconds between two polls of one host (default 10)")
     group.add_argument("--theme", metavar="NAME", help="TUI theme")
     group.add_argument("--readonly", action="store_true",
@@ -90,13 +90,17 @@ def _common(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--version", action=_VersionAction)
 
 
-def _positive_float(text: str) -> float:
+def _interval(text: str) -> float:
+    """--interval: the config's own range for `interval` (nan, inf and 1e-9 are no interval)."""
+    from gpuwatch.remote.config import TOP_RANGES
+
+    allowed = TOP_RANGES["interval"]
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    if not allowed.holds(value):
+        raise argparse.ArgumentTypeError(f"expected {allowed} (seconds), got {text!r}")
     return value
 
 
