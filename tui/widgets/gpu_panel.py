@@ -12,7 +12,7 @@ from textual.reactive import reactive
 from textual.widgets import Static
 
 from ..colours import colour
-from ..format import THROTTLE_MEANING, bar, pct, sparkline
+from ..format import THROTTLE_MEANING, bar, pct, sparkline, visible
 from ..state import HostData
 
 LABEL = 6
@@ -37,7 +37,8 @@ class GpuPanel(Static):
         snap = data.snapshot
         if not snap.gpus:
             reason = snap.section_errors.get("gpus")
-            return Text(f"no GPUs reported{': ' + reason if reason else ''}", style=muted)
+            return Text(f"no GPUs reported{': ' + visible(reason) if reason else ''}",
+                        style=muted)
         width = max(10, self.size.width - LABEL - 6)
         util_c, clock_c = colour(self.app, "util"), colour(self.app, "sm-clock")
         out = Text(no_wrap=True, overflow="ellipsis")
@@ -46,7 +47,7 @@ class GpuPanel(Static):
                 out.append("\n")
             util, clock = g.util_pct, pct(g.sm_clock_mhz, g.sm_clock_max_mhz)
             out.append(f"GPU{g.index} ", style="bold")
-            out.append(g.name or "?")
+            out.append(visible(g.name or "?"))  # the driver's name for it: box text
             if g.mig:
                 out.append(" MIG", style=colour(self.app, "warning"))
             out.append("  ")
@@ -76,7 +77,8 @@ class GpuPanel(Static):
             if reasons:
                 out.append("\n")
                 out.append("⚠ ".rjust(LABEL), style=colour(self.app, "warning"))
-                out.append("; ".join(f"{r}: {THROTTLE_MEANING.get(r, r)}" for r in reasons),
+                out.append(visible("; ".join(f"{r}: {THROTTLE_MEANING.get(r, r)}"
+                                             for r in reasons)),
                            style=colour(self.app, "warning"))
             elif g.throttle_reasons is None:
                 out.append("\n" + " " * LABEL)
