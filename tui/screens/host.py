@@ -63,7 +63,8 @@ def found_text(d: Discovery) -> Text:
     text.append("found: " + ("; ".join(visible(w) for w in where) if where else
                              "no log, event files or checkpoints yet"))
     if d.search_capped:
-        text.append(f" (search stopped at its {d.search_capped} bound: pin it to be sure)")
+        text.append(f" (search stopped at its {visible(str(d.search_capped))} bound: pin it to "
+                    "be sure)")
     return text
 
 
