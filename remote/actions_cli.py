@@ -5,6 +5,10 @@ Poll the host once (its history comes from the store), build the plan, print exa
 be hit, ask (or take --yes), execute, poll again to verify, print the verdict. Exit 0 verified;
 1 refused, failed or not verified; 2 the host could not be polled. Config errors propagate as
 ConfigError (the caller exits 78). No Textual here.
+
+What is printed quotes the box (command lines, paths, its errors): every line goes through
+`say`, so the box's control characters show as `\x1b` and an escape sequence in a command line
+cannot redraw the lines that say what will be hit (STYLE 14).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from .discovered import recorded_launch
 from .findings import HostHistory, PollFailure, recent
 from .once import history_from_store, remember, resume
 from .store import Store
+from .textsafe import visible
 
 EXIT_OK, EXIT_FAILED, EXIT_UNPOLLED = 0, 1, 2
 VERIFY_POLLS = 6
@@ -56,7 +61,7 @@ async def _run(kind: str, host: HostConfig, store: Store, *, pid: int | None, si
         await asyncio.sleep(VERIFY_PAUSE_S)
         error = await poll_into(host, store, history, accept_new)
     if error is not None:
-        print(f"gpuwatch: {host.name} could not be polled: {error}", file=sys.stderr)
+        say(f"gpuwatch: {host.name} could not be polled: {error}", err=True)
         return EXIT_UNPOLLED
     if kind == "kill":
         if pid is None:
@@ -70,7 +75,7 @@ async def _run(kind: str, host: HostConfig, store: Store, *, pid: int | None, si
         # A run that is not configured was discovered: the store has how it was started.
         launch = None if configured else recorded_launch(store, host.name, name)
         plan = actions.plan_relaunch(host, name, history, launch)
-    print(plan.describe(), flush=True)
+    say(plan.describe())
     if plan.refusal is None and not readonly and not yes:
         if not sys.stdin.isatty():
             print("gpuwatch: not confirmed: pass --yes (there is no terminal to ask on)",
@@ -81,7 +86,7 @@ async def _run(kind: str, host: HostConfig, store: Store, *, pid: int | None, si
             return EXIT_FAILED
     outcome = await actions.execute(plan, host, store=store, readonly=readonly,
                                     accept_new_host_keys=accept_new)
-    print(outcome.message, flush=True)
+    say(outcome.message)
     if outcome.ok is False:
         return EXIT_FAILED
     actions.mark_reaped(plan, history)
@@ -96,11 +101,16 @@ async def _run(kind: str, host: HostConfig, store: Store, *, pid: int | None, si
         if verdict.ok:
             break
     if verdict is None:
-        print(f"gpuwatch: {host.name} could not be polled to verify: {error}", file=sys.stderr)
+        say(f"gpuwatch: {host.name} could not be polled to verify: {error}", err=True)
         return EXIT_UNPOLLED
     await actions.verify(plan, host, history, store=store)  # the last verdict, audited
-    print(("verified: " if verdict.ok else "NOT verified: ") + verdict.message)
+    say(("verified: " if verdict.ok else "NOT verified: ") + verdict.message)
     return EXIT_OK if verdict.ok else EXIT_FAILED
+
+
+def say(text: str, *, err: bool = False) -> None:
+    """Print text that quotes the box, its control characters visible (line breaks kept)."""
+    print(visible(text, multiline=True), file=sys.stderr if err else sys.stdout, flush=True)
 
 
 async def poll_into(host: HostConfig, store: Store, history: HostHistory,

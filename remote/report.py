@@ -1,5 +1,9 @@
 """Reports of one poll of every host: JSON (schema gpuwatch/1), a compact text table for cron
-mail, and the Prometheus text exposition format. Pure functions of the poll's outcome."""
+mail, and the Prometheus text exposition format. Pure functions of the poll's outcome.
+
+Box text (run names, finding messages that quote command lines and paths) reaches a terminal
+through the text and Prometheus reports, so it goes through textsafe.visible there; JSON needs
+nothing (json.dumps writes every control character as \\u001b)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from typing import Any
 from .collect import PollOutcome
 from .findings import Finding, Severity
 from .model import HostSnapshot, ProcessInfo
+from .textsafe import visible
 
 SCHEMA = "gpuwatch/1"
 EXIT_OK, EXIT_FINDING, EXIT_UNPOLLED = 0, 1, 2
@@ -140,12 +145,12 @@ def text_report(reports: Sequence[HostReport], generated_at: float | None = None
     rows = [("HOST", "STATE", "POLL", "GPU util%/SM%", "VRAM", "RUNS")]
     for r in reports:
         snap = r.snapshot
-        runs = " ".join(f"{run['name']}:{run['status']}" for run in r.runs) or "-"
+        runs = visible(" ".join(f"{run['name']}:{run['status']}" for run in r.runs)) or "-"
         if snap is None:
-            rows.append((r.name, (r.outcome.error_kind or "error").upper(),
+            rows.append((visible(r.name), visible(r.outcome.error_kind or "error").upper(),
                          f"{r.outcome.poll_s:.1f}s", "-", "-", runs))
         else:
-            rows.append((r.name, "ok", f"{r.outcome.poll_s:.1f}s", _gpu_cell(snap),
+            rows.append((visible(r.name), "ok", f"{r.outcome.poll_s:.1f}s", _gpu_cell(snap),
                          _vram_cell(snap), runs))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [summary, ""]
@@ -154,14 +159,16 @@ def text_report(reports: Sequence[HostReport], generated_at: float | None = None
     if findings:
         lines.append("")
         for name, f in sorted(findings, key=lambda x: -x[1].severity):
-            lines.append(f"{f.severity.label.upper():8} {name}  {f.code}: {f.message}")
+            lines.append(visible(f"{f.severity.label.upper():8} {name}  {f.code}: {f.message}"))
     return "\n".join(lines) + "\n"
 
 
 # --- Prometheus ----------------------------------------------------------------------------
 
 def _label(value: object) -> str:
-    text = str(value)
+    """A label value, escaped as the format asks (backslash, quote, newline), with the box's
+    other control characters made visible first (a scrape printed to a terminal stays inert)."""
+    text = visible(str(value), multiline=True)
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 

@@ -35,6 +35,7 @@ from gpuwatch.tui.widgets.loss_pane import SMOOTHING, LossPane
 from gpuwatch.tui.widgets.process_table import ProcessTable
 from textual.pilot import Pilot
 from textual.widgets._footer import FooterKey
+from textual.widgets._toast import Toast, ToastRack
 
 SIZE = (200, 50)
 
@@ -642,3 +643,37 @@ def test_a_discovered_run_left_behind_as_a_zombie_is_shown_so_not_as_running() -
     assert data.run_status("ddp_worker") == "left behind"
     assert RUN_GLYPH["left behind"] not in (RUN_GLYPH["running"], RUN_GLYPH["dead"])
     assert RUN_VARIABLE["left behind"] == "warning"
+
+
+async def test_a_failed_relaunchs_log_line_is_shown_as_written_not_as_markup(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The outcome toast quotes the run's log: `[/data/ckpt/step-100]` is a path, not a closing
+    tag (Textual raised MarkupError and the TUI exited), and an escape sequence in the log is
+    shown, not sent to the terminal."""
+    line = "saving to [/data/ckpt/step-100] \x1b]2;PWNED\x07[@click=app.quit]x[/]"
+
+    async def execute(plan: Any, host: Any, **kwargs: Any) -> actions.ActionOutcome:
+        return actions.ActionOutcome(False, f"run {plan.launch.run} started but exited at once "
+                                            f"with status 1; last lines of train.log: {line}")
+
+    monkeypatch.setattr(actions, "execute", execute)
+    app = make_app()
+    async with app.run_test(size=SIZE, notifications=True) as pilot:  # toasts drawn, as live
+        await feed(pilot, fx.latest(app.config))
+        await open_host(pilot, "gpu-zombie")
+        await pilot.press("r")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmAction) and app.screen.refusal is None
+        await pilot.press("tab", "enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert [n for n in notes(app) if "exited at once" in n] == [
+            "run bert-ddp started but exited at once with status 1; last lines of train.log: "
+            "saving to [/data/ckpt/step-100] \\x1b]2;PWNED\\x07[@click=app.quit]x[/]"]
+        await pilot.pause()
+        await pilot.pause()
+        rack = app.screen.get_child_by_type(ToastRack)
+        toasts = [str(t.render()) for t in rack.query(Toast)]
+        assert any(n.endswith("saving to [/data/ckpt/step-100] \\x1b]2;PWNED\\x07"
+                              "[@click=app.quit]x[/]") for n in toasts), toasts
+    assert app.return_code in (0, None)  # it did not die of the toast

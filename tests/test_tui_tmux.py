@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -103,6 +105,17 @@ class Tmux:
 def demo_in_tmux(folder: Path, label: str = "test") -> Iterator[Tmux]:
     """The real `gpuwatch --demo --interval 1` in a new 200×50 tmux session (its config and
     state under folder); on exit it prints GPUWATCH-EXITED-<code>. Killed at the end."""
+    with gpuwatch_in_tmux(folder, ["--demo", "--interval", "1"], label=label) as tmux:
+        yield tmux
+
+
+@contextlib.contextmanager
+def gpuwatch_in_tmux(folder: Path, args: list[str], env: dict[str, str] | None = None,
+                     label: str = "test", raw: Path | None = None) -> Iterator[Tmux]:
+    """The real `gpuwatch ARGS` in a new 200×50 tmux session (its config and state under
+    folder, `env` added to its environment); on exit it prints GPUWATCH-EXITED-<code>. With
+    `raw`, every byte it writes to the terminal is copied there too (tmux pipe-pane), escape
+    sequences and all. Killed at the end."""
     if shutil.which("tmux") is None:
         missing("tmux is not installed (apt-get install tmux)")
     name = f"gpuwatch-{label}-{uuid.uuid4().hex[:8]}"
@@ -110,12 +123,21 @@ def demo_in_tmux(folder: Path, label: str = "test") -> Iterator[Tmux]:
     aid.mkdir(parents=True, exist_ok=True)
     (aid / "sitecustomize.py").write_text(TASK_DUMP.format(out=str(folder / "tasks.txt")))
     env = {"XDG_CONFIG_HOME": str(folder / "config"), "XDG_STATE_HOME": str(folder / "state"),
-           "TERM": "xterm-256color", "PYTHONPATH": str(aid)}
-    exports = " ".join(f"{k}={v}" for k, v in env.items())
-    command = (f"env PYTHONFAULTHANDLER=1 {exports} {GPUWATCH} --demo --interval 1; "
+           "TERM": "xterm-256color", "PYTHONPATH": str(aid), **(env or {})}
+    exports = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+    go = " ".join(shlex.quote(a) for a in args)
+    # With `raw`, the command waits for the pipe to be in place before gpuwatch starts.
+    ready = f"while [ ! -e {shlex.quote(str(raw))} ]; do sleep 0.05; done; " if raw else ""
+    command = (f"{ready}env PYTHONFAULTHANDLER=1 {exports} {GPUWATCH} {go}; "
                "echo GPUWATCH-EXITED-$?; sleep 600")
     subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "200", "-y", "50", command],
                    check=True, env={**os.environ, **env})
+    if raw is not None:
+        subprocess.run(["tmux", "pipe-pane", "-o", "-t", name,
+                        f"cat >> {shlex.quote(str(raw))}"], check=True)
+        deadline = time.monotonic() + 10
+        while not raw.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
     try:
         yield Tmux(name, folder / "tasks.txt")
     finally:
@@ -193,3 +215,52 @@ def test_demo_in_tmux_relaunch_reap_and_quit(demo: Tmux) -> None:
                              f"{tmux.stacks()}") from None
     exited = time.monotonic() - start
     print(f"q: TUI gone after {gone:.2f} s, process exited after {exited:.2f} s")
+
+
+def test_box_text_reaches_the_terminal_inert(tmp_path: Path) -> None:
+    """A box's hostname, command line, run name, checkpoint name and log line carrying OSC 2 (a
+    new window title), CSI (clear the screen), BEL and Textual markup (tests/hostile_box.py),
+    shown by the real TUI in a real terminal: on screen each reads as written, control
+    characters as `\\x1b`, markup as brackets; in the raw bytes gpuwatch wrote, none of the
+    box's sequences; and the terminal's title is not the box's."""
+    import hostile_box as hb
+
+    box = hb.make(tmp_path / "hostile")
+    config = tmp_path / "config.toml"
+    config.write_text(box.config())
+    raw = tmp_path / "raw-pty-output"
+    with gpuwatch_in_tmux(tmp_path, ["--config", str(config)], env=box.env(), label="evil",
+                          raw=raw) as tmux:
+        tmux.wait(lambda s: "● ok" in s, "the hostile host polled", 60)
+        tmux.keys("Enter")  # the only host: open it
+        screen = tmux.wait(lambda s: hb.SHOWN in s and "saving to [/data/ckpt" in s
+                           and "ckpt\\x1b]2;" in s, "the box's text on screen", 30)
+        header = screen.lstrip().splitlines()[0]
+        assert f"evilhost{hb.SHOWN}" in header  # the hostname, whole
+        assert f"run{hb.SHOWN}" in screen  # the run's tab
+        assert f"ckpt{hb.SHOWN[:20]}" in screen  # the checkpoint
+        assert f"saving to [/data/ckpt/step-100] {hb.SHOWN[:22]}" in screen  # the log line
+        # k on the process (the row below its run's): the confirmation shows its command line
+        # as written, escapes visible
+        tmux.keys("Down")
+        tmux.keys("k")
+        modal = tmux.wait_for(f"Kill process {hb.PID} on evil?", 10)
+        assert f"--tag={hb.SHOWN}" in modal
+        tmux.keys("Escape")
+        tmux.wait(lambda s: "Kill cancelled" in s, "the kill cancelled", 10)
+        title = subprocess.run(["tmux", "display-message", "-p", "-t", tmux.name,
+                                "#{pane_title}"], capture_output=True, text=True,
+                               check=True).stdout
+        assert hb.TITLE not in title
+        tmux.keys("Escape")
+        tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view", 10)
+        tmux.keys("q", pause=0)
+        tmux.wait_for("GPUWATCH-EXITED-0", 30)
+    out = raw.read_bytes()
+    assert b"evilhost\\x1b]2;GW-PWNED-TITLE" in out  # what was written is what was read
+    for sequence in (hb.OSC, hb.CSI, "\x1b]2;" + hb.TITLE):
+        at = out.find(sequence.encode())
+        assert at < 0, (sequence, out[max(0, at - 80):at + 80])
+    # Textual's own BELs end its OSC 22 (the mouse pointer's shape); any other is the box's.
+    at = re.sub(rb"\x1b\]22;[a-z-]*\x07", b"", out).find(b"\x07")
+    assert at < 0, out[max(0, at - 80):at + 80]

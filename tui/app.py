@@ -25,10 +25,12 @@ from gpuwatch.remote.findings import evaluate
 from gpuwatch.remote.once import history_from_store, judge, remember, resume
 from gpuwatch.remote.series import FLEET_POINTS, apply_budget
 from gpuwatch.remote.store import Store
+from gpuwatch.remote.textsafe import visible
 from gpuwatch.themes import BUILTIN, DEFAULT_THEME, SERIES_VARIABLES, load_user_themes
 from textual import work
 from textual.app import App
 from textual.binding import Binding, BindingType
+from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen
 
 from .messages import SnapshotReady
@@ -96,6 +98,16 @@ class GpuwatchApp(App[None]):
         self.points_budget = FLEET_POINTS
         """Points kept over every tag of every host's runs (series.apply_budget)."""
         self.hosts: dict[str, HostData] = {h.name: self._restore(h) for h in config.hosts}
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """Every toast of the app and its screens comes here: shown as written, never as markup
+        (a relaunch's log line `saving to [/data/ckpt/step-100]` is no tag, and an unknown tag
+        raised MarkupError and took the TUI down), with the box's control characters visible
+        (outcome messages and errors carry its command lines, paths and log lines). `markup`
+        is accepted for Textual's signature and ignored: nothing here is markup."""
+        super().notify(visible(message, multiline=True), title=visible(title),
+                       severity=severity, timeout=timeout, markup=False)
 
     # -- start and stop ----------------------------------------------------------------------
     def _restore(self, host: HostConfig) -> HostData:

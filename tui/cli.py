@@ -395,6 +395,7 @@ def _check(args: argparse.Namespace) -> int:
 
     from gpuwatch.remote.check import check_hosts, summary
     from gpuwatch.remote.config import load_config, select_hosts
+    from gpuwatch.remote.textsafe import visible
 
     config = select_hosts(load_config(args.config), list(args.hosts))
     where = str(config.path) if config.path else "no config file (defaults)"
@@ -408,7 +409,7 @@ def _check(args: argparse.Namespace) -> int:
                                      accept_new_host_keys=args.accept_new_host_keys))
     for check in checks:
         for line in [*check.lines, *check.warnings]:
-            print(line)
+            print(visible(line, multiline=True))  # a poll's error may quote the box
     print(summary(checks))
     return EXIT_OK if all(c.ok for c in checks) else EXIT_UNPOLLED
 

@@ -1,13 +1,19 @@
 """Small formatting helpers shared by the widgets: sizes, ages, bars, sparklines.
 
 Pure functions returning str or rich Text; nothing here touches Textual. Text from the box never
-goes through markup here: callers build `Text` objects from it (STYLE 10).
+goes through markup here: callers build `Text` objects from it (STYLE 10), and pass it through
+`visible` first, so its control characters and escape sequences show as `\x1b` and never reach
+the terminal (STYLE 14).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+
+from gpuwatch.remote.textsafe import visible
+
+__all__ = ["visible"]  # the one sanitiser (remote/textsafe.py), for the widgets
 
 SPARK = "▁▂▃▄▅▆▇█"
 EIGHTHS = " ▏▎▍▌▋▊▉█"

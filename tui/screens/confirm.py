@@ -17,6 +17,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from ..format import visible
+
 
 class ConfirmAction(ModalScreen[bool]):
     """Returns True only when the person confirmed."""
@@ -39,12 +41,15 @@ class ConfirmAction(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm-box"):
-            yield Static(Text(self.title_text, style="bold"), id="confirm-title")
+            yield Static(Text(visible(self.title_text), style="bold"), id="confirm-title")
             with VerticalScroll(id="confirm-body"):
-                # plan.describe() holds command lines and paths from the box: Text, not markup.
-                yield Static(Text(self.description), id="confirm-description")
+                # plan.describe() holds command lines and paths from the box: Text, not markup,
+                # control characters visible (a command line must not redraw what will be hit).
+                yield Static(Text(visible(self.description, multiline=True)),
+                             id="confirm-description")
                 if self.refusal:
-                    yield Static(Text(f"Refused: {self.refusal}"), id="confirm-refusal")
+                    yield Static(Text(f"Refused: {visible(self.refusal, multiline=True)}"),
+                                 id="confirm-refusal")
             with Horizontal(id="confirm-buttons"):
                 yield Button("Cancel", id="cancel", variant="primary")
                 yield Button(self.verb, id="confirm", variant="error",

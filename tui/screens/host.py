@@ -23,6 +23,7 @@ from textual.screen import Screen
 from textual.widgets import Static, Tab, Tabs
 
 from ..colours import RUN_GLYPH
+from ..format import visible
 from ..messages import ProcessSelected
 from ..state import HostData
 from ..widgets.checkpoint_timeline import CheckpointTimeline
@@ -57,12 +58,13 @@ def found_text(d: Discovery) -> Text:
     where += [f"metrics {short(m)}" for m in d.metrics]
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append("P", style="bold")
-    text.append(f" pins it · discovered run {d.name}: {d.kind or 'process'} {what} in "
-                f"{d.cwd or '?'}\n")
-    text.append("found: " + ("; ".join(where) if where else
+    text.append(visible(f" pins it · discovered run {d.name}: {d.kind or 'process'} {what} in "
+                        f"{d.cwd or '?'}") + "\n")
+    text.append("found: " + ("; ".join(visible(w) for w in where) if where else
                              "no log, event files or checkpoints yet"))
     if d.search_capped:
-        text.append(f" (search stopped at its {d.search_capped} bound: pin it to be sure)")
+        text.append(f" (search stopped at its {visible(str(d.search_capped))} bound: pin it to "
+                    "be sure)")
     return text
 
 
@@ -100,7 +102,8 @@ class HostScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         self._tab_names = self.data.run_names()
         yield HostHeader(id="host-header")
-        yield Tabs(*(Tab(Text(name), id=f"run-{i}") for i, name in enumerate(self._tab_names)),
+        yield Tabs(*(Tab(Text(visible(name)), id=f"run-{i}")
+                     for i, name in enumerate(self._tab_names)),
                    id="run-tabs")
         yield Static(id="run-found")
         with VerticalScroll(id="panes"):
@@ -158,13 +161,13 @@ class HostScreen(Screen[None]):
         for name in data.run_names():  # a run discovered since: one more tab (issue 8)
             if name not in self._tab_names:
                 self._tab_names.append(name)
-                tabs.add_tab(Tab(Text(name), id=f"run-{len(self._tab_names) - 1}"))
+                tabs.add_tab(Tab(Text(visible(name)), id=f"run-{len(self._tab_names) - 1}"))
                 tabs.display = True
         for i, name in enumerate(self._tab_names):
             status = data.run_status(name)
             with contextlib.suppress(NoMatches):  # added above, mounting
                 tab = tabs.query_one(f"#run-{i}", Tab)
-                label = Text(f"{name} {RUN_GLYPH[status]} {status}")
+                label = Text(f"{visible(name)} {RUN_GLYPH[status]} {status}")
                 if tab.label.plain != label.plain:
                     tab.label = label
         self._show_found()

@@ -10,7 +10,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ..colours import colour
-from ..format import human_age, human_bytes
+from ..format import human_age, human_bytes, visible
 
 STRIP_CELLS = 48
 
@@ -77,4 +77,5 @@ class CheckpointTimeline(Static):
 
 
 def _name(path: str) -> str:
-    return path.rstrip("/").rsplit("/", 1)[-1] or path
+    """A checkpoint's folder or file name, as the box wrote it, control characters visible."""
+    return visible(path.rstrip("/").rsplit("/", 1)[-1] or path)

@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ..colours import colour
-from ..format import bar, human_age, human_bytes, human_count
+from ..format import bar, human_age, human_bytes, human_count, visible
 from ..state import HostData
 
 GAUGE = 20
@@ -28,11 +28,11 @@ class DiskGauges(Static):
         for n, d in enumerate(snap.disks):
             if n:
                 text.append("\n")
-            text.append(d.path, style="bold")  # paths are data: Text, not markup
+            text.append(visible(d.path), style="bold")  # paths are data: Text, not markup
             if d.mount and d.mount != d.path:
-                text.append(f" on {d.mount}", style=muted)
+                text.append(f" on {visible(d.mount)}", style=muted)
             if d.error:
-                text.append(f"  {d.error}", style=colour(self.app, "error"))
+                text.append(f"  {visible(d.error)}", style=colour(self.app, "error"))
                 continue
             text.append("\n")
             text.append_text(self.gauge("bytes ", d.bytes_total, d.bytes_free, human_bytes,

@@ -11,6 +11,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ..colours import SEVERITY_GLYPH, colour, severity_colour
+from ..format import visible
 
 
 class FindingsList(Static):
@@ -28,13 +29,13 @@ class FindingsList(Static):
             sev = severity_colour(self.app, f.severity)
             text.append(f"{SEVERITY_GLYPH[f.severity]} {f.severity.label:<8} ",
                         style=f"bold {sev}")
-            text.append(f.code, style=sev)
+            text.append(visible(f.code), style=sev)
             where = " ".join(x for x in (f"GPU{f.gpu}" if f.gpu is not None else "",
-                                         f"run {f.run}" if f.run else "") if x)
+                                         f"run {visible(f.run)}" if f.run else "") if x)
             if where:
                 text.append(f"  {where}", style=muted)
             text.append("\n  ")
-            text.append(f.message)
+            text.append(visible(f.message))
             evidence = _evidence(f.evidence)
             if evidence:
                 text.append("\n  ")
@@ -48,4 +49,4 @@ def _evidence(evidence: Mapping[str, Any]) -> str:
         if isinstance(value, float):
             value = f"{value:.4g}"
         parts.append(f"{key}={value}")
-    return ", ".join(parts)
+    return visible(", ".join(parts))

@@ -21,7 +21,7 @@ from ..colours import (
     colour,
     severity_colour,
 )
-from ..format import level_char, pct
+from ..format import level_char, pct, visible
 from ..state import HostData
 
 COLUMNS = (("host", "host"), ("state", "state"), ("util", "GPU util"),
@@ -79,13 +79,13 @@ class FleetTable(DataTable[Text]):
     # -- cells -------------------------------------------------------------------------------
     def cells(self, data: HostData, now: float, interval: float) -> list[Text]:
         util, clock, vram = self.gpu_cells(data)
-        return [Text(data.name, style="bold"), self.state_cell(data, now, interval), util,
+        return [Text(visible(data.name), style="bold"), self.state_cell(data, now, interval), util,
                 clock, self.findings_cell(data), self.runs_cell(data), vram]
 
     def state_cell(self, data: HostData, now: float, interval: float) -> Text:
         status = data.status(now, interval)
         glyph = {"ok": "●", "stale": "◌", "unreachable": "✗", "waiting": "…"}[status.kind]
-        text = f"{glyph} {status.text}"
+        text = f"{glyph} {visible(status.text)}"  # an error's text may quote the box
         if len(text) > STATE_WIDTH:
             text = text[: STATE_WIDTH - 1] + "…"
         return Text(text, style=colour(self.app, STATUS_VARIABLE[status.kind]))
@@ -117,7 +117,7 @@ class FleetTable(DataTable[Text]):
             status = data.run_status(name)
             if i:
                 text.append(" ")
-            text.append(name)  # a config's or the box's name: plain Text, never markup
+            text.append(visible(name))  # a config's or the box's name: Text, never markup
             text.append(RUN_GLYPH[status], style=colour(self.app, RUN_VARIABLE[status]))
         return text
 

@@ -12,7 +12,7 @@ from textual.reactive import reactive
 from textual.widgets import Static
 
 from ..colours import colour
-from ..format import THROTTLE_MEANING, bar, pct, sparkline
+from ..format import THROTTLE_MEANING, bar, pct, sparkline, visible
 from ..state import HostData
 
 LABEL = 6
@@ -38,7 +38,8 @@ class GpuPanel(Static):
         err = snap.gpu_error
         if not snap.gpus and err is None:
             reason = snap.section_errors.get("gpus")
-            return Text(f"no GPUs reported{': ' + reason if reason else ''}", style=muted)
+            return Text(f"no GPUs reported{': ' + visible(reason) if reason else ''}",
+                        style=muted)
         width = max(10, self.size.width - LABEL - 6)
         util_c, clock_c = colour(self.app, "util"), colour(self.app, "sm-clock")
         out = Text(no_wrap=True, overflow="ellipsis")
@@ -50,7 +51,7 @@ class GpuPanel(Static):
                 out.append("\n")
             util, clock = g.util_pct, pct(g.sm_clock_mhz, g.sm_clock_max_mhz)
             out.append(f"GPU{g.index} ", style="bold")
-            out.append(g.name or "?")
+            out.append(visible(g.name or "?"))  # the driver's name for it: box text
             if g.mig:
                 out.append(" MIG", style=colour(self.app, "warning"))
             out.append("  ")
@@ -80,7 +81,8 @@ class GpuPanel(Static):
             if reasons:
                 out.append("\n")
                 out.append("⚠ ".rjust(LABEL), style=colour(self.app, "warning"))
-                out.append("; ".join(f"{r}: {THROTTLE_MEANING.get(r, r)}" for r in reasons),
+                out.append(visible("; ".join(f"{r}: {THROTTLE_MEANING.get(r, r)}"
+                                             for r in reasons)),
                            style=colour(self.app, "warning"))
             elif g.throttle_reasons is None:
                 out.append("\n" + " " * LABEL)

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ..colours import STATUS_VARIABLE, colour
-from ..format import human_age
+from ..format import human_age, visible
 from ..state import HostData
 
 
@@ -20,15 +20,16 @@ class HostHeader(Static):
         if data is None:
             return text
         status = data.status(now, interval)
-        text.append(data.name, style="bold")
+        text.append(visible(data.name), style="bold")
         text.append("  ")
-        text.append(status.text, style=f"bold {colour(self.app, STATUS_VARIABLE[status.kind])}")
+        text.append(visible(status.text),
+                    style=f"bold {colour(self.app, STATUS_VARIABLE[status.kind])}")
         snap = data.snapshot
         muted = colour(self.app, "text-muted")
         if snap is not None:
             facts = []
             if snap.hostname:
-                facts.append(snap.hostname)
+                facts.append(visible(snap.hostname))  # the box's own name for itself
             if snap.uptime_s is not None:
                 facts.append(f"up {human_age(snap.uptime_s)}")
             if snap.loadavg:

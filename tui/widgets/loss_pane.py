@@ -21,7 +21,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from ..colours import colour
-from ..format import ema
+from ..format import ema, visible
 from .loss_plot import LossPlot, LossSeries
 
 SMOOTHING = (0.0, 0.3, 0.6, 0.8, 0.9, 0.95, 0.99)
@@ -121,7 +121,7 @@ class LossPane(Vertical):
             text.append("no scalars yet", style=colour(self.app, "text-muted"))
             return text
         text.append("◂ ", style=colour(self.app, "text-muted"))
-        text.append(tag, style=f"bold {colour(self.app, 'loss')}")  # a tag is data: Text
+        text.append(visible(tag), style=f"bold {colour(self.app, 'loss')}")  # box text
         text.append(f" ▸ ({tags.index(tag) + 1}/{len(tags)})",
                     style=colour(self.app, "text-muted"))
         if series is not None and series.last_step is not None:

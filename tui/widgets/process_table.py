@@ -1,7 +1,8 @@
 """ProcessTable: the box's listed processes as a tree by run: pid, user, GPU, VRAM, run, age,
 state and the zombie flag (U11: VRAM held by a process no live run owns), command line.
 
-Command lines come from the box: they are Text, never markup (STYLE 10)."""
+Command lines come from the box: they are Text, never markup (STYLE 10), with their control
+characters visible (STYLE 14: an OSC in a command line would retitle the terminal)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from ..colours import RUN_GLYPH, RUN_VARIABLE, colour
-from ..format import human_age
+from ..format import human_age, visible
 from ..messages import ProcessSelected
 from ..state import HostData
 
@@ -60,7 +61,7 @@ class ProcessTable(DataTable[Text]):
         muted = colour(self.app, "text-muted")
         for run, procs in groups.items():
             status = "" if run == NO_RUN else data.run_status(run)
-            head = Text(f"▾ {run}", style="bold")
+            head = Text(f"▾ {visible(run)}", style="bold")
             if status:
                 head.append(f" {RUN_GLYPH[status]} {status}",
                             style=colour(self.app, RUN_VARIABLE[status]))
@@ -83,12 +84,12 @@ class ProcessTable(DataTable[Text]):
         zombie = p.pid in data.reap_targets or p.zombie
         age = (None if p.started_at is None or box_now is None
                else box_now - p.started_at)
-        flag = Text(p.state)
+        flag = Text(visible(p.state))
         if zombie:
             flag = Text("ZOMBIE" if p.zombie else "zombie VRAM",
                         style=f"bold {colour(self.app, 'error')}")
         vram = f"{p.gpu_mem_mib / 1024:.1f} GiB" if p.gpu_mem_mib else ""
-        return [Text(f"{branch} {p.pid}"), Text(p.user),
+        return [Text(f"{branch} {p.pid}"), Text(visible(p.user)),
                 Text("" if p.gpu_index is None else str(p.gpu_index)), Text(vram),
                 Text(human_age(age) if age is not None else "?"), flag,
-                Text(p.cmd, no_wrap=True, overflow="ellipsis")]
+                Text(visible(p.cmd), no_wrap=True, overflow="ellipsis")]
