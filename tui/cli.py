@@ -239,11 +239,12 @@ def run(argv: Sequence[str]) -> int:
 def internal_error(exc: BaseException, doing: str) -> int:
     """One line on stderr naming where the traceback went, and EX_SOFTWARE (70)."""
     from gpuwatch.remote import errorlog
+    from gpuwatch.remote.textsafe import visible
 
     where = errorlog.record(exc, f"gpuwatch {doing}")
     told = (f"the traceback is in {where}" if where is not None
             else "the error log could not be written")
-    print(f"gpuwatch: internal error in {doing}: {errorlog.summary(exc)}; {told}; please "
+    print(f"gpuwatch: internal error in {doing}: {visible(errorlog.summary(exc))}; {told}; please "
           f"report it", file=sys.stderr)
     return EXIT_SOFTWARE
 

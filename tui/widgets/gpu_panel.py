@@ -45,7 +45,7 @@ class GpuPanel(Static):
         out = Text(no_wrap=True, overflow="ellipsis")
         if err is not None:  # a wedged driver or a lost GPU, first and in the error colour
             out.append(f"⚠ {err.summary}: ", style=f"bold {colour(self.app, 'error')}")
-            out.append(err.message)  # box text: a Text, never markup
+            out.append(visible(err.message))  # box text: a Text, never markup
         for n, g in enumerate(snap.gpus):
             if n or err is not None:
                 out.append("\n")
