@@ -270,7 +270,7 @@ def alarm(seconds):
         import signal as sig
     for num in (sig.SIGALRM, sig.SIGTERM, sig.SIGHUP):  # TERM: ssh.py asks sshd for it
         sig.signal(num, on_signal)
-    sig.setitimer(sig.ITIMER_REAL, seconds)
+    sig.setitimer(sig.ITIMER_REAL, min(seconds, 1e6))  # a time_t, whatever the request says
 
 
 def on_signal(signum, frame):

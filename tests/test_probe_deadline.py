@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 from gpuwatch.remote import probe
+from gpuwatch.remote.collect import build_request
+from gpuwatch.remote.config import HostConfig, SshSettings
 from gpuwatch.remote.probe_bundle import build_command, build_stdin
 
 WAIT_S = 20.0
@@ -159,3 +161,13 @@ def test_cut_short_names_the_section_under_way_and_those_after_it() -> None:
                              "cgroup": later, "kernel": later}
     assert doc["host"] == {"hostname": "b"} and doc["gpus"] == {"error": "x"}
     assert "discovered" not in doc and "logind" not in doc
+
+
+@pytest.mark.parametrize("timeout", [1.0, 2.0, 6.0, 30.0, 600.0])
+def test_the_request_deadline_is_a_little_under_command_timeout(timeout: float) -> None:
+    """At least a second (a tenth of longer ones) is left for opening the session, the upload
+    and the document's way back; never less than half of command_timeout for the probe."""
+    host = HostConfig("b", "b", settings=SshSettings(command_timeout=timeout))
+    deadline = build_request(host)["deadline_s"]
+    assert timeout / 2 <= deadline <= timeout - min(1.0, timeout / 2)
+    assert deadline <= timeout * 0.9
