@@ -507,7 +507,8 @@ def _terminate(chan: asyncssh.SSHClientChannel[bytes]) -> None:
 
     Why: sshd signals no non-tty command when its client goes, so a hung command would stay on
     the box, one more every poll (U16, U17). OpenSSH >= 7.9 honours the request (it signals
-    the session's process group); older ones ignore it. Only a belt: the probe bounds itself
+    the session's process group), but not for a root login (no post-auth privilege separation
+    there: it logs a refusal); older ones ignore it. Only a belt: the probe bounds itself
     (probe.arm_deadline), ending its own commands, which lead process groups of their own.
     """
     with contextlib.suppress(OSError, ValueError):  # the channel may be closing already
