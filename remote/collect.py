@@ -94,6 +94,12 @@ def build_request(host: HostConfig, hints: dict[str, Any] | None = None,
         # nvidia-smi gets at most a third of the command's deadline, so a hung driver leaves
         # time for the rest of the document (the GPU section reports the timeout).
         "nvidia_smi_timeout_s": max(1.0, min(10.0, settings.command_timeout / 3)),
+        # The probe stops itself this long after it starts (probe.arm_deadline), a little
+        # before the command_timeout that also covers opening the session, the upload (a
+        # few round trips) and the document's way back: what it read by then still arrives,
+        # and nothing it ran stays on the box.
+        "deadline_s": max(settings.command_timeout / 2,
+                          settings.command_timeout - max(1.0, settings.command_timeout / 10)),
         "compress": True,
         "runs": [run_request(r, (runs or {}).get(r.name)) for r in host.runs],
         "discovered_runs": discovered_requests(host, runs),  # issue 8

@@ -17,6 +17,7 @@ Request (unknown keys are ignored):
                 "metrics_bytes", "metrics_json_bytes", "metrics_points", "checkpoints",
                 "ckpt_files", "leftovers", "errors_per_source"},
      "nvidia_smi_timeout_s": float, "nvidia_smi_reasons": "event" | "throttle",
+     "deadline_s": float (the probe is done this long after it started, see arm_deadline),
      "want": {"gpus", "processes", "disks", "cgroup", "logind", "kernel", "runs", "nvml",
               "discover": bool},
      "discovered_runs": [...] (issue 8, see discover.py: runs found earlier, to keep reading),
@@ -102,6 +103,8 @@ DEFAULT_LIMITS = {
     "errors_per_source": 8,
 }
 DEFAULT_NVIDIA_SMI_TIMEOUT_S = 5.0
+DEFAULT_DEADLINE_S = 60.0  # a request without "deadline_s" (the client always sends one)
+WRITE_GRACE_S = 0.5  # to print the document once the deadline has passed
 
 PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread (no fds, no cmdline)
 # comm prefixes of what keeps a run alive when the SSH session ends (seed 000)
@@ -239,6 +242,79 @@ def first_line(text):
     return text.splitlines()[0] if text else ""
 
 
+# ---------------------------------------------------------------- the probe's deadline
+
+class Deadline(BaseException):
+    """The request's deadline passed: raised by the SIGALRM handler into whatever the probe
+    was doing (waiting on a child, blocked opening a FIFO, a /proc read that hangs: U17). A
+    BaseException, so that no section's `except Exception` takes it for its own failure."""
+
+
+DEADLINE = {}  # "at": the time.monotonic() the probe must be done by, "s": the request's figure
+CHILDREN = set()  # pids of the commands running now (each leads its own process group)
+
+
+def time_left():
+    return DEADLINE.get("at", float("inf")) - time.monotonic()
+
+
+def arm_deadline(seconds, started):
+    """Interrupt the probe `seconds` after `started` (a Deadline raised wherever it is), and
+    on SIGTERM or SIGHUP end its commands with it. sshd signals no non-tty command when its
+    client goes, so a probe that hangs would outlive its poll: one more process on the box
+    every poll, thousands by morning (U16, U17). The client asks for a little less than its
+    command_timeout, so that the document still reaches it."""
+    DEADLINE["at"], DEADLINE["s"] = started + seconds, seconds
+    alarm(max(time_left(), 0.001))
+
+
+def alarm(seconds):
+    """SIGALRM in `seconds` (0: none), the handlers in place."""
+    try:
+        import _signal as sig  # the C module: `import signal` pulls in enum, 5 ms of a poll
+    except ImportError:  # not CPython
+        import signal as sig
+    for num in (sig.SIGALRM, sig.SIGTERM, sig.SIGHUP):  # TERM: ssh.py asks sshd for it
+        sig.signal(num, on_signal)
+    sig.setitimer(sig.ITIMER_REAL, min(seconds, 1e6))  # a time_t, whatever the request says
+
+
+def on_signal(signum, frame):
+    kill_children(True)
+    if signum != 14:  # SIGTERM, SIGHUP: whoever waited for the document has gone
+        os._exit(128 + signum)
+    raise Deadline("the probe's deadline (%.1f s, a little under command_timeout) passed"
+                   % DEADLINE["s"])
+
+
+def kill_children(scan=False):
+    """SIGKILL every command the probe started, with its process group: those in CHILDREN,
+    and with `scan` any child of this process the real /proc shows (one the deadline caught
+    between its spawn and its entry there). One stuck in the kernel (D state) outlives it."""
+    pids = set(CHILDREN)
+    try:
+        names = os.listdir("/proc") if scan else ()
+    except OSError:
+        names = ()
+    me = b"%d" % os.getpid()
+    for name in names:
+        try:
+            with open("/proc/%s/stat" % name, "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        if data[data.rfind(b")"):].split()[2:3] == [me]:  # its parent is this probe
+            pids.add(int(name))
+    for pid in pids:
+        try:
+            os.killpg(pid, SIGKILL)  # its group: what it started too
+        except OSError:
+            try:
+                os.kill(pid, SIGKILL)  # not a group leader yet (subprocess, before setsid)
+            except OSError:
+                pass
+
+
 # ---------------------------------------------------------------- bounded commands
 
 def run_bounded(argv, timeout_s):
@@ -248,7 +324,10 @@ def run_bounded(argv, timeout_s):
     stuck in uninterruptible sleep survives SIGKILL: then we stop waiting and leave it.
     Spawned with os.posix_spawnp (Python 3.8+): importing subprocess (and the selectors,
     threading and signal it pulls in) cost 4 ms, a sixth of every poll's CPU on the box.
+    Never past the probe's deadline: a child is stopped a little before it (kill_children
+    ends any that the deadline catches running).
     """
+    timeout_s = min(timeout_s, time_left() - 0.1)
     if timeout_s <= 0:
         raise ProbeFailure("%s not run: no time left" % argv[0], {"timeout": True})
     if not hasattr(os, "posix_spawnp"):  # Python 3.6, 3.7, PyPy
@@ -277,6 +356,7 @@ def run_bounded(argv, timeout_s):
         finally:
             os.close(out_w)
             os.close(err_w)
+        CHILDREN.add(pid)
         reading, status = [out_r, err_r], None
         while status is None:
             left = deadline - time.monotonic()
@@ -297,12 +377,14 @@ def run_bounded(argv, timeout_s):
                 os.killpg(pid, SIGKILL)
                 for _ in range(50):  # up to 0.5 s for it to go; stuck in D state: leave it
                     if reaped(pid) is not None:
+                        CHILDREN.discard(pid)  # its pid may be another's from now on
                         break
                     time.sleep(0.01)
             except OSError:
                 pass
             raise ProbeFailure("%s timed out after %.1fs and was killed" % (argv[0], timeout_s),
                                {"timeout": True})
+        CHILDREN.discard(pid)
     finally:
         os.close(out_r)
         os.close(err_r)
@@ -330,16 +412,19 @@ def run_bounded_popen(argv, timeout_s):
                                  stderr=subprocess.PIPE, start_new_session=True)
     except FileNotFoundError:
         raise ProbeFailure("%s not found on PATH" % argv[0], {"missing": True})
+    CHILDREN.add(child.pid)
     try:
         out, err = child.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         try:
             os.killpg(child.pid, SIGKILL)
             child.communicate(timeout=0.5)
+            CHILDREN.discard(child.pid)  # reaped: its pid may be another's from now on
         except (OSError, subprocess.TimeoutExpired):
             pass
         raise ProbeFailure("%s timed out after %.1fs and was killed" % (argv[0], timeout_s),
                            {"timeout": True})
+    CHILDREN.discard(child.pid)
     return child.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 # ================================================================ end of popen
 
@@ -2404,8 +2489,10 @@ def request_limits(request):
     return limits
 
 
-def gather(request):
-    doc = {"v": 1, "errors": {}}
+def gather(request, doc=None):
+    """The document's sections, into `doc` as each is done (main keeps what was done when the
+    deadline cuts this short)."""
+    doc = {"v": 1, "errors": {}} if doc is None else doc
     limits = request_limits(request)
 
     def section(name, fn, *args):
@@ -2442,20 +2529,56 @@ def gather(request):
     return doc
 
 
+SECTIONS = ("host", "gpus", "processes", "disks", "runs", "discovered", "cgroup", "logind",
+            "kernel")
+"""gather's sections, in its order."""
+
+
+def cut_short(doc, request, message):
+    """The document of a probe stopped at its deadline: the sections done stand; the one it
+    was reading says so, and so does each one after it that gather would have read (absent,
+    a section reads as not asked for, and an absent process table as a box without
+    processes)."""
+    cut = None
+    for name in SECTIONS:
+        if name in doc or not want(request, name) or name == "runs" and not request.get(
+                "runs") or name == "discovered" and not want(request, "discover"):
+            continue
+        doc[name] = {"error": "not read: the probe's deadline passed while it read %s" % cut
+                     if cut else "%s while reading this; something on the box hangs" % message}
+        if not cut:  # this one hung (a GPU query here is said as a timeout, not "no GPU")
+            doc[name]["timeout"] = True
+        doc["errors"][name] = doc[name]["error"]
+        cut = cut or name
+
+
 def main():
     started, cpu_start = time.monotonic(), os.times()
     stdout, sys.stdout = sys.stdout, sys.stderr  # nothing but the document reaches stdout
-    request, problem = read_request(sys.stdin.buffer)
-    doc = gather(request)
-    if problem:
-        doc["errors"]["request"] = problem
-    cpu_end = os.times()
-    doc["cpu_s"] = round(sum(cpu_end[:2]) - sum(cpu_start[:2]), 3)
-    doc["probe_s"] = round(time.monotonic() - started, 3)
-    body = json_dumps(doc).encode("ascii")
-    stdout.buffer.write(zlib.compress(body, 6) if request.get("compress") is True else body)
-    stdout.flush()
-    sys.stderr.flush()
+    doc, request = {"v": 1, "errors": {}}, {}
+    try:
+        arm_deadline(DEFAULT_DEADLINE_S, started)  # until the request gives its own
+        request, problem = read_request(sys.stdin.buffer)
+        arm_deadline(number_setting(request, "deadline_s", DEFAULT_DEADLINE_S), started)
+        if problem:
+            doc["errors"]["request"] = problem
+        gather(request, doc)
+    except Deadline as exc:
+        cut_short(doc, request, str(exc))
+    try:
+        alarm(max(time_left(), 0) + WRITE_GRACE_S)  # a client that stopped reading
+        cpu_end = os.times()
+        doc["cpu_s"] = round(sum(cpu_end[:2]) - sum(cpu_start[:2]), 3)
+        doc["probe_s"] = round(time.monotonic() - started, 3)
+        body = json_dumps(doc).encode("ascii")
+        stdout.buffer.write(zlib.compress(body, 6) if request.get("compress") is True else body)
+        stdout.flush()
+        sys.stderr.flush()
+    except Deadline:
+        pass  # the client stopped reading, or has gone: nothing more to do for it
+    finally:
+        alarm(0)
+        kill_children()  # one that a kill could not end at once (D state) is tried again
     os._exit(0)  # do not wait for an NVML thread stuck in a hung driver
 
 

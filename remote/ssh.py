@@ -470,6 +470,7 @@ async def _exec(
     max_stderr: int,
 ) -> tuple[_Collector, asyncssh.SSHClientChannel[bytes]]:
     """Open one session, send stdin + EOF, wait for the channel to close under command_timeout."""
+    chan: asyncssh.SSHClientChannel[bytes] | None = None
     try:
         async with asyncio.timeout(bounds.command_timeout):
             chan, session = await conn.create_session(
@@ -487,6 +488,8 @@ async def _exec(
                 pass
             exc = await collector.done
     except TimeoutError:
+        if chan is not None:
+            _terminate(chan)
         raise SshError(
             "timeout",
             f"the command on {where} did not finish within command_timeout "
@@ -497,6 +500,19 @@ async def _exec(
     if exc is not None:  # the connection went away under the command (keepalive, reset, ...)
         raise _lost_error(where, exc, bounds, during="command")
     return collector, chan
+
+
+def _terminate(chan: asyncssh.SSHClientChannel[bytes]) -> None:
+    """Ask sshd to send SIGTERM to a command we give up on, before the connection is dropped.
+
+    Why: sshd signals no non-tty command when its client goes, so a hung command would stay on
+    the box, one more every poll (U16, U17). OpenSSH >= 7.9 honours the request (it signals
+    the session's process group), but not for a root login (no post-auth privilege separation
+    there: it logs a refusal); older ones ignore it. Only a belt: the probe bounds itself
+    (probe.arm_deadline), ending its own commands, which lead process groups of their own.
+    """
+    with contextlib.suppress(OSError, ValueError):  # the channel may be closing already
+        chan.send_signal("TERM")
 
 
 def _ack_promptly(conn: asyncssh.SSHClientConnection) -> None:
