@@ -288,7 +288,8 @@ def threshold_ranges() -> dict[str, NumberRange]:
         "disk_critical_pct": _PERCENT, "inodes_low_pct": _PERCENT, "inodes_critical_pct": _PERCENT,
         "disk_full_hours": NumberRange(0, 365 * 24, above=True),
         "disk_full_min_span_s": _DURATION_S, "cpu_oversubscribed_ratio": _FACTOR,
-        "tmp_stale_s": _DURATION_S, "xid_critical": NumberRange(1, 65535, integer=True),
+        "tmp_stale_s": _DURATION_S, "persistence_slow_s": _DURATION_S,
+        "xid_critical": NumberRange(1, 65535, integer=True),
     }
 
 

@@ -145,6 +145,9 @@ class Thresholds:
     """U23: reasons that alone are only info (a GPU at its power cap under full load)."""
     tmp_stale_s: float = 600.0
     """U6: a partial checkpoint untouched this long is a failed save, not one in progress."""
+    persistence_slow_s: float = 2.0
+    """A GPU query at least this slow with persistence mode off: gpu.persistence_off is a
+    warning (the re-initialisation is what costs), else only info."""
     xid_critical: tuple[int, ...] = (48, 79)
     """U22: Xids of a dead GPU: re-rent (48 double-bit ECC, 79 fallen off the bus)."""
 
@@ -518,6 +521,29 @@ def gpu_driver_mismatch(history: HostHistory) -> Iterable[Finding]:
         f": runs already on the GPUs may go on, but every new CUDA process, a relaunch too, "
         f"fails until the box is rebooted (or the nvidia kernel modules are reloaded)",
         evidence={"kind": err.kind, "message": err.message, "query_s": err.query_s})
+
+
+def gpu_persistence_off(history: HostHistory) -> Iterable[Finding]:
+    """Persistence mode off: the driver tears the GPUs down when no process holds them, so
+    every nvidia-smi or NVML start initialises them again (2 to 30 s on 8-GPU boxes, in public
+    reports) and polls run into their deadline. Info, or a warning when this poll's GPU query
+    was slow."""
+    now = history.current
+    if now is None:
+        return
+    off = [g.index for g in now.gpus if g.persistence is False]
+    if not off:
+        return
+    took = now.gpu_query_s
+    slow = took is not None and took >= history.thresholds.persistence_slow_s
+    which = "every GPU" if len(off) == len(now.gpus) else "GPU " + ", ".join(map(str, off))
+    cost = f" (this poll's GPU query took {took:.1f} s)" if took is not None else ""
+    yield Finding(
+        "gpu.persistence_off", Severity.WARNING if slow else Severity.INFO,
+        f"persistence mode is off on {which} of {history.name}: each nvidia-smi or NVML call "
+        f"initialises the GPUs again{cost}; run `sudo systemctl enable --now "
+        f"nvidia-persistenced` (or `sudo nvidia-smi -pm 1`) on the box",
+        evidence={"gpus": off, "gpu_query_s": took})
 
 
 def gpu_lost(history: HostHistory) -> Iterable[Finding]:
@@ -1200,6 +1226,7 @@ def run_code_changed(history: HostHistory) -> Iterable[Finding]:
 RULES: tuple[Rule, ...] = (
     host_unreachable, host_rebooted, host_kill_user_processes, host_cgroup_oom,
     host_cpu_oversubscribed, gpu_query_failed, gpu_driver_mismatch, gpu_lost,
+    gpu_persistence_off,
     gpu_util_without_clock, gpu_throttled, gpu_xid, gpu_vram_zombie,
     gpu_idle_while_running, run_dead, run_rank_dead, run_sighup_risk, run_progress,
     run_events_empty, run_code_changed, ckpt_overdue, ckpt_tmp_leftover, disk_low,
@@ -1211,6 +1238,7 @@ CODES: dict[str, tuple[str, ...]] = {
     "host.cpu_oversubscribed": ("U40",), "gpu.util_without_clock": ("U21",),
     "gpu.throttled": ("U23",), "gpu.xid": ("U22",), "gpu.vram_zombie": ("U11",),
     "gpu.query_failed": ("U22", "U17"), "gpu.driver_mismatch": ("U22",), "gpu.lost": ("U22",),
+    "gpu.persistence_off": ("U17",),
     "gpu.idle_while_running": ("U38", "U24"), "run.dead": ("U3",),
     "run.rank_dead": ("seed 002",), "run.sighup_risk": ("seed 000",),
     "run.stalled": ("U43", "seed 002"), "run.log_buffered": ("U43",),

@@ -104,6 +104,9 @@ class GpuSample:
     throttle_reasons: tuple[str, ...] | None  # U23; () = none active, None = unknown
     mig: bool | None
     pci_bus_id: str | None = None  # "00000000:3B:00.0": maps an Xid line to its GPU (U22)
+    persistence: bool | None = None
+    """Persistence mode: off, every nvidia-smi or NVML start re-initialises the GPU (seconds
+    on an 8-GPU box), and polls run into their deadline."""
 
     def to_json(self) -> dict[str, Any]:
         reasons = None if self.throttle_reasons is None else list(self.throttle_reasons)
@@ -114,6 +117,7 @@ class GpuSample:
             "sm_clock_max_mhz": self.sm_clock_max_mhz, "power_w": self.power_w,
             "power_limit_w": self.power_limit_w, "temp_c": self.temp_c,
             "throttle_reasons": reasons, "mig": self.mig,
+            "persistence_mode": self.persistence,
         }
 
 
@@ -405,6 +409,8 @@ class HostSnapshot:
     storm on a box that had none at the last poll): xid_counts are a lower bound this once."""
     gpu_error: GpuError | None = None
     """The GPUs could not be read, or some of them (U22): never the same as having none."""
+    gpu_query_s: float | None = None
+    """How long the box's GPU query took (nvidia-smi or NVML), failed or not."""
 
 
 # ---------------------------------------------------------------- validating reader
@@ -529,6 +535,7 @@ def _gpu(row: _Node) -> GpuSample:
         power_limit_w=row.opt_float("power_limit_w"), temp_c=row.opt_int("temp_c"),
         throttle_reasons=row.opt_list("throttle_reasons", _is_str, "names"),
         mig=row.opt_bool("mig"), pci_bus_id=row.opt_str("pci_bus_id"),
+        persistence=row.opt_bool("persistence"),
     )
 
 
@@ -885,6 +892,8 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
         kernel_lines=kernel.opt_int("candidates") if kernel else None,
         xid_counts_partial=bool(kernel and kernel.data.get("partial") is True),
         gpu_error=gpu_error,
+        gpu_query_s=gpu_error.query_s if gpu_error is not None
+        else gpu_section.opt_float("query_s") if gpu_section else None,
         **_discovery_note(doc),
     )
 

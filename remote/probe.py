@@ -125,7 +125,7 @@ REASON_BITS = (
 
 GPU_FIELDS = ("index", "uuid", "name", "util_pct", "mem_used_mib", "mem_total_mib",
               "sm_clock_mhz", "sm_clock_max_mhz", "power_w", "power_limit_w", "temp_c",
-              "throttle_reasons", "mig", "pci_bus_id")
+              "throttle_reasons", "mig", "pci_bus_id", "persistence")
 APP_FIELDS = ("uuid", "pid", "gpu_mem_mib", "process_name")
 PROC_FIELDS = ("pid", "ppid", "user", "state", "comm", "cmd", "start_ticks", "tty_nr",
                "session", "pgrp", "sighup_ignored", "sighup_caught", "threads", "cgroup",
@@ -626,7 +626,8 @@ REASON_FAMILIES = {"event": "clocks_event_reasons", "throttle": "clocks_throttle
 # power.draw.instant/average exist only on newer drivers.
 SMI_GPU_QUERY = ("index", "uuid", "name", "utilization.gpu", "memory.used", "memory.total",
                  "clocks.sm", "clocks.max.sm", "power.draw", "enforced.power.limit",
-                 "temperature.gpu", "{reasons}.active", "mig.mode.current", "pci.bus_id")
+                 "temperature.gpu", "{reasons}.active", "mig.mode.current", "pci.bus_id",
+                 "persistence_mode")
 # The header spells it used_gpu_memory (used_memory is an accepted alias).
 SMI_APP_QUERY = ("gpu_uuid", "pid", "used_gpu_memory", "process_name")
 # Canonical names: headers print the long forms, old drivers the throttle family.
@@ -722,6 +723,7 @@ def first_number(row, *names):
 
 
 def mig_mode(raw):
+    """'Enabled' / 'Disabled' (MIG, persistence mode) → bool; N/A → None."""
     value = smi_value(raw or "")
     return None if value is None else value == "Enabled"
 
@@ -743,6 +745,7 @@ def gpu_row(row):
         decode_reasons(row),
         mig_mode(row.get("mig.mode.current")),
         smi_value(row.get("pci.bus_id", "")),  # U22: what an Xid line names the GPU by
+        mig_mode(row.get("persistence_mode")),  # off: every query re-initialises the GPUs
     ]
 
 
@@ -899,6 +902,7 @@ def collect_gpus_nvml(nvml):
     reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
         nvml.nvmlDeviceGetCurrentClocksThrottleReasons
     pci_fn = getattr(nvml, "nvmlDeviceGetPciInfo", None)
+    persistence_fn = getattr(nvml, "nvmlDeviceGetPersistenceMode", None)
     nvml.nvmlInit()
     try:
         devices, apps = [], []
@@ -910,6 +914,7 @@ def collect_gpus_nvml(nvml):
             mask = ask(reasons_fn, handle)
             mig = ask(nvml.nvmlDeviceGetMigMode, handle)
             pci = ask(pci_fn, handle) if pci_fn is not None else None
+            persistence = ask(persistence_fn, handle) if persistence_fn is not None else None
             devices.append([
                 index, uuid, text(ask(nvml.nvmlDeviceGetName, handle)),
                 util.gpu if util is not None else None,
@@ -923,6 +928,7 @@ def collect_gpus_nvml(nvml):
                 None if mask is None else [name for bit, name in REASON_BITS if mask & bit],
                 None if mig is None else mig[0] == nvml.NVML_DEVICE_MIG_ENABLE,
                 None if pci is None else text(getattr(pci, "busId", None)),
+                None if persistence is None else persistence == 1,  # NVML_FEATURE_ENABLED
             ])
             for app in ask(nvml.nvmlDeviceGetComputeRunningProcesses, handle) or ():
                 name = ask(nvml.nvmlSystemGetProcessName, app.pid)
@@ -960,8 +966,10 @@ def collect_gpus(request):
                 nvml_problem = "pynvml imports now: NVML is read from the next poll on"
             else:
                 try:
+                    asked = time.monotonic()
                     section = call_with_deadline(lambda: reader(pynvml), timeout_s)
                     section["pynvml"], section["pynvml_dir"] = True, home
+                    section["query_s"] = round(time.monotonic() - asked, 3)
                     return section
                 except Exception as exc:  # no driver library, no GPU, hung: try nvidia-smi
                     nvml_problem = describe(exc)
@@ -974,8 +982,7 @@ def collect_gpus(request):
         if nvml_problem and importable:
             exc.detail["nvml"] = nvml_problem
         raise
-    if section.get("lost"):
-        section["query_s"] = round(time.monotonic() - started, 3)
+    section["query_s"] = round(time.monotonic() - started, 3)  # slow: persistence mode off?
     if checked:  # the client sends the NVML part only where it imports
         section["pynvml"] = importable
     if home:

@@ -75,6 +75,7 @@ def host_json(report: HostReport) -> dict[str, Any]:
         "boot_id": snap.boot_id if snap else None,
         "uptime_s": snap.uptime_s if snap else None,
         "gpus": [g.to_json() for g in snap.gpus] if snap else [],
+        "gpu_query_s": snap.gpu_query_s if snap else None,
         "gpu_error": snap.gpu_error.to_json() if snap and snap.gpu_error else None,
         "processes": [_process_json(p, report.zombies) for p in snap.processes] if snap else [],
         "disks": [d.to_json() for d in snap.disks] if snap else [],

@@ -218,3 +218,29 @@ def test_relaunch_is_refused_while_the_driver_is_mismatched(tmp_path: Path) -> N
     assert dead(w)[0] == "killed"  # a mismatch does not kill running processes
     plan = actions.plan_relaunch(w.host, "llama", w.history)
     assert plan.refusal is not None and "reboot" in plan.refusal, plan.refusal
+
+
+def test_persistence_mode_off_is_info_and_a_warning_when_the_query_is_slow(
+        tmp_path: Path) -> None:
+    """Issue 16: without persistence mode every nvidia-smi re-initialises the GPUs; the finding
+    carries this poll's GPU query time, and is a warning when that time shows the cost."""
+    box = Box(tmp_path / "box", h100_sxm(2))
+    for i in range(2):
+        box.set_gpu(i, {"persistence_mode": False})
+    w = Watched(box)
+    w.poll()
+    snap = w.history.current
+    assert snap is not None and [g.persistence for g in snap.gpus] == [False, False]
+    assert snap.gpu_query_s is not None and snap.gpu_query_s < 2
+    quick = w.one("gpu.persistence_off")
+    assert quick.severity == Severity.INFO and "every GPU" in quick.message
+    assert "nvidia-persistenced" in quick.message
+    box.set_faults(delay_s=1.2)  # each of the two nvidia-smi calls re-initialising: 2.4 s
+    w.poll()
+    slow = w.one("gpu.persistence_off")
+    assert slow.severity == Severity.WARNING and slow.evidence["gpu_query_s"] >= 2
+    box.set_faults(delay_s=0)
+    box.set_gpu(0, {"persistence_mode": True})
+    box.set_gpu(1, {"persistence_mode": True})
+    w.poll()
+    assert "gpu.persistence_off" not in w.codes()

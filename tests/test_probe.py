@@ -105,14 +105,14 @@ class Box:
 
 
 GPU_CSV = """\
-0, {}, NVIDIA H100 80GB HBM3, 100, 70211, 81559, 1980, 1980, 652.31, 700.00, 61, 0x0000000000000000, Disabled, 00000000:1B:00.0
-1, {}, NVIDIA H100 80GB HBM3, 98, 70105, 81559, 1410, 1980, 699.87, 700.00, 86, 0x0000000000000044, Disabled, 00000000:43:00.0
-2, {}, NVIDIA H100 80GB HBM3, [N/A], 11125, 81559, 1980, 1980, 433.78, 700.00, 53, 0x0000000000000000, Enabled, 00000000:52:00.0
-3, {}, NVIDIA H100 80GB HBM3, 97, 69988, 81559, 1980, 1980, [Not Supported], [Not Supported], 60, 0x0000000000000000, Disabled, 00000000:61:00.0
-4, {}, NVIDIA H100 80GB HBM3, 0, 1, 81559, 345, 1980, 71.02, 700.00, 31, 0x0000000000000001, Disabled, 00000000:9D:00.0
-5, {}, NVIDIA H100 80GB HBM3, 99, 70002, 81559, 1980, 1980, 640.55, 700.00, [Unknown Error], 0x0000000000000000, Disabled, 00000000:C3:00.0
-6, {}, NVIDIA H100 80GB HBM3, 100, 70430, 81559, 1755, 1980, 700.12, 700.00, 79, 0x0000000000000004, Disabled, 00000000:D1:00.0
-7, {}, NVIDIA H100 80GB HBM3, ERR!, 70311, 81559, 1980, 1980, 645.90, 700.00, 63, [N/A], [N/A], 00000000:DF:00.0
+0, {}, NVIDIA H100 80GB HBM3, 100, 70211, 81559, 1980, 1980, 652.31, 700.00, 61, 0x0000000000000000, Disabled, 00000000:1B:00.0, Enabled
+1, {}, NVIDIA H100 80GB HBM3, 98, 70105, 81559, 1410, 1980, 699.87, 700.00, 86, 0x0000000000000044, Disabled, 00000000:43:00.0, Enabled
+2, {}, NVIDIA H100 80GB HBM3, [N/A], 11125, 81559, 1980, 1980, 433.78, 700.00, 53, 0x0000000000000000, Enabled, 00000000:52:00.0, Enabled
+3, {}, NVIDIA H100 80GB HBM3, 97, 69988, 81559, 1980, 1980, [Not Supported], [Not Supported], 60, 0x0000000000000000, Disabled, 00000000:61:00.0, Enabled
+4, {}, NVIDIA H100 80GB HBM3, 0, 1, 81559, 345, 1980, 71.02, 700.00, 31, 0x0000000000000001, Disabled, 00000000:9D:00.0, Disabled
+5, {}, NVIDIA H100 80GB HBM3, 99, 70002, 81559, 1980, 1980, 640.55, 700.00, [Unknown Error], 0x0000000000000000, Disabled, 00000000:C3:00.0, Enabled
+6, {}, NVIDIA H100 80GB HBM3, 100, 70430, 81559, 1755, 1980, 700.12, 700.00, 79, 0x0000000000000004, Disabled, 00000000:D1:00.0, Enabled
+7, {}, NVIDIA H100 80GB HBM3, ERR!, 70311, 81559, 1980, 1980, 645.90, 700.00, 63, [N/A], [N/A], 00000000:DF:00.0, [N/A]
 """.format(*UUIDS)  # noqa: E501
 
 APPS_CSV = "".join(f"{UUIDS[i]}, {pid}, 70000, python3.10\n" for i, pid in
@@ -317,7 +317,8 @@ def test_fixture_box_document(box: Box):
                        "util_pct": 100, "mem_used_mib": 70211, "mem_total_mib": 81559,
                        "sm_clock_mhz": 1980, "sm_clock_max_mhz": 1980, "power_w": 652.31,
                        "power_limit_w": 700.0, "temp_c": 61, "throttle_reasons": [],
-                       "mig": False, "pci_bus_id": "00000000:1B:00.0"}
+                       "mig": False, "pci_bus_id": "00000000:1B:00.0", "persistence": True}
+    assert gpus[4]["persistence"] is False and gpus[7]["persistence"] is None
     assert gpus[1]["throttle_reasons"] == ["sw_power_cap", "hw_thermal_slowdown"]
     assert gpus[2]["util_pct"] is None and gpus[2]["mig"] is True
     assert gpus[3]["power_w"] is None and gpus[3]["power_limit_w"] is None
@@ -684,6 +685,7 @@ def nvmlDeviceGetCurrentClocksEventReasons(h): return 0x44
 def nvmlDeviceGetComputeRunningProcesses(h): return [NS(pid=830 + h, usedGpuMemory=None)]
 def nvmlSystemGetProcessName(pid): return b"python3.10"
 def nvmlDeviceGetPciInfo(h): return NS(busId=b"00000000:%02X:00.0" % (0x1B + h))
+def nvmlDeviceGetPersistenceMode(h): return 1 - h  # NVML_FEATURE_ENABLED on GPU 0 only
 
 
 def nvmlDeviceGetMigMode(h):
@@ -705,8 +707,9 @@ def test_nvml_path_yields_the_nvidia_smi_shape(box: Box, tmp_path: Path):
                     "sm_clock_mhz": 1410, "sm_clock_max_mhz": 1980, "power_w": 699.87,
                     "power_limit_w": 700.0, "temp_c": 86,
                     "throttle_reasons": ["sw_power_cap", "hw_thermal_slowdown"], "mig": False,
-                    "pci_bus_id": "00000000:1B:00.0"}
+                    "pci_bus_id": "00000000:1B:00.0", "persistence": True}
     assert gpu1["mig"] is None  # NotSupported → the box did not say
+    assert gpu1["persistence"] is False
     assert rows(doc["gpus"]["apps"])[1] == {"uuid": "GPU-nvml-1", "pid": 831,
                                             "gpu_mem_mib": None, "process_name": "python3.10"}
     assert not (box.root / "smi.calls").exists()
