@@ -390,8 +390,9 @@ class _Bad(Exception):
 def _kind(value: object) -> str:
     if _is_integer(value) and not _is_int(value):
         return f"an integer out of range ({len(str(abs(value)))} digits)"  # type: ignore[arg-type]
-    if isinstance(value, float) and not _is_number(value):
-        return f"a number out of range ({value!r})"
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and \
+            not _is_number(value):
+        return f"a number out of range ({value!r}; the limit is ±2^53)"
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
         type(value), "null" if value is None else "a number")
 
@@ -827,20 +828,34 @@ def decode_document(data: bytes) -> bytes:
     never past MAX_DOCUMENT_BYTES (a zlib stream of a few KB can inflate to gigabytes)."""
     if not data.strip():
         raise _Bad("", "the probe printed nothing")
-    if data.lstrip().startswith(b"{"):
-        text = data
-    else:
-        inflate = zlib.decompressobj()
-        try:
-            text = inflate.decompress(data, MAX_DOCUMENT_BYTES + 1)
-        except zlib.error:
-            raise _Bad("", "neither JSON nor zlib-compressed JSON") from None
-        if len(text) <= MAX_DOCUMENT_BYTES and not inflate.eof:
-            raise _Bad("", "neither JSON nor zlib-compressed JSON (the stream is cut short)")
+    text = data if data.lstrip().startswith(b"{") else _inflate(data)
     if len(text) > MAX_DOCUMENT_BYTES:
-        raise _Bad("", f"larger than the limit of {MAX_DOCUMENT_BYTES // _MIB} MiB "
-                       f"(MAX_DOCUMENT_BYTES){' once inflated' if text is not data else ''}")
+        raise _too_big("")
     return text
+
+
+def _too_big(how: str) -> _Bad:
+    return _Bad("", f"larger than the limit of {MAX_DOCUMENT_BYTES // _MIB} MiB "
+                    f"(MAX_DOCUMENT_BYTES){how}")
+
+
+def _inflate(data: bytes) -> bytes:
+    """A zlib stream inflated a MiB at a time, given up as soon as it passes the limit:
+    nothing past it is ever inflated, and a bomb's pieces are never joined."""
+    inflate, parts, size = zlib.decompressobj(), [], 0
+    try:
+        part = inflate.decompress(data, _MIB)
+        while part:
+            parts.append(part)
+            size += len(part)
+            if size > MAX_DOCUMENT_BYTES:
+                raise _too_big(" once inflated")
+            part = inflate.decompress(inflate.unconsumed_tail, _MIB)
+    except zlib.error:
+        raise _Bad("", "neither JSON nor zlib-compressed JSON") from None
+    if not inflate.eof:
+        raise _Bad("", "neither JSON nor zlib-compressed JSON (the stream is cut short)")
+    return b"".join(parts)
 
 
 def _outside_strings(flat: bytes, find: Callable[[int], tuple[int, int] | None]) -> bool:
