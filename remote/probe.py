@@ -197,7 +197,10 @@ def json_loads(text):
         pass
     import json  # what is wrong, in json's own words
 
-    return json.loads(text)
+    try:
+        return json.loads(text)
+    except RecursionError:  # nested deeper than the interpreter recurses
+        raise ValueError("nested too deep")
 
 
 _COMPILED = {}
@@ -572,7 +575,7 @@ def smi_number(raw):
     digits = whole[1:] if whole.startswith("-") else whole
     if not digits.isdecimal() or (dot and not fraction.isdecimal()):  # isdecimal: re's \d
         return None
-    if len(digits) + len(fraction) > 40:  # no reading has that many: int() may refuse them
+    if len(digits) > 15:  # no reading has that many (the client reads none past 2**53)
         return None
     return float(text) if dot else int(text)
 
@@ -1423,11 +1426,11 @@ def as_step(value):
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
+        return value if -2 ** 63 <= value < 2 ** 63 else None  # the client's series: int64
     number = as_number(value)
     if number is None or number != number or number in (float("inf"), float("-inf")):
         return None
-    return int(number) if number == int(number) else None
+    return int(number) if number == int(number) and -2.0 ** 63 <= number < 2.0 ** 63 else None
 
 
 def columns(points, with_wall):
