@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import re
 import zlib
 from array import array
@@ -388,8 +387,8 @@ class _Bad(Exception):
 
 
 def _kind(value: object) -> str:
-    if _is_integer(value) and not _is_int(value):
-        return f"an integer out of range ({len(str(abs(value)))} digits)"  # type: ignore[arg-type]
+    if isinstance(value, int) and not isinstance(value, bool) and not _is_int(value):
+        return f"an integer out of range ({len(str(abs(value)))} digits)"
     if isinstance(value, (int, float)) and not isinstance(value, bool) and \
             not _is_number(value):
         return f"a number out of range ({value!r}; the limit is ±2^53)"
@@ -404,7 +403,7 @@ def _is_integer(value: object) -> bool:
 
 def _is_int(value: object) -> bool:
     """An integer field's value: an int within int64."""
-    return _is_integer(value) and INT_MIN <= value <= INT_MAX  # type: ignore[operator]
+    return isinstance(value, int) and not isinstance(value, bool) and INT_MIN <= value <= INT_MAX
 
 
 def _is_str(value: object) -> bool:
@@ -418,9 +417,9 @@ def _is_path(value: object) -> bool:
 
 def _is_number(value: object) -> bool:
     """A numeric field's value: finite, within ±FLOAT_MAX (an int within int64 that far)."""
-    if _is_integer(value):
-        return -FLOAT_MAX <= value <= FLOAT_MAX  # type: ignore[operator]
-    return isinstance(value, float) and math.isfinite(value) and -FLOAT_MAX <= value <= FLOAT_MAX
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return -FLOAT_MAX <= value <= FLOAT_MAX  # nan compares false; no int to float (overflow)
 
 
 class _Node:
@@ -680,7 +679,8 @@ class _Dropped:
     """Points of one source left out for a step out of range: counted, one message a tag."""
 
     def __init__(self) -> None:
-        self.count, self.messages = 0, []  # type: int, list[str]
+        self.count = 0
+        self.messages: list[str] = []
 
     def note(self, where: str, steps: list[int]) -> None:
         self.count += len(steps)
@@ -688,8 +688,7 @@ class _Dropped:
                              f"(e.g. {str(steps[0])[:MAX_NUMBER_DIGITS]})")
 
 
-def _scalars(node: _Node, key: str, with_wall: bool,
-             dropped: _Dropped | None = None) -> Mapping[str, Scalars]:
+def _scalars(node: _Node, key: str, with_wall: bool, dropped: _Dropped) -> Mapping[str, Scalars]:
     """A source's columns by tag. A point whose step is out of int64 (what the series and the
     store hold) is dropped and counted in `dropped`, the tag's other points kept."""
     value = node.data.get(key)
@@ -710,7 +709,7 @@ def _scalars(node: _Node, key: str, with_wall: bool,
         if len(raw) != len(steps) or (walls is not None and len(walls) != len(steps)):
             raise _Bad(where, "columns of different lengths")
         keep = [i for i, step in enumerate(steps) if _is_int(step)]
-        if len(keep) < len(steps) and dropped is not None:
+        if len(keep) < len(steps):
             dropped.note(where, [s for s in steps if not _is_int(s)])
         out[tag] = Scalars(
             steps=tuple(int(steps[i]) for i in keep), values=tuple(_value(raw[i]) for i in keep),
