@@ -891,7 +891,7 @@ def _depth(skeleton: bytes) -> int:
     """The deepest nesting of a text of brackets alone; stops at the first chunk past
     MAX_DEPTH (a document nested 300,000 deep is refused after 64 KB of it)."""
     level = deepest = 0
-    steps = skeleton.translate(_BRACKETS)
+    steps = skeleton.translate(_BRACKETS, b'"')  # a stray quote: JSON that will not load
     for at in range(0, len(steps), _DEPTH_CHUNK):
         chunk = array("b", steps[at:at + _DEPTH_CHUNK])
         deepest = max(deepest, max(itertools.accumulate(chunk, initial=level)))
