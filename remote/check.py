@@ -14,14 +14,13 @@ beside the probe's own run time. No Textual; asyncssh is imported only when a ho
 
 from __future__ import annotations
 
-import json
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .collect import Collector, PollOutcome, ssh_files
 from .config import HostConfig
+from .model import ProbeError, load_document
 from .poller import OpeningLimiter, poll_all_once
 
 STARTUP_WARN_S = 0.05
@@ -54,12 +53,9 @@ def _sentence(text: str) -> str:
 
 def _document(outcome: PollOutcome) -> dict[str, Any]:
     """The probe's raw document (for fields the snapshot does not keep, e.g. host.python)."""
-    raw = outcome.doc or b""
     try:
-        if raw[:1] != b"{":
-            raw = zlib.decompress(raw)
-        doc = json.loads(raw)
-    except (zlib.error, ValueError):
+        doc = load_document(outcome.doc or b"", outcome.host.name)  # the limits of every read
+    except ProbeError:
         return {}
     return doc if isinstance(doc, dict) else {}
 

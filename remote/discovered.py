@@ -55,8 +55,17 @@ def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+_INT_MAX = 2**63 - 1
+"""model.INT_MAX (model imports this module): an int field beyond int64 reads as absent (the
+launch record's pid and start ticks go to SQLite)."""
+_FLOAT_MAX = 2.0**53
+"""model.FLOAT_MAX: a float field that is not finite, or beyond it, reads as absent."""
+
+
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    ok = isinstance(value, int) and not isinstance(value, bool) and \
+        -_INT_MAX - 1 <= value <= _INT_MAX
+    return value if ok else None
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -64,7 +73,8 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 
 
 def _float(value: Any) -> float | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        -_FLOAT_MAX <= value <= _FLOAT_MAX  # nan compares false: absent too
     return float(value) if ok else None
 
 

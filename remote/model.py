@@ -7,8 +7,11 @@ probe version is a ProbeError naming the place; keys it does not know are ignore
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import zlib
+from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -20,6 +23,33 @@ from .raw_events import expand_raw_events
 PROBE_VERSION = 1
 
 T = TypeVar("T")
+
+# ---------------------------------------------------------------- limits on a box's document
+# A box is not trusted: each limit is checked before the data is used (inflating, then a scan
+# of the text, then json.loads), and a document over one is that host's ProbeError naming it.
+# Each sits far above what the probe's own budgets produce (DEFAULT_LIMITS: a busy 8-GPU box
+# with a run sends ~40 KB, under 300 containers and 4,000 values).
+
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+"""The largest document read, inflated (checked while inflating: a small zlib stream may
+inflate to gigabytes)."""
+MAX_DEPTH = 64
+"""Nesting of objects and lists (the probe's documents nest 9 deep)."""
+MAX_CONTAINERS = 250_000
+"""Objects and lists in one document: ~70 bytes each once parsed (16 MiB of `{},` would be
+400 MB)."""
+MAX_VALUES = 2_000_000
+"""Values in one document (commas): 16 MiB of `1.5,` parsed is 170 MB."""
+MAX_STRING_BYTES = 256 * 1024
+"""One string, as written in the document (the longest the probe sends: base64 raw event
+records, 32 KiB)."""
+MAX_NUMBER_DIGITS = 40
+"""Digits in a row in one number (int64 has 19): Python reads a 4,000-digit int gladly."""
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+"""Every integer field (int64: what SQLite and the series' columns hold)."""
+FLOAT_MAX = 2.0**53
+"""Every float field but scalar values: finite and within ±FLOAT_MAX (times, sizes and
+percentages are all far inside; a value beyond it is the box's error, not a measurement)."""
 
 
 class ProbeError(Exception):
@@ -315,9 +345,10 @@ class MetricsFile:
     cursor: Any  # opaque: send it back next poll
     reset: bool  # the file started over: its points replace what came before
     pending: bool  # a budget cut this poll's read short
-    skipped: int  # entries without a step, unparseable lines
+    skipped: int  # entries without a step, unparseable lines, steps out of range
     scalars: Mapping[str, Scalars]
     error: str | None = None
+    errors: tuple[str, ...] = ()  # points left out (a step out of range), one line a tag
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,20 +453,39 @@ class _Bad(Exception):
 
 
 def _kind(value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and not _is_int(value):
+        return f"an integer out of range ({len(str(abs(value)))} digits)"
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and \
+            not _is_number(value):
+        return f"a number out of range ({value!r}; the limit is ±2^53)"
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
         type(value), "null" if value is None else "a number")
 
 
-def _is_int(value: object) -> bool:
+def _is_integer(value: object) -> bool:
+    """An int of any size (JSON's true and false are not)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_int(value: object) -> bool:
+    """An integer field's value: an int within int64."""
+    return isinstance(value, int) and not isinstance(value, bool) and INT_MIN <= value <= INT_MAX
 
 
 def _is_str(value: object) -> bool:
     return isinstance(value, str)
 
 
+def _is_path(value: object) -> bool:
+    """A path: a string, not empty (os.path calls on "" raise)."""
+    return isinstance(value, str) and value != ""
+
+
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A numeric field's value: finite, within ±FLOAT_MAX (an int within int64 that far)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return -FLOAT_MAX <= value <= FLOAT_MAX  # nan compares false; no int to float (overflow)
 
 
 class _Node:
@@ -478,6 +528,13 @@ class _Node:
         value = self._get(key, _is_str, "a string or null", True)
         return None if value is None else str(value)
 
+    def get_path(self, key: str) -> str:
+        return str(self._get(key, _is_path, "a path (a string, not empty)", False))
+
+    def opt_path(self, key: str) -> str | None:
+        value = self._get(key, _is_path, "a path (a string, not empty) or null", True)
+        return None if value is None else str(value)
+
     def get_bool(self, key: str) -> bool:
         return bool(self._get(key, lambda v: isinstance(v, bool), "a boolean", False))
 
@@ -486,9 +543,13 @@ class _Node:
         return None if value is None else bool(value)
 
     def opt_list(self, key: str, test: Callable[[Any], bool], kind: str) -> tuple[Any, ...] | None:
-        value = self._get(key, lambda v: isinstance(v, list) and all(map(test, v)),
-                          f"a list of {kind} or null", True)
-        return None if value is None else tuple(value)
+        value = self._get(key, lambda v: isinstance(v, list), f"a list of {kind} or null", True)
+        if value is None:
+            return None
+        if not all(map(test, value)):
+            i, bad = next((i, v) for i, v in enumerate(value) if not test(v))
+            raise _Bad(f"{self.child(key)}[{i}]", f"expected one of {kind}, got {_kind(bad)}")
+        return tuple(value)
 
     def node(self, key: str) -> _Node:
         value = self._get(key, lambda v: isinstance(v, dict), "an object", False)
@@ -655,28 +716,48 @@ def _kernel_events(section: _Node, btime: int | None) -> tuple[KernelEvent, ...]
 
 def _xid_counts(section: _Node) -> Mapping[int, int]:
     counts = section.counters("xid_counts")
-    if not all(code.isdigit() for code in counts):
+    if not all(code.isascii() and code.isdigit() and len(code) < 10 for code in counts):
         raise _Bad(f"{section.where}.xid_counts", "expected Xid codes as keys")
     return MappingProxyType({int(code): n for code, n in counts.items()})
 
 
 def _value(value: Any) -> float:
-    if isinstance(value, str) and value in _NON_FINITE:
+    if isinstance(value, str):
         return _NON_FINITE[value]
-    if not _is_number(value):
-        raise TypeError
-    return float(value)
+    return float(value)  # an int of at most MAX_NUMBER_DIGITS digits: no OverflowError
 
 
 _NON_FINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
 
 
 def _is_value(value: object) -> bool:
-    """A number, or JSON's stand-in for a non-finite one ("nan", "inf", "-inf")."""
-    return _is_number(value) or (isinstance(value, str) and value in _NON_FINITE)
+    """A scalar's value: any number (a loss gone NaN or inf is news, not noise), or JSON's
+    stand-in for a non-finite one ("nan", "inf", "-inf")."""
+    return (_is_integer(value) or isinstance(value, float)
+            or (isinstance(value, str) and value in _NON_FINITE))
 
 
-def _scalars(node: _Node, key: str, with_wall: bool) -> Mapping[str, Scalars]:
+def _wall(value: Any) -> float:
+    """A point's wall time; nan (no time) for null and for one out of range."""
+    return float(value) if _is_number(value) else float("nan")
+
+
+class _Dropped:
+    """Points of one source left out for a step out of range: counted, one message a tag."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.messages: list[str] = []
+
+    def note(self, where: str, steps: list[int]) -> None:
+        self.count += len(steps)
+        self.messages.append(f"{where}: {len(steps)} point(s) dropped, step out of range "
+                             f"(e.g. {str(steps[0])[:MAX_NUMBER_DIGITS]})")
+
+
+def _scalars(node: _Node, key: str, with_wall: bool, dropped: _Dropped) -> Mapping[str, Scalars]:
+    """A source's columns by tag. A point whose step is out of int64 (what the series and the
+    store hold) is dropped and counted in `dropped`, the tag's other points kept."""
     value = node.data.get(key)
     if value is None:
         return MappingProxyType({})
@@ -688,46 +769,53 @@ def _scalars(node: _Node, key: str, with_wall: bool) -> Mapping[str, Scalars]:
         col = _Node(cols, where) if isinstance(cols, dict) else None
         if col is None:
             raise _Bad(where, f"expected an object, got {_kind(cols)}")
-        steps = col.opt_list("steps", _is_int, "integers") or ()
+        steps = col.opt_list("steps", _is_integer, "integers") or ()
         raw = col.opt_list("values", _is_value, "numbers") or ()
-        walls = col.opt_list("wall_times", lambda v: v is None or _is_number(v),
-                             "numbers") if with_wall else None
+        walls = col.opt_list("wall_times", lambda v: v is None or _is_integer(v)
+                             or isinstance(v, float), "numbers") if with_wall else None
         if len(raw) != len(steps) or (walls is not None and len(walls) != len(steps)):
             raise _Bad(where, "columns of different lengths")
+        keep = [i for i, step in enumerate(steps) if _is_int(step)]
+        if len(keep) < len(steps):
+            dropped.note(where, [s for s in steps if not _is_int(s)])
         out[tag] = Scalars(
-            steps=tuple(int(s) for s in steps), values=tuple(_value(v) for v in raw),
-            wall_times=None if walls is None else tuple(
-                float("nan") if w is None else float(w) for w in walls))
+            steps=tuple(int(steps[i]) for i in keep), values=tuple(_value(raw[i]) for i in keep),
+            wall_times=None if walls is None else tuple(_wall(walls[i]) for i in keep))
     return MappingProxyType(out)
 
 
 def _event_file(node: _Node) -> EventFile:
     error = node.opt_str("error")
     if error is not None:
-        return EventFile(path=node.get_str("path"), bytes=0, mtime=0.0, offset=0, start=None,
+        return EventFile(path=node.get_path("path"), bytes=0, mtime=0.0, offset=0, start=None,
                          stopped=None, first_wall_time=None, reset=False,
                          scalars=MappingProxyType({}), errors=(), error=error)
+    dropped = _Dropped()
+    scalars = _scalars(node, "scalars", True, dropped)
     return EventFile(
-        path=node.get_str("path"), bytes=node.get_int("size"), mtime=float(node.get_number(
+        path=node.get_path("path"), bytes=node.get_int("size"), mtime=float(node.get_number(
             "mtime")), offset=node.get_int("offset"), start=node.opt_int("start"),
         stopped=node.opt_str("stopped"), first_wall_time=node.opt_float("first_wall_time"),
-        reset=node.opt_bool("reset") or False, scalars=_scalars(node, "scalars", True),
-        errors=node.opt_list("errors", _is_str, "messages") or ())
+        reset=node.opt_bool("reset") or False, scalars=scalars,
+        errors=(node.opt_list("errors", _is_str, "messages") or ()) + tuple(dropped.messages))
 
 
 def _metrics_file(node: _Node) -> MetricsFile:
+    dropped = _Dropped()
+    scalars = _scalars(node, "scalars", False, dropped)
     return MetricsFile(
-        path=node.get_str("path"), file=node.opt_str("file"), kind=node.opt_str("kind"),
+        path=node.get_path("path"), file=node.opt_str("file"), kind=node.opt_str("kind"),
         bytes=node.opt_int("size"), mtime=node.opt_float("mtime"),
         cursor=node.data.get("cursor"), reset=node.opt_bool("reset") or False,
-        pending=node.opt_bool("pending") or False, skipped=node.opt_int("skipped") or 0,
-        scalars=_scalars(node, "scalars", False), error=node.opt_str("error"))
+        pending=node.opt_bool("pending") or False,
+        skipped=(node.opt_int("skipped") or 0) + dropped.count,
+        scalars=scalars, error=node.opt_str("error"), errors=tuple(dropped.messages))
 
 
 def _checkpoints(node: _Node, key: str) -> tuple[Checkpoint, ...]:
     if node.data.get(key) is None:
         return ()
-    return tuple(Checkpoint(path=row.get_str("path"), mtime=float(row.get_number("mtime")),
+    return tuple(Checkpoint(path=row.get_path("path"), mtime=float(row.get_number("mtime")),
                             bytes=row.get_int("bytes"), capped=row.opt_bool("capped") or False)
                  for row in node.table(key))
 
@@ -737,7 +825,7 @@ def _run(node: _Node) -> RunSample:
     log_info = None
     if log is not None:
         ln = node.node("log")
-        log_info = LogInfo(path=ln.get_str("path"), bytes=ln.get_int("size"),
+        log_info = LogInfo(path=ln.get_path("path"), bytes=ln.get_int("size"),
                            mtime=float(ln.get_number("mtime")), tail=ln.opt_str("tail"))
     events = node.node("events") if node.data.get("events") is not None else None
     ckpts = node.node("checkpoints") if node.data.get("checkpoints") is not None else None
@@ -746,7 +834,7 @@ def _run(node: _Node) -> RunSample:
         name=node.get_str("name"),
         pids=node.opt_list("pids", _is_int, "pids") or (),
         log=log_info,
-        events_path=events.opt_str("path") if events else None,
+        events_path=events.opt_path("path") if events else None,
         event_files=tuple(_event_file(f) for f in events.nodes("files")) if events else (),
         events_capped=(events.opt_bool("capped") or False) if events else False,
         metrics=tuple(_metrics_file(m) for m in node.nodes("metrics")),
@@ -788,18 +876,143 @@ def _runs(doc: _Node, errors: dict[str, str]) -> tuple[RunSample, ...]:
 
 # ---------------------------------------------------------------- the document
 
-def _decode(data: bytes) -> Any:
-    """The probe prints JSON, or its zlib stream when the request asked for compression."""
+_MIB = 1024 * 1024
+_BRACKETS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+_NOT_SKELETON = bytes(set(range(256)) - set(b'"[]{}'))
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)  # \" and \\ most of all: what hides a quote
+_ESCAPES_BY_REGEX = 10_000
+_STRING = re.compile(rb'"[^"]*"')  # in text without escapes
+_LONG_STRING = re.compile(rb'"[^"]{%d,}"' % MAX_STRING_BYTES)
+_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+_LONG_NUMBER = b"0" * (MAX_NUMBER_DIGITS + 1)  # in text through _DIGITS
+_ZEROS = re.compile(rb"0+")
+_DEPTH_CHUNK = 64 * 1024
+
+
+def decode_document(data: bytes) -> bytes:
+    """The probe's stdout as JSON text: inflated where the request asked for compression,
+    never past MAX_DOCUMENT_BYTES (a zlib stream of a few KB can inflate to gigabytes)."""
     if not data.strip():
         raise _Bad("", "the probe printed nothing")
-    if not data.lstrip().startswith(b"{"):
-        try:
-            data = zlib.decompress(data)
-        except zlib.error:
-            raise _Bad("", "neither JSON nor zlib-compressed JSON") from None
+    text = data if data.lstrip().startswith(b"{") else _inflate(data)
+    if len(text) > MAX_DOCUMENT_BYTES:
+        raise _too_big("")
+    return text
+
+
+def _too_big(how: str) -> _Bad:
+    return _Bad("", f"larger than the limit of {MAX_DOCUMENT_BYTES // _MIB} MiB "
+                    f"(MAX_DOCUMENT_BYTES){how}")
+
+
+def _inflate(data: bytes) -> bytes:
+    """A zlib stream inflated a MiB at a time, given up as soon as it passes the limit:
+    nothing past it is ever inflated, and a bomb's pieces are never joined."""
+    inflate, parts, size = zlib.decompressobj(), [], 0
     try:
-        return json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
+        part = inflate.decompress(data, _MIB)
+        while part:
+            parts.append(part)
+            size += len(part)
+            if size > MAX_DOCUMENT_BYTES:
+                raise _too_big(" once inflated")
+            part = inflate.decompress(inflate.unconsumed_tail, _MIB)
+    except zlib.error:
+        raise _Bad("", "neither JSON nor zlib-compressed JSON") from None
+    if not inflate.eof:
+        raise _Bad("", "neither JSON nor zlib-compressed JSON (the stream is cut short)")
+    return b"".join(parts)
+
+
+def _outside_strings(flat: bytes, find: Callable[[int], tuple[int, int] | None]) -> bool:
+    """Whether what `find(pos)` finds from pos on ((start, where to look on)) begins somewhere
+    in `flat` outside a string (an even number of quotes before it: a long string's match
+    begins at its opening quote)."""
+    quotes = counted = pos = 0
+    while (found := find(pos)) is not None:
+        quotes += flat.count(b'"', counted, found[0])
+        counted, pos = found
+        if quotes % 2 == 0:
+            return True
+    return False
+
+
+def _long_string(flat: bytes) -> Callable[[int], tuple[int, int] | None]:
+    def find(pos: int) -> tuple[int, int] | None:
+        m = _LONG_STRING.search(flat, pos)
+        return None if m is None else (m.start(), m.end() - 1)  # its end may open the next
+    return find
+
+
+def _long_number(digits: bytes) -> Callable[[int], tuple[int, int] | None]:
+    def find(pos: int) -> tuple[int, int] | None:
+        at = digits.find(_LONG_NUMBER, pos)
+        if at < 0:
+            return None
+        run = _ZEROS.match(digits, at)
+        return at, at if run is None else run.end()
+    return find
+
+
+def _depth(skeleton: bytes) -> int:
+    """The deepest nesting of a text of brackets alone; stops at the first chunk past
+    MAX_DEPTH (a document nested 300,000 deep is refused after 64 KB of it)."""
+    level = deepest = 0
+    steps = skeleton.translate(_BRACKETS, b'"')  # a stray quote: JSON that will not load
+    for at in range(0, len(steps), _DEPTH_CHUNK):
+        chunk = array("b", steps[at:at + _DEPTH_CHUNK])
+        deepest = max(deepest, max(itertools.accumulate(chunk, initial=level)))
+        if deepest > MAX_DEPTH:
+            break
+        level += sum(chunk)
+    return deepest
+
+
+def _unescaped(text: bytes) -> bytes:
+    """The text without escapes, so that every quote left opens or closes a string. The regex
+    is the fast way; two replaces (no object per match) where escapes are many."""
+    if text.count(b"\\") < _ESCAPES_BY_REGEX:
+        return _ESCAPE.sub(b"", text)
+    return text.replace(b"\\\\", b"").replace(b'\\"', b"")
+
+
+def check_text(text: bytes) -> None:
+    """The limits on a document's shape, from its text before json.loads builds anything:
+    nesting depth, containers, values, string length and number length. A few C-level passes
+    over the bytes (tens of microseconds for a steady poll's document); strings are told
+    apart from structure by the parity of the quotes once escapes are taken out."""
+    flat = _unescaped(text)
+    # Brackets outside strings: strings without brackets go first (adjacent quotes only ever
+    # join two strings' contents, so dropping `""` keeps the rest in step); strings holding
+    # brackets, rare, go by a regex once their number is known to be bounded.
+    skeleton = flat.translate(None, _NOT_SKELETON).replace(b'""', b"")
+    exact = b'"' not in skeleton
+    if exact and _depth(skeleton) > MAX_DEPTH:
+        raise _Bad("", f"nested deeper than the limit of {MAX_DEPTH} (MAX_DEPTH)")
+    if skeleton.count(b"[") + skeleton.count(b"{") > MAX_CONTAINERS:  # strings' too: over
+        raise _Bad("", f"more than the limit of {MAX_CONTAINERS:,} objects and lists "
+                       f"(MAX_CONTAINERS)")
+    if not exact and _depth(_STRING.sub(b"", skeleton)) > MAX_DEPTH:
+        raise _Bad("", f"nested deeper than the limit of {MAX_DEPTH} (MAX_DEPTH)")
+    if text.count(b",") > MAX_VALUES:
+        raise _Bad("", f"more than the limit of {MAX_VALUES:,} values (MAX_VALUES)")
+    if _outside_strings(flat, _long_string(flat)):
+        raise _Bad("", f"a string longer than the limit of {MAX_STRING_BYTES // 1024} KiB "
+                       f"(MAX_STRING_BYTES)")
+    digits = flat.translate(_DIGITS)
+    if _LONG_NUMBER in digits and _outside_strings(digits, _long_number(digits)):
+        raise _Bad("", f"a number of more than the limit of {MAX_NUMBER_DIGITS} digits "
+                       f"(MAX_NUMBER_DIGITS)")
+
+
+def _decode(data: bytes) -> Any:
+    """The probe prints JSON, or its zlib stream when the request asked for compression;
+    every limit is checked before json.loads."""
+    text = decode_document(data)
+    check_text(text)
+    try:
+        return json.loads(text)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise _Bad("", f"not JSON: {exc}") from None
 
 
@@ -932,6 +1145,15 @@ def _discovery_note(doc: _Node) -> dict[str, Any]:
     reuse = note.get("reuse")
     return {"discovery_reuse": MappingProxyType(reuse) if isinstance(reuse, dict) else None,
             "discovery_need": note.get("need") if note.get("need") in ("now", "next") else None}
+
+
+def load_document(data: bytes, host: str) -> Any:
+    """The probe's stdout as JSON values, within every limit; ProbeError if not (for readers of
+    fields the snapshot does not keep: `gpuwatch check`)."""
+    try:
+        return _decode(data)
+    except _Bad as bad:
+        raise ProbeError(host, bad.where or "document", bad.problem) from None
 
 
 def parse_probe_output(data: bytes, host: str) -> HostSnapshot:

@@ -206,7 +206,10 @@ def json_loads(text):
         pass
     import json  # what is wrong, in json's own words
 
-    return json.loads(text)
+    try:
+        return json.loads(text)
+    except RecursionError:  # nested deeper than the interpreter recurses
+        raise ValueError("nested too deep")
 
 
 _COMPILED = {}
@@ -665,6 +668,8 @@ def smi_number(raw):
     whole, dot, fraction = text.partition(".")
     digits = whole[1:] if whole.startswith("-") else whole
     if not digits.isdecimal() or (dot and not fraction.isdecimal()):  # isdecimal: re's \d
+        return None
+    if len(digits) > 15:  # no reading has that many (the client reads none past 2**53)
         return None
     return float(text) if dot else int(text)
 
@@ -1415,6 +1420,12 @@ def split_timestamp(line):
     return None, None, line
 
 
+def small_int(digits):
+    """A pid's digits as an int; None for none or for more than a pid has (int() of thousands
+    of digits raises, and the client reads no int beyond int64)."""
+    return int(digits) if digits and len(digits) <= 12 else None
+
+
 def parse_kernel_log(lines, keep, msg_chars):
     """NVIDIA Xid lines and OOM kills, the last `keep` of each, plus Xid counts.
 
@@ -1428,12 +1439,17 @@ def parse_kernel_log(lines, keep, msg_chars):
     for line in lines:
         if not kernel_candidate(line):
             continue
-        mono, epoch, message = split_timestamp(line.rstrip("\n"))
+        try:
+            mono, epoch, message = split_timestamp(line.rstrip("\n"))
+        except (ValueError, OverflowError):  # a stamp no calendar has: the line without one
+            mono, epoch, message = None, None, line.rstrip("\n")
+        mono = mono if mono is not None and -2.0 ** 53 < mono < 2.0 ** 53 else None  # inf, nan
+        epoch = epoch if epoch is not None and -2.0 ** 53 < epoch < 2.0 ** 53 else None
         match = rx(XID).search(message)
-        if match:
+        if match and len(match.group(2)) <= 9:  # Xid codes are small; int() may refuse more
             pci, code, rest = match.group(1), int(match.group(2)), match.group(3)
             detail = rx(XID_PID).match(rest)
-            pid = int(detail.group(1)) if detail and detail.group(1) else None
+            pid = small_int(detail.group(1)) if detail else None
             name = detail.group(2) if detail and detail.group(2) != "<unknown>" else None
             text = detail.group(3) if detail else rest
             counts[str(code)] = counts.get(str(code), 0) + 1
@@ -1442,13 +1458,13 @@ def parse_kernel_log(lines, keep, msg_chars):
         match = rx(OOM_CONSTRAINT).search(message)
         if match:
             memcg = match.group(1) == "CONSTRAINT_MEMCG"
-            if match.group(3):
+            if small_int(match.group(3)) is not None:
                 ooms.append([mono, epoch, int(match.group(3)), match.group(2), memcg])
             else:
                 pending_memcg = memcg  # a truncated line: it still tells the next kill's kind
             continue
         match = rx(OOM_KILL).search(message)
-        if match:
+        if match and small_int(match.group(2)) is not None:
             pid, name = int(match.group(2)), match.group(3)
             memcg = match.group(1).startswith("Memory cgroup") or pending_memcg
             if ooms and ooms[-1][2] == pid:
@@ -1531,12 +1547,10 @@ def as_number(value):
     """A metric value from JSON or CSV as a float; None for anything that is not a number."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str) and value.strip():
+    if isinstance(value, (int, float)) or (isinstance(value, str) and value.strip()):
         try:
             return float(value)
-        except ValueError:
+        except (ValueError, OverflowError):  # an int beyond a float's range too
             return None
     return None
 
@@ -1546,11 +1560,11 @@ def as_step(value):
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
+        return value if -2 ** 63 <= value < 2 ** 63 else None  # the client's series: int64
     number = as_number(value)
     if number is None or number != number or number in (float("inf"), float("-inf")):
         return None
-    return int(number) if number == int(number) else None
+    return int(number) if number == int(number) and -2.0 ** 63 <= number < 2.0 ** 63 else None
 
 
 def columns(points, with_wall):
@@ -1964,7 +1978,7 @@ def read_jsonl(path, st, cursor, limits):
             continue
         try:
             entry = json_loads(line)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # a line nested too deep: skipped too
             skipped, problem = skipped + 1, problem or "not JSON: %s" % exc
             continue
         step = as_step(entry.get("step")) if isinstance(entry, dict) else None

@@ -115,7 +115,10 @@ def decode_raw_entry(entry: dict[str, Any],
             not isinstance(path, str):
         return {"path": str(path), "error": "raw event records without a start"}
     try:
-        data = base64.b64decode(entry.get("raw") or "", validate=True)
+        raw = entry.get("raw") or ""
+        if not isinstance(raw, str):  # a number or a list: b64decode's TypeError
+            raise ValueError
+        data = base64.b64decode(raw, validate=True)
     except (binascii.Error, ValueError):
         return {"path": path, "error": "raw event records are not base64"}
     good = _framed(data)

@@ -526,7 +526,7 @@ class RunSeries:
                 series.start = int(start) if isinstance(start, int) else None
                 owner = raw.get("owner")
                 series.owner = owner if isinstance(owner, str) else None
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # a step beyond int64: dropped
                 return None
             return series
 
@@ -544,7 +544,7 @@ class RunSeries:
                 self.routes[(route[0], route[1])] = route[2]
         for marker in data.get("restarts") or ():
             if isinstance(marker, list) and len(marker) == 2:
-                with contextlib.suppress(TypeError, ValueError):
+                with contextlib.suppress(TypeError, ValueError, OverflowError):
                     self.restarts.append((int(marker[0]), float(marker[1])))
 
     def state(self) -> dict[str, Any]:
