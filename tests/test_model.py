@@ -18,7 +18,7 @@ from test_probe import BOOT_ID, BTIME, UUIDS, Box, box_request, build_box, run_p
 
 DESIGN_GPU_KEYS = ["index", "uuid", "name", "util_pct", "mem_used_mib", "mem_total_mib",
                    "sm_clock_mhz", "sm_clock_max_mhz", "power_w", "power_limit_w", "temp_c",
-                   "throttle_reasons", "mig"]
+                   "throttle_reasons", "mig", "persistence_mode"]
 DESIGN_PROCESS_KEYS = ["pid", "ppid", "user", "state", "started_at", "gpu_index", "gpu_mem_mib",
                        "cmd", "run", "zombie"]
 DESIGN_DISK_KEYS = ["path", "mount", "bytes_total", "bytes_free", "inodes_total", "inodes_free"]

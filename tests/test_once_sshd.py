@@ -135,7 +135,12 @@ def test_once_json_over_ssh_matches_schema_and_the_simulator(
     assert host["ok"] and host["error"] is None and host["ssh"] == "box1"
     assert host["boot_id"] == box.boot_id and host["uptime_s"] == pytest.approx(box.uptime_s)
     assert [d["path"] for d in host["disks"]] == ["/", "/tmp"]
-    assert host["processes"] is not None and host["findings"] == []
+    assert host["processes"] is not None
+    # The captured RTX 2080 runs without persistence mode (the H100s with it): only that says
+    persistence = [g["persistence_mode"] for g in host["gpus"]]
+    expected = ["gpu.persistence_off"] if False in persistence else []
+    assert [(f["code"], f["severity"]) for f in host["findings"]] == [
+        (code, "info") for code in expected]
     gpus = host["gpus"]
     assert [g["index"] for g in gpus] == list(range(len(box.gpus)))
     first = gpus[0]

@@ -54,7 +54,8 @@ def test_layout_and_env(box: Box) -> None:
     assert os.access(box.bin / "nvidia-smi", os.X_OK)
     env = box.env(base_path="/usr/bin")
     assert env == {"PATH": f"{box.bin}:/usr/bin", "GPUWATCH_PROCFS": str(box.proc),
-                   "GPUWATCH_SYSFS": str(box.sys), "GPUWATCH_SIM_DIR": str(box.sim)}
+                   "GPUWATCH_SYSFS": str(box.sys), "GPUWATCH_SIM_DIR": str(box.sim),
+                   "GPUWATCH_DEVFS": str(box.root / "dev")}
 
 
 def test_stat_has_the_real_field_count_and_parses_by_the_same_rule(box: Box) -> None:
