@@ -1318,8 +1318,9 @@ def collect_disks(paths):
             continue
         real = os.path.realpath(os.path.expanduser(path))
         fake = simulated.get(path)
-        if isinstance(fake, dict):
-            disk = {"path": path, "mount": mount_of(real, points)}
+        if isinstance(fake, dict):  # a filesystem of its own: its mount is itself
+            mount = fake.get("mount")
+            disk = {"path": path, "mount": mount if isinstance(mount, str) else path}
             for key in SIM_DISK_KEYS:
                 value = fake.get(key)
                 disk[key] = value if isinstance(value, int) and not isinstance(value, bool) \

@@ -121,7 +121,7 @@ class Timeline:
     """Steps between checkpoints of the healthy and capped runs."""
     capped_interval_s: float = 4.0
     """demo-capped plays util_without_clock one frame per this: two healthy, then capped."""
-    oom_after_s: float = 60.0
+    oom_after_s: float = 45.0
     """demo-oom's trainer is OOM-killed this long after it started (once per fleet)."""
     oom_save_every: int = 20
     disk_save_every: int = 30
