@@ -432,3 +432,27 @@ async def test_a_relaunched_run_that_exits_3_says_so(rig: Rig) -> None:
     assert history.runs["bad_run"].status == "dead"
     assert d.cause == "exited" and d.evidence["exit_code"] == 3 and d.evidence["signal"] is None
     assert "status 3" in d.summary
+
+
+def test_the_tui_run_tab_shows_progress_and_eta(tmp_path: Path) -> None:
+    """The host screen's run tab reads HostData.run_progress: step of max_steps and the ETA at
+    the pace of the last two trainer_state.json writes."""
+    from gpuwatch.tui.state import HostData
+
+    box = box_at(tmp_path)
+    work = tmp_path / "tab"
+    work.mkdir()
+    box.add_process(training_process(600, script="tab.py", workdir=str(work), nohup=True))
+    host = host_config(f'[hosts.gpu1.runs.tab]\nprocess = "tab.py"\nworkdir = "{work}"\n'
+                       'metrics = ["out/checkpoint-*/trainer_state.json"]\n')
+    w = Watched(box, host)
+    now = time.time()
+    trainer_state(work / "out" / "checkpoint-100" / "trainer_state.json", 100, 1000,
+                  mtime=now - 200)
+    w.poll()
+    data = HostData(host, w.history)
+    assert data.run_progress("tab") == " 100/1000"
+    trainer_state(work / "out" / "checkpoint-200" / "trainer_state.json", 200, 1000, mtime=now)
+    w.poll()
+    shown = data.run_progress("tab")  # 800 steps at 0.5 step/s, less the time since
+    assert shown.startswith(" 200/1000 · ETA ") and 20 <= int(shown.split()[-1][:-1]) <= 26
