@@ -53,6 +53,7 @@ from .model import HostSnapshot, ProcessInfo
 from .probe_bundle import build_command, strip_source
 
 if TYPE_CHECKING:
+    from .series import RunSeries
     from .store import Store
 
 __all__ = [
@@ -408,9 +409,7 @@ def plan_relaunch(host: HostConfig, run_name: str, history: HostHistory,
         return _refused("relaunch", host, why or "no snapshot")
     series = history.runs.get(run.name)
     if series is not None and series.status == "finished":
-        return _refused("relaunch", host, (
-            f"run {run.name} finished (its done marker {run.done} exists); remove the marker to "
-            "run it again"))
+        return _refused("relaunch", host, _finished_refusal(run.name, series, run.done))
     latest = series.latest_checkpoint if series else None
     try:
         command = fill_command(run.relaunch, run=run.name, workdir=run.workdir,
@@ -449,6 +448,8 @@ def _plan_relaunch_discovered(host: HostConfig, launch: LaunchRecord,
     if snap is None:
         return _refused("relaunch", host, why or "no snapshot")
     series = history.runs.get(name)
+    if series is not None and series.status == "finished":
+        return _refused("relaunch", host, _finished_refusal(name, series, None))
     latest = series.latest_checkpoint if series else None
     try:
         command, _dropped, said = relaunch_command(launch, latest)
@@ -459,15 +460,23 @@ def _plan_relaunch_discovered(host: HostConfig, launch: LaunchRecord,
              f"{_ago(launch.recorded_at)}", *said]
     if launch.log is None:
         notes.append(f"its output went to no file at launch: now to {log}")
-    # A discovered run has no done marker: a run that ended on its own reads as dead.
+    # A discovered run has no done marker: one whose framework wrote nothing of its end (and
+    # that gpuwatch did not start) reads as dead when it ended on its own.
     tail = (series.tail or "").strip().splitlines()[-1:] if series else []
-    notes.append("gpuwatch cannot tell a discovered run that finished from one that died (it "
-                 "has no done marker): check the log's end before confirming"
-                 + (f"; it ends: {tail[0][:160]}" if tail else ""))
+    notes.append("gpuwatch found nothing that says this run finished (no done marker, no end "
+                 "written by its framework), but it may have: check the log's end before "
+                 "confirming" + (f"; it ends: {tail[0][:160]}" if tail else ""))
     spec = LaunchSpec(run=name, workdir=launch.cwd, log=log, detach=launch.detach,
                       env=launch.env, process=launch.process, scripts=launch.scripts,
                       in_workdir=True)
     return ActionPlan("relaunch", host.name, (), command, "", None, tuple(notes), spec)
+
+
+def _finished_refusal(name: str, series: RunSeries, marker: str | None) -> str:
+    """Why a finished run is not started again (seed 004), and how to allow it."""
+    how = (f"remove its done marker {marker} to run it again" if series.done and marker
+           else "start it by hand if it is to train further")
+    return f"run {name} finished ({series.finished_by()}); {how}"
 
 
 def _ago(at: float) -> str:

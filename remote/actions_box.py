@@ -434,19 +434,48 @@ def read_cwd(pid: int) -> "bytes | None":
         return None
 
 
+EXIT_RECORD_DIR = ".gpuwatch"
+
+
+def exit_record_path(workdir: str, run: str) -> str:
+    """Where the launch wrapper records how a relaunched run ended: a file named for the run in
+    a .gpuwatch folder of its workdir (the probe reads it there; series.exit_record_path is the
+    client's copy of this rule, which a test holds equal)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run)[:80] or "run"
+    return f"{workdir.rstrip('/')}/{EXIT_RECORD_DIR}/exit-{safe}.json"
+
+
 def launch_script(script_path: str, req: dict, workdir: bytes, log: bytes) -> bytes:
     """The private script the detached shell runs: it removes itself first (sh keeps it open,
     so nothing can edit it under the running shell, U2), then sets everything up. Bytes: a
-    path in it that is not UTF-8 reaches the shell as its very bytes."""
+    path in it that is not UTF-8 reaches the shell as its very bytes.
+
+    It wraps the command (seed 004, U3): the command runs in a subshell (an `exit` in it ends
+    only that), this shell waits for it and writes its exit status to the run's exit record,
+    so that how a run gpuwatch started ended is known, not guessed: 0 finished, 128+N killed
+    by signal N, anything else exited N. The last launch's record is removed first. The
+    wrapper catches INT, TERM and HUP (a handler, not an ignore: the command still gets the
+    default ones) so that a signal to the whole group still leaves it to write the record."""
     q = shlex.quote
+    text = fs_text(workdir)
+    record = exit_record_path(text, str(req.get("run") or "run"))
     lines = [f"rm -f -- {q(script_path)}"]
     for name, value in sorted((req.get("env") or {}).items()):
         lines.append(f"export {name}={q(str(value))}")
     lines.append("export PYTHONUNBUFFERED=1")  # U43: a detached run's log must not stall
-    lines.append(f"cd -- {q(fs_text(workdir))} || exit 1")
+    lines.append(f"cd -- {q(text)} || exit 1")
+    lines.append(f"mkdir -p -- {q(os.path.dirname(record))} 2>/dev/null; "
+                 f"rm -f -- {q(record)}")
+    lines.append("trap : INT TERM HUP")
     # The command's own stdin and output, not this shell's: under tmux the shell must keep the
     # pane's terminal open, or tmux takes the pane for dead and hangs it up (SIGHUP).
-    lines += ["{", str(req["command"]), "} </dev/null >>" + q(fs_text(log)) + " 2>&1"]
+    lines += ["(", str(req["command"]), ") </dev/null >>" + q(fs_text(log)) + " 2>&1"]
+    run_json = json.dumps(str(req.get("run") or "run"))
+    lines += ["gpuwatch_status=$?",
+              f"printf '{{\"v\": 1, \"run\": %s, \"code\": %d}}\\n' {q(run_json)} "
+              f"\"$gpuwatch_status\" >{q(record + '.tmp')} 2>/dev/null && "
+              f"mv -f -- {q(record + '.tmp')} {q(record)}",
+              "exit $gpuwatch_status"]
     return fs_bytes("\n".join(lines) + "\n")
 
 

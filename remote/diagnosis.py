@@ -17,10 +17,16 @@ most authoritative first, and returns one cause with the evidence behind it:
                    is gone (seed 000: it died with the SSH session).
 7. ``killed``      every check above could be made and none fired: the process was signalled
                    (SIGKILL by a person, a too-wide pkill, U3) — or exited without a done marker.
+                   Certain where gpuwatch's launch wrapper recorded 128+N (signal N).
+   ``exited``      the launch wrapper of a run gpuwatch relaunched recorded a plain non-zero exit
+                   status and nothing above says more.
 8. ``unknown``     some check could not be made (kernel log unreadable, no cgroup counter...):
                    the evidence lists which.
 
-A finished run (done marker, seed 004) is not a death and is never diagnosed.
+A recorded exit status (series.exit_code) is in the evidence of every verdict; it decides 7/8
+and comes before a stale crash line and the terminal (a relaunched run is detached).
+A finished run (done marker, exit status 0, the framework's own end: series.finished_by, seed
+004) is not a death and is never diagnosed.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from typing import Any
 from .model import HostSnapshot, KernelEvent, ProcessInfo
 
 CAUSES = ("reboot", "oom_cgroup", "oom_kernel", "xid", "gpu_lost", "exception", "sighup",
-          "killed", "unknown")
+          "killed", "exited", "unknown")
 WEDGED = ("gpu_lost", "timeout", "driver_not_loaded")
 """GPU query failures that kill (or hang) the processes on the GPUs, not only the tools."""
 DETACH_SERVERS = ("tmux", "screen", "SCREEN")
@@ -106,9 +112,18 @@ class Diagnosis:
         if self.cause == "sighup":
             return ("it died with its SSH session (tty-bound, not under tmux/nohup/setsid; "
                     "seed 000)")
+        if self.cause == "killed" and ev.get("signal") is not None:
+            why = ("; the kernel log or the cgroup counter could not be read, so an OOM kill "
+                   "is not ruled out" if ev.get("unchecked") else
+                   "; no OOM, Xid or reboot explains it")
+            return (f"it was killed by {ev.get('signal_name')} (its launch wrapper recorded exit "
+                    f"status {ev.get('exit_code')}){why}")
         if self.cause == "killed":
             return ("no OOM, Xid, reboot or traceback: it was killed by a signal (or exited "
                     "without a done marker)")
+        if self.cause == "exited":
+            return (f"it exited with status {ev.get('exit_code')} (its launch wrapper recorded "
+                    "it) and no traceback in its log's tail says why")
         return f"cause unknown ({', '.join(ev.get('unchecked', ())) or 'no evidence'})"
 
 
@@ -196,11 +211,12 @@ def hup_exposed(proc: ProcessInfo, table: Mapping[int, ProcessInfo]) -> bool:
 
 def diagnose(before: HostSnapshot, now: HostSnapshot, pids: Sequence[int], *,
              tail: str | None = None, log_changed: bool | None = None,
-             gpus: Iterable[int] = ()) -> Diagnosis:
+             gpus: Iterable[int] = (), exit_code: int | None = None) -> Diagnosis:
     """Why the processes `pids` (alive in `before`) are gone in `now`.
 
     tail: the run's log tail as last read; log_changed: whether the log was written since the
-    poll that saw them alive (None: unknown); gpus: the GPU indexes they held."""
+    poll that saw them alive (None: unknown); gpus: the GPU indexes they held; exit_code: the
+    status gpuwatch's launch wrapper recorded (a run it relaunched), None where there is none."""
     at = now.taken_at
     pids = tuple(pids)
     gap = (now.taken_at - before.taken_at
@@ -208,6 +224,8 @@ def diagnose(before: HostSnapshot, now: HostSnapshot, pids: Sequence[int], *,
 
     def verdict(cause: str, **evidence: Any) -> Diagnosis:
         evidence.setdefault("pids", list(pids))
+        if exit_code is not None:
+            evidence.update(exit_status_evidence(exit_code))
         return Diagnosis(cause, evidence, at, pids)
 
     # 1. reboot
@@ -269,7 +287,12 @@ def diagnose(before: HostSnapshot, now: HostSnapshot, pids: Sequence[int], *,
     if tail is None and log_changed is not False:  # unchanged since alive: nothing new in it
         unchecked.append("log tail")
 
-    # 6. it died with its terminal
+    # 6. the status its launch wrapper recorded: certain, and a detached run has no terminal
+    if exit_code is not None:
+        more = {"unchecked": unchecked} if unchecked else {}
+        return verdict("killed" if exit_code > 128 else "exited", **more)
+
+    # 6b. it died with its terminal
     old_table = {p.pid: p for p in before.processes}
     sessions_now = {p.session for p in now.processes}
     hup = [old_table[p] for p in pids if p in old_table and hup_exposed(old_table[p], old_table)]
@@ -285,6 +308,23 @@ def diagnose(before: HostSnapshot, now: HostSnapshot, pids: Sequence[int], *,
         return verdict("unknown", unchecked=unchecked)
     return verdict("killed", checked=["boot id", "cgroup oom_kill", "kernel OOM lines", "Xid",
                                       "log tail", "controlling tty"])
+
+
+def signal_name(number: int) -> str:
+    import signal  # only for a death with a recorded status
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def exit_status_evidence(code: int) -> dict[str, Any]:
+    """A shell's exit status in words: 128+N is signal N (137: SIGKILL, the OOM killer's and
+    kill -9's; U9), anything else the process's own exit code."""
+    if 128 < code < 128 + 65:
+        return {"exit_code": code, "signal": code - 128, "signal_name": signal_name(code - 128)}
+    return {"exit_code": code, "signal": None}
 
 
 def xid_gpu(event: KernelEvent, snap: HostSnapshot) -> int | None:

@@ -26,7 +26,7 @@ are not alive any more are read from their remembered paths, with no pids (dead)
 
 Request additions (see probe.py): ``want.discover`` (default true); ``discovered_runs``: [{"name",
 "key": [cwd, script], "log", "events", "checkpoints", "metrics", "searched_at",
-"launch_seen": [pid, start_ticks], "offsets", "cursors", "log_seen"}]; limits
+"launch_seen": [pid, start_ticks], "offsets", "cursors", "log_seen", "exit"}]; limits
 ``discover_runs``, ``discover_depth``, ``discover_entries``, ``discover_time_s``,
 ``discover_every_s``, ``environ_bytes``.
 
@@ -712,6 +712,8 @@ def read_run(name, pids, found, known, details, budget, limits, collect_run, has
     for key in ("offsets", "cursors", "log_seen"):
         if key in known:
             run[key] = known[key]
+    if isinstance(known.get("exit"), str):  # the client's: a relaunch by gpuwatch records there
+        run["exit"] = known["exit"]
     if run.get("events") and not has_decoder:
         del run["events"]  # read from the next poll on, which ships the decoder
         details["events_deferred"] = True

@@ -21,6 +21,7 @@ No Textual, no SSH, no clock of this machine in the rules: box times come from t
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
@@ -40,6 +41,14 @@ launch record)."""
 HF_RESUME = "--resume_from_checkpoint"
 LIGHTNING_RESUME = "--ckpt_path"
 PLACEHOLDERS = ("command", "latest_checkpoint", "workdir", "run")
+
+
+def exit_record_path(workdir: str, run: str) -> str:
+    """Where gpuwatch's launch wrapper records how a run it relaunched ended (seed 004): the
+    client's copy of actions_box.exit_record_path (that file goes to the box alone; a test holds
+    the two equal)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run)[:80] or "run"
+    return f"{workdir.rstrip('/')}/.gpuwatch/exit-{safe}.json"
 
 
 class RelaunchError(ValueError):
@@ -163,6 +172,8 @@ class Discovery:
                 entry[name] = getattr(self, name)
         if self.metrics:
             entry["metrics"] = list(self.metrics)
+        if self.cwd:  # where a relaunch by gpuwatch (in this cwd) records how it ended
+            entry["exit"] = exit_record_path(self.cwd, self.name)
         if launch_seen and self.launcher_pid is not None and self.launcher_start_ticks is not None:
             entry["launch_seen"] = [self.launcher_pid, self.launcher_start_ticks]
         return entry

@@ -275,8 +275,8 @@ class HostHistory:
         for sample in now.runs:
             prev = old_runs.get(sample.name)
             known = self.runs.get(sample.name)
-            if prev is None or not prev.pids or known is None or sample.done:
-                continue  # seed 004: a finished run is not a dead one
+            if prev is None or not prev.pids or known is None or known.status == "finished":
+                continue  # seed 004: a finished run is not a dead one (series.finished_by)
             gone = [pid for pid in prev.pids if not alive(pid) or pid not in sample.pids]
             if not gone:
                 continue
@@ -286,7 +286,8 @@ class HostHistory:
             gpus = _gpus_of(prev.pids, before)
             if not sample.pids or known.status == "dead":
                 self.deaths[sample.name] = diagnose(
-                    before, now, prev.pids, tail=known.tail, log_changed=log_changed, gpus=gpus)
+                    before, now, prev.pids, tail=known.tail, log_changed=log_changed, gpus=gpus,
+                    exit_code=known.exit_code())
                 self.new_deaths.add(sample.name)
                 continue
             ranks = _ranks(prev.pids, before)
@@ -808,8 +809,9 @@ def run_dead(history: HostHistory) -> Iterable[Finding]:
         if getattr(series, "discovery", None) is not None:
             # issue 8: a process gpuwatch only discovered has no done marker, so a normal
             # exit looks like a kill: report it only with evidence of a death, as a warning
-            if d is None or d.cause in ("killed", "unknown"):
-                continue
+            if d is None or (d.cause in ("killed", "unknown")
+                             and d.evidence.get("exit_code") is None):
+                continue  # a status its relaunch's wrapper recorded is evidence enough
             new = False
         risk = series.work_at_risk_s()
         lost = f"; {_dur(risk)} of work since its last checkpoint is lost" if risk else ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 import zlib
 from array import array
@@ -349,6 +350,23 @@ class MetricsFile:
     scalars: Mapping[str, Scalars]
     error: str | None = None
     errors: tuple[str, ...] = ()  # points left out (a step out of range), one line a tag
+    progress: Mapping[str, float | bool] | None = None
+    """What the framework wrote of the run's end, read with the file (probe.trainer_progress,
+    probe.lightning_limits): global_step, max_steps, epoch, num_train_epochs, final (HF);
+    max_epochs, max_steps (Lightning's hparams.yaml). None: the file was not read this poll."""
+
+
+PROGRESS_KEYS = ("global_step", "max_steps", "epoch", "num_train_epochs", "max_epochs")
+
+
+@dataclass(frozen=True, slots=True)
+class ExitRecord:
+    """How a run gpuwatch relaunched ended, as its launch wrapper recorded it (seed 004)."""
+
+    path: str
+    exists: bool
+    mtime: float | None  # the box's clock: when the wrapper wrote it
+    code: int | None  # the command's exit status, 128+N for signal N; None: none recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,6 +398,7 @@ class RunSample:
     done_mtime: float | None
     errors: Mapping[str, str]  # source ("log", "events", "metrics[0]", ...) → message
     discovered: Discovery | None = None  # issue 8: a run nobody configured, how it was found
+    exit: ExitRecord | None = None  # a run gpuwatch relaunched: its wrapper's record
 
     @property
     def latest_checkpoint(self) -> Checkpoint | None:
@@ -809,7 +828,30 @@ def _metrics_file(node: _Node) -> MetricsFile:
         cursor=node.data.get("cursor"), reset=node.opt_bool("reset") or False,
         pending=node.opt_bool("pending") or False,
         skipped=(node.opt_int("skipped") or 0) + dropped.count,
-        scalars=scalars, error=node.opt_str("error"), errors=tuple(dropped.messages))
+        scalars=scalars, error=node.opt_str("error"), errors=tuple(dropped.messages),
+        progress=_progress(node))
+
+
+def _progress(node: _Node) -> Mapping[str, float | bool] | None:
+    """A metrics file's "progress": the known keys that hold finite numbers, and "final"."""
+    raw = node.data.get("progress")
+    if not isinstance(raw, dict):
+        return None
+    out: dict[str, float | bool] = {k: float(raw[k]) for k in PROGRESS_KEYS
+                                    if _is_number(raw.get(k)) and math.isfinite(raw[k])}
+    if raw.get("final") is True:
+        out["final"] = True
+    return MappingProxyType(out)
+
+
+def _exit(node: _Node) -> ExitRecord | None:
+    if node.data.get("exit") is None:
+        return None
+    ex = node.node("exit")
+    code = ex.opt_int("code")
+    return ExitRecord(path=ex.get_str("path"), exists=ex.get_bool("exists"),
+                      mtime=ex.opt_float("mtime"),
+                      code=code if code is not None and 0 <= code <= 255 else None)
 
 
 def _checkpoints(node: _Node, key: str) -> tuple[Checkpoint, ...]:
@@ -845,6 +887,7 @@ def _run(node: _Node) -> RunSample:
         done_mtime=done.opt_float("mtime") if done else None,
         errors=node.messages("errors"),
         discovered=_discovered(node),
+        exit=_exit(node),
     )
 
 

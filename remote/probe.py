@@ -24,7 +24,7 @@ Request (unknown keys are ignored):
      "discovery_reuse": {...} (issue 3: what the last discovery found, see discovery_cache),
      "compress": bool}   (the request itself may come zlib-compressed)
     RUN = {"name": str, "process": str (whole command-line words, see run_pattern),
-           "log", "events", "checkpoints" (a glob), "done": path, "metrics": [path, ...]
+           "log", "events", "checkpoints" (a glob), "done", "exit": path, "metrics": [path, ...]
            (absolute, or ~ expanded here; events and metrics paths may be globs),
            "offsets": {event file: byte offset}, "cursors": {metrics path as sent: cursor},
            "log_seen": [size, mtime]}   the last three: what the previous answer said
@@ -56,11 +56,16 @@ A run in the output (a source that fails is left out and its message is in "erro
                 "scalars"?: {tag: {"steps", "values", "wall_times"}}} | {"path", "error"}]},
      "metrics": [{"path", "file", "kind" ("trainer_state" | "csv" | "jsonl"), "size", "mtime",
                   "cursor", "scalars": {tag: {"steps", "values"}}, "reset"?, "pending"?,
-                  "skipped"?, "skip_reason"?} | {"path", "error"}],
+                  "skipped"?, "skip_reason"?, "progress"?: {"global_step"?, "max_steps"?,
+                  "epoch"?, "num_train_epochs"?, "final"?: true (trainer_state) |
+                  "max_epochs"?, "max_steps"? (csv: the hparams.yaml beside it)}}
+                 | {"path", "error"}],
      "checkpoints": {"pattern", "total", "capped"?, "items": table, "leftovers": table}
                     (tables of path, mtime, bytes, capped; oldest first),
      "done": {"path", "exists", "mtime"?},
-     "errors"?: {"log" | "events" | "checkpoints" | "done" | "metrics[i]": message}}
+     "exit": {"path", "exists", "mtime"?, "code"?} (what the launch wrapper of a run gpuwatch
+             relaunched recorded when it ended, see collect_exit),
+     "errors"?: {"log" | "events" | "checkpoints" | "done" | "exit" | "metrics[i]": message}}
 Values are numbers to 9 significant digits; non-finite ones are "nan", "inf", "-inf".
 """
 
@@ -1927,6 +1932,9 @@ def read_trainer_state(path, st, cursor, limits):
     if count > len(history):  # rewritten shorter: a run resumed from an earlier checkpoint
         out["reset"] = True
         count = 0
+    progress = trainer_progress(data, history)
+    if progress:
+        out["progress"] = progress
     new = history[count:count + limits["metrics_points"]]
     points, skipped = [], 0
     for entry in new:
@@ -1947,6 +1955,52 @@ def read_trainer_state(path, st, cursor, limits):
     if skipped:
         out["skipped"] = skipped
     return out, points
+
+
+def trainer_progress(data, history):
+    """HuggingFace TrainerState's own word on how far the run got (seed 004: a run that
+    reached its end is finished, not dead): global_step of max_steps, epoch of
+    num_train_epochs, and "final" when the last log_history entry is the summary that
+    Trainer.train() logs as it returns (train_runtime: also an early-stopped run's end)."""
+    out = {}
+    for key in ("global_step", "max_steps"):
+        step = as_step(data.get(key))
+        if step is not None and step >= 0:
+            out[key] = step
+    for key in ("epoch", "num_train_epochs"):
+        number = as_number(data.get(key))
+        if number is not None and number == number and abs(number) != float("inf"):
+            out[key] = finite(number)
+    last = history[-1] if history else None
+    if isinstance(last, dict) and as_number(last.get("train_runtime")) is not None:
+        out["final"] = True
+    return out
+
+
+HPARAMS_BYTES = 64 * 1024
+
+
+def lightning_limits(folder):
+    """max_epochs and max_steps from the hparams.yaml beside a Lightning metrics.csv, where
+    the module saved them (save_hyperparameters): plain `key: integer` lines at the top level,
+    read bounded, never parsed as YAML beyond that."""
+    path = os.path.join(folder, "hparams.yaml")
+    try:
+        st = os.stat(path)
+        if (st.st_mode & 0o170000) != 0o100000:
+            return {}  # not a regular file: a FIFO would block the read
+        with open(path, "rb") as f:
+            text = f.read(HPARAMS_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key in ("max_epochs", "max_steps"):
+            step = as_step(value.strip())
+            if step is not None and step > 0:  # Lightning's -1 / null: no limit
+                out[key] = step
+    return out
 
 
 def read_lines(path, st, offset, limits):
@@ -2040,6 +2094,9 @@ def read_csv(path, st, cursor, limits):
         out["pending"] = True
     if skipped:
         out["skipped"] = skipped
+    limits_of_fit = lightning_limits(os.path.dirname(path))
+    if limits_of_fit:
+        out["progress"] = limits_of_fit
     return out, points
 
 
@@ -2164,6 +2221,31 @@ def collect_done(path):
     return {"path": path, "exists": True, "mtime": round(st.st_mtime, 3)}
 
 
+EXIT_RECORD_BYTES = 512
+
+
+def collect_exit(path):
+    """The exit record gpuwatch's launch wrapper writes when a run it relaunched ends
+    (actions_box.launch_script): {"v", "run", "code"} with the command's exit status (128+N:
+    killed by signal N). Read bounded, as data; "code" only when it is a status (0-255)."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return {"path": path, "exists": False}
+    out = {"path": path, "exists": True, "mtime": round(st.st_mtime, 3)}
+    if (st.st_mode & 0o170000) != 0o100000:
+        raise ProbeFailure("%s is not a regular file" % path)
+    with open(path, "rb") as f:
+        data = f.read(EXIT_RECORD_BYTES + 1)
+    if len(data) > EXIT_RECORD_BYTES:
+        raise ProbeFailure("%s is over %d bytes: not an exit record" % (path, EXIT_RECORD_BYTES))
+    record = json_loads(data.decode("utf-8", "replace"))
+    code = record.get("code") if isinstance(record, dict) else None
+    if isinstance(code, int) and not isinstance(code, bool) and 0 <= code <= 255:
+        out["code"] = code
+    return out
+
+
 # -------------------------------- one run
 
 
@@ -2177,8 +2259,8 @@ def collect_run(run, pids, budget, limits):
         except Exception as exc:  # a missing or malformed file is this source's error only
             errors[key] = describe(exc)
 
-    log, events, ckpts, done = (box_path(run.get(k)) for k in
-                                ("log", "events", "checkpoints", "done"))
+    log, events, ckpts, done, exit_file = (box_path(run.get(k)) for k in
+                                           ("log", "events", "checkpoints", "done", "exit"))
     if log:
         source("log", collect_log, log, run.get("log_seen"), limits)
     if events:
@@ -2202,6 +2284,8 @@ def collect_run(run, pids, budget, limits):
         source("checkpoints", collect_checkpoints, ckpts, limits)
     if done:
         source("done", collect_done, done)
+    if exit_file:
+        source("exit", collect_exit, exit_file)
     if errors:
         out["errors"] = errors
     return out
@@ -2211,7 +2295,7 @@ def read_known_run(known, pids, details, budget, limits, has_decoder):
     """A discovered run read like a configured one from the paths the client remembers (as
     discover.read_run reads it)."""
     run = {"name": known["name"]}
-    for key in ("log", "events", "checkpoints"):
+    for key in ("log", "events", "checkpoints", "exit"):
         if isinstance(known.get(key), str):
             run[key] = known[key]
     metrics = known.get("metrics") if isinstance(known.get("metrics"), list) else []

@@ -22,6 +22,7 @@ import contextlib
 import itertools
 import math
 import os
+import re
 from array import array
 from bisect import bisect_left
 from collections import deque
@@ -29,7 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .config import RunConfig
-from .discovered import Discovery
+from .diagnosis import crash_line
+from .discovered import Discovery, exit_record_path
 from .model import Checkpoint, RunSample
 from .raw_events import RAW_CAP
 
@@ -242,6 +244,38 @@ def run_status(pids: Sequence[int], done: bool | None, seen_running: bool) -> st
     return "dead" if seen_running else "unknown"
 
 
+# ---------------------------------------------------------------- how a run ended (seed 004)
+
+COMPLETION_LINES: tuple[tuple[re.Pattern[str], bool], ...] = (
+    # HuggingFace Trainer.train(), as it returns (logger.info), and its closing summary dict
+    (re.compile(r"Training completed\. Do not forget to share your model"), False),
+    (re.compile(r"^\s*\{'train_runtime': "), False),
+    # Lightning's fit loop: `Trainer.fit` stopped: `max_epochs=10` reached. (or max_steps)
+    (re.compile(r"`Trainer\.fit` stopped: `max_(?:epochs|steps)=\d+` reached"), False),
+    # DeepSpeed's launcher, once per rank that exits 0; after a failing rank it goes on to
+    # "Killing subprocess" lines: it counts only as the log's very last line
+    (re.compile(r"\[launch\.py:\d+:main\] Process \d+ exits successfully\."), True),
+)
+"""The frameworks' own words for a run that reached its end, and whether the line must be the
+log's last (else: in the tail with no crash line after it)."""
+MARKS = 8
+"""(file mtime, step) marks kept for a run's pace (its ETA)."""
+CKPT_EPOCH = re.compile(r"(?:^|[-_])epoch=(\d+)")
+CKPT_STEP = re.compile(r"(?:^|[-_])step=(\d+)")
+
+
+def completion_line(tail: str | None) -> str | None:
+    """The framework's completion line in a log's tail, when nothing after it says the run
+    crashed; None otherwise (diagnosis.crash_line: the same words that make a death)."""
+    lines = [line.rstrip() for line in (tail or "").splitlines() if line.strip()]
+    for i in range(len(lines) - 1, -1, -1):
+        for pattern, last_only in COMPLETION_LINES:
+            if pattern.search(lines[i]) and (not last_only or i == len(lines) - 1):
+                after = "\n".join(lines[i + 1:])
+                return None if crash_line(after) else lines[i].strip()[:300]
+    return None
+
+
 def json_value(value: float | None) -> float | str | None:
     """A value for JSON: non-finite ones as "nan", "inf", "-inf" (JSON has none)."""
     if value is None or math.isfinite(value):
@@ -260,6 +294,8 @@ def run_request(run: RunConfig, series: RunSeries | None = None) -> dict[str, An
         path = run.resolve(getattr(run, key))
         if path:
             entry[key] = path
+    if run.workdir:  # where a relaunch by gpuwatch records how the run ended
+        entry["exit"] = exit_record_path(run.workdir, run.name)
     if run.metrics:
         entry["metrics"] = [run.resolve(m) for m in run.metrics]
     if series is not None:
@@ -300,6 +336,20 @@ class RunSeries:
         self.events_raw = False
         """Issue 3: the next poll may go without the event decoder (the probe sends new records
         raw): an answer came, and no event file has more left than one poll sends raw."""
+        self.progress: dict[str, Any] = {}
+        """Seed 004: the framework's latest word on how far the run is (MetricsFile.progress,
+        with the file's "kind" and "mtime"), kept while the file is not re-read."""
+        self.step_marks: list[tuple[float, int]] = []  # (file mtime, step): the run's pace
+        self.final_epoch_at: float | None = None
+        """A Lightning run: the metrics.csv mtime when its final epoch's rows first showed."""
+        self.exit_record: tuple[int, float | None] | None = None
+        """(status, when written) from the launch wrapper of a run gpuwatch relaunched."""
+        self.log_end: tuple[str, float] | None = None
+        """The framework's completion line at the log's end, and the log's mtime then."""
+        self.idle_at: float | None = None  # the box's clock at the latest poll without pids
+        self.started_after: float | None = None
+        """The latest poll without pids before the one that saw them: evidence of an end older
+        than this is a previous launch's, not this one's."""
 
     # -- what goes out
     def request_state(self) -> dict[str, Any]:
@@ -324,6 +374,9 @@ class RunSeries:
         if sample.pids:
             self.seen_running, self.reaped = True, False
             self.last_seen_running_at = box_time
+            self.started_after = self.idle_at
+        else:
+            self.idle_at = box_time
         if sample.log is not None:
             self.log_seen = [sample.log.bytes, sample.log.mtime]
             if sample.log.tail is not None:
@@ -340,6 +393,7 @@ class RunSeries:
         if len(self.checkpoint_times) > 4 * CADENCE_CHECKPOINTS:
             newest = sorted(self.checkpoint_times.items(), key=lambda kv: kv[1])
             self.checkpoint_times = dict(newest[-2 * CADENCE_CHECKPOINTS:])
+        self._update_end(sample)  # after the metrics: a CSV's step is its series' last
 
     def _update_events(self, sample: RunSample) -> None:
         if sample.events_path is None:
@@ -405,6 +459,53 @@ class RunSeries:
                     series = streams[tag] = TagSeries(self.max_points)
                 series.merge(cols.points(), 0.0)  # a step going back: newer wins, no marker
 
+    def _update_end(self, sample: RunSample) -> None:
+        """What says how the run ended or how far it got: the wrapper's exit record, the
+        framework's progress in its metrics files, its completion line in the log."""
+        record = sample.exit
+        if record is not None:
+            self.exit_record = (record.code, record.mtime) \
+                if record.exists and record.code is not None else None
+        if sample.log is not None and sample.log.tail is not None:
+            line = completion_line(sample.log.tail)
+            self.log_end = (line, sample.log.mtime) if line else None
+        for m in sample.metrics:
+            if m.progress is None or m.error is not None:
+                continue
+            self.progress = {**m.progress, "kind": m.kind, "mtime": m.mtime, "path": m.path}
+            step = self._progress_step()
+            if step is not None and m.mtime is not None:
+                self._mark(m.mtime, step)
+            epoch = self._last_epoch()
+            final = self.progress.get("max_epochs")
+            if final is not None and epoch is not None and epoch >= final - 1:
+                if self.final_epoch_at is None:
+                    self.final_epoch_at = m.mtime
+            else:
+                self.final_epoch_at = None
+
+    def _mark(self, mtime: float, step: int) -> None:
+        if self.step_marks and step < self.step_marks[-1][1]:
+            self.step_marks = []  # resumed from an earlier step: the old pace is another run's
+        if not self.step_marks or step > self.step_marks[-1][1]:
+            self.step_marks = [*self.step_marks, (mtime, step)][-MARKS:]
+
+    def _progress_step(self) -> int | None:
+        """The run's step: HF's global_step, else the last step of the metrics file that
+        carried the progress (Lightning's metrics.csv)."""
+        step = self.progress.get("global_step")
+        if step is not None:
+            return int(step)
+        streams = self.metric_series.get(str(self.progress.get("path")), {})
+        return max((int(t.last_step) for t in streams.values() if t.last_step is not None),
+                   default=None)
+
+    def _last_epoch(self) -> float | None:
+        if self.progress.get("epoch") is not None:
+            return float(self.progress["epoch"])
+        series = self.metric_series.get(str(self.progress.get("path")), {}).get("epoch")
+        return series.last_value if series is not None else None
+
     def tags(self) -> list[TagSeries]:
         """Every series this run keeps (event files' and metrics files' alike)."""
         return [*self.event_series.values(),
@@ -419,7 +520,110 @@ class RunSeries:
     # -- what a person asks
     @property
     def status(self) -> str:
+        """run_status, with what the frameworks and gpuwatch's launch wrapper wrote (seed 004):
+        a run whose processes are gone is finished when its end says so, and dead for certain
+        when its wrapper recorded another status (even one that exited before a poll saw it)."""
+        if self.pids:
+            return "running"
+        if self.finished_by() is not None:
+            return "finished"
+        if self.exit_code() is not None:
+            return "dead"
         return run_status(self.pids, self.done, self.seen_running)
+
+    def exit_code(self) -> int | None:
+        """The status the launch wrapper recorded for the latest launch; None when there is
+        none, or it is older than the last poll that saw the run alive (a previous launch's,
+        and this one was started some other way)."""
+        if self.exit_record is None:
+            return None
+        code, written = self.exit_record
+        seen = self.last_seen_running_at
+        if seen is not None and (written is None or written < seen):
+            return None
+        return code
+
+    def _fresh(self, mtime: float | None) -> bool:
+        """Evidence written by this launch of the run, not by one before it."""
+        return self.started_after is None or (mtime is not None and mtime > self.started_after)
+
+    def finished_by(self) -> str | None:
+        """What says the run reached its end, in words; None when nothing does (seed 004).
+        Most certain first: the wrapper's exit status (any other status rules finished out),
+        the done marker, HF's trainer_state.json, Lightning's checkpoints, the log's last
+        words."""
+        code = self.exit_code()
+        if code is not None:
+            return "its launch wrapper recorded exit status 0" if code == 0 else None
+        if self.done:
+            return "its done marker exists"
+        return self._framework_end() or self._log_end()
+
+    def _framework_end(self) -> str | None:
+        p = self.progress
+        if not p or not self._fresh(p.get("mtime")):
+            return None
+        if p.get("kind") == "trainer_state":
+            step, limit = p.get("global_step"), p.get("max_steps")
+            if p.get("final"):
+                return ("trainer_state.json ends with the summary Trainer.train() logs as it "
+                        "returns (train_runtime)")
+            if step is not None and limit and step >= limit:
+                return f"trainer_state.json says global_step {int(step)} of max_steps {int(limit)}"
+            return None
+        return self._lightning_end()
+
+    def _lightning_end(self) -> str | None:
+        """A checkpoint of the final epoch (or step) by ModelCheckpoint's name for it
+        (epoch=9-step=15610.ckpt), or last.ckpt written after the final epoch's rows began."""
+        max_epochs, max_steps = self.progress.get("max_epochs"), self.progress.get("max_steps")
+        for ckpt in reversed(self.checkpoints):
+            if not self._fresh(ckpt.mtime):
+                continue
+            name = os.path.basename(ckpt.path.rstrip("/"))
+            epoch, step = CKPT_EPOCH.search(name), CKPT_STEP.search(name)
+            if max_epochs and epoch and int(epoch.group(1)) >= max_epochs - 1:
+                return f"checkpoint {name} is of its final epoch (max_epochs {int(max_epochs)})"
+            if max_steps and step and int(step.group(1)) >= max_steps:
+                return f"checkpoint {name} is of its last step (max_steps {int(max_steps)})"
+            if name == "last.ckpt" and self.final_epoch_at is not None \
+                    and ckpt.mtime >= self.final_epoch_at:
+                return (f"last.ckpt was saved after its final epoch began (max_epochs "
+                        f"{int(max_epochs or 0)})")
+        return None
+
+    def _log_end(self) -> str | None:
+        if self.log_end is None or not self._fresh(self.log_end[1]):
+            return None
+        return f"its log ends with the framework's own completion line: {self.log_end[0]}"
+
+    def progress_json(self, now: float | None = None) -> dict[str, Any] | None:
+        """The schema's run `progress`, where the framework wrote its limit: the step (and
+        epoch) against max_steps (max_epochs), and the time left at the pace of the last
+        marks (while running); None where no limit is known."""
+        p = self.progress
+        max_steps = p.get("max_steps")
+        max_epochs = p.get("num_train_epochs", p.get("max_epochs"))
+        if not max_steps and not max_epochs:
+            return None
+        step = self._progress_step()
+        return {"step": step, "max_steps": int(max_steps) if max_steps else None,
+                "epoch": json_value(self._last_epoch()),
+                "max_epochs": json_value(float(max_epochs)) if max_epochs else None,
+                "eta_s": self.eta_s(now)}
+
+    def eta_s(self, now: float | None = None) -> float | None:
+        """Seconds to max_steps at the pace between the oldest and newest marks, less the time
+        since the newest (the box's clock); None unless running with a known limit and pace."""
+        limit = self.progress.get("max_steps")
+        now = self.box_time if now is None else now
+        if not self.pids or not limit or len(self.step_marks) < 2 or now is None:
+            return None
+        (t0, s0), (t1, s1) = self.step_marks[0], self.step_marks[-1]
+        if t1 <= t0 or s1 <= s0:
+            return None
+        left = (limit - s1) * (t1 - t0) / (s1 - s0) - max(0.0, now - t1)
+        return round(max(0.0, left), 1)
 
     @property
     def series(self) -> dict[str, TagSeries]:
@@ -494,7 +698,20 @@ class RunSeries:
             "series": {tag: {"last_step": s.last_step, "last_value": json_value(s.last_value),
                              "points": len(s)} for tag, s in sorted(self.series.items())},
             "diagnosis": None,
+            **self._end_json(now),
         }
+
+    def _end_json(self, now: float | None) -> dict[str, Any]:
+        """The additive run keys of seed 004: `progress` where a limit is known, `finished_by`
+        where the run is finished."""
+        out: dict[str, Any] = {}
+        progress = self.progress_json(now)
+        if progress is not None:
+            out["progress"] = progress
+        by = self.finished_by() if not self.pids else None
+        if by is not None:
+            out["finished_by"] = by
+        return out
 
     # -- what the store keeps between `--once` runs
     def points_state(self, per_tag: int = MIN_POINTS) -> dict[str, Any]:
@@ -556,7 +773,50 @@ class RunSeries:
                 "last_seen_running_at": self.last_seen_running_at,
                 "checkpoint_times": self.checkpoint_times,
                 "discovery": self.discovery.to_state() if self.discovery else None,
-                "reaped": self.reaped}
+                "reaped": self.reaped, "end": self._end_state()}
+
+    def _end_state(self) -> dict[str, Any]:
+        return {"progress": self.progress, "marks": self.step_marks,
+                "final_epoch_at": self.final_epoch_at,
+                "exit": list(self.exit_record) if self.exit_record else None,
+                "log_end": list(self.log_end) if self.log_end else None,
+                "idle_at": self.idle_at, "started_after": self.started_after}
+
+    def _restore_end(self, data: Any) -> None:
+        """Undo `_end_state`; anything malformed is dropped, never fatal."""
+        if not isinstance(data, dict):
+            return
+
+        def number(v: Any) -> float | None:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            return float(v) if ok else None
+
+        progress = data.get("progress")
+        if isinstance(progress, dict):
+            self.progress = {k: v for k, v in progress.items() if k in (
+                "global_step", "max_steps", "epoch", "num_train_epochs", "max_epochs")
+                and number(v) is not None}
+            self.progress.update({k: progress[k] for k in ("kind", "path")
+                                  if isinstance(progress.get(k), str)})
+            if progress.get("final") is True:
+                self.progress["final"] = True
+            self.progress["mtime"] = number(progress.get("mtime"))
+        marks = data.get("marks")
+        if isinstance(marks, list):
+            self.step_marks = [(float(m[0]), int(m[1])) for m in marks[-MARKS:]
+                               if isinstance(m, list) and len(m) == 2
+                               and number(m[0]) is not None and isinstance(m[1], int)]
+        self.final_epoch_at = number(data.get("final_epoch_at"))
+        record = data.get("exit")
+        if isinstance(record, list) and len(record) == 2 and isinstance(record[0], int) \
+                and 0 <= record[0] <= 255:
+            self.exit_record = (record[0], number(record[1]))
+        end = data.get("log_end")
+        if isinstance(end, list) and len(end) == 2 and isinstance(end[0], str) \
+                and number(end[1]) is not None:
+            self.log_end = (end[0][:300], float(end[1]))
+        self.idle_at, self.started_after = (number(data.get("idle_at")),
+                                            number(data.get("started_after")))
 
     @classmethod
     def from_state(cls, name: str, state: Mapping[str, Any],
@@ -585,4 +845,5 @@ class RunSeries:
         run.last_seen_running_at = float(at) if isinstance(at, (int, float)) else None
         run.discovery = Discovery.from_state(name, state.get("discovery"))
         run.reaped = state.get("reaped") is True
+        run._restore_end(state.get("end"))
         return run

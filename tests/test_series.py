@@ -241,7 +241,7 @@ def test_run_request_resolves_paths_and_carries_state():
     assert run_request(config) == {
         "name": "llama", "process": "train.py", "log": "/data/llama/train.log",
         "events": "/data/llama/runs", "checkpoints": "/data/llama/outputs/checkpoint-*",
-        "done": "~/DONE",
+        "done": "~/DONE", "exit": "/data/llama/.gpuwatch/exit-llama.json",
         "metrics": ["/data/llama/outputs/trainer_state.json", "/abs/m.jsonl"]}
     series = RunSeries("llama")
     series.offsets["/data/llama/runs/e.tfevents"] = 10

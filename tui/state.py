@@ -121,6 +121,18 @@ class HostData:
         series = self.history.runs.get(name)
         return series.status if series is not None else "unknown"
 
+    def run_progress(self, name: str) -> str:
+        """" 200/300 · ETA 5m" where the run's framework wrote its max_steps (seed 004), ""
+        where it did not."""
+        series = self.history.runs.get(name)
+        progress = series.progress_json() if series is not None else None
+        if progress is None or progress["max_steps"] is None or progress["step"] is None:
+            return ""
+        eta = progress["eta_s"]
+        left = "" if eta is None else (f" · ETA {int(eta // 60)}m" if eta < 5400
+                                      else f" · ETA {eta / 3600:.1f}h")
+        return f" {progress['step']}/{progress['max_steps']}{left}"
+
     def discovery(self, run: str | None) -> Discovery | None:
         """What discovery found of `run` when it is a discovered (not configured) run."""
         if run is None or any(r.name == run for r in self.config.runs):

@@ -167,7 +167,8 @@ class HostScreen(Screen[None]):
             status = data.run_status(name)
             with contextlib.suppress(NoMatches):  # added above, mounting
                 tab = tabs.query_one(f"#run-{i}", Tab)
-                label = Text(f"{visible(name)} {RUN_GLYPH[status]} {status}")
+                label = Text(f"{visible(name)} {RUN_GLYPH[status]} {status}"
+                             f"{data.run_progress(name)}")
                 if tab.label.plain != label.plain:
                     tab.label = label
         self._show_found()
