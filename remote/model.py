@@ -314,6 +314,7 @@ class MetricsFile:
     skipped: int  # entries without a step, unparseable lines
     scalars: Mapping[str, Scalars]
     error: str | None = None
+    skip_reason: str | None = None  # what was wrong with the first line skipped (box text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -714,7 +715,8 @@ def _metrics_file(node: _Node) -> MetricsFile:
         bytes=node.opt_int("size"), mtime=node.opt_float("mtime"),
         cursor=node.data.get("cursor"), reset=node.opt_bool("reset") or False,
         pending=node.opt_bool("pending") or False, skipped=node.opt_int("skipped") or 0,
-        scalars=_scalars(node, "scalars", False), error=node.opt_str("error"))
+        scalars=_scalars(node, "scalars", False), error=node.opt_str("error"),
+        skip_reason=node.opt_str("skip_reason"))
 
 
 def _checkpoints(node: _Node, key: str) -> tuple[Checkpoint, ...]:

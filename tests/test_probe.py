@@ -415,9 +415,11 @@ def test_steady_8_gpu_box_fits_the_8k_budget(box: Box):
     assert len(json.loads(zlib.decompress(packed))["processes"]["procs"]["rows"]) == 48
     assert len(packed) <= 8 * 1024
     # upstream: the first poll carries the probe, the event decoder and discovery (issue 8);
-    # the next ones the probe with its run files part only (issue 3; no run reads events)
+    # the next ones the probe with its run files part only (issue 3; no run reads events).
+    # 29 KB, not 28: the metrics readers (sent where discovery may find metrics) learned
+    # Keras' CSV, nested JSONL, a glob's every file in order and over-long lines (+0.9 KB)
     first, then = (len(build_stdin(r, trim=True)) for r in (box_request(box), steady))
-    assert first < 28 * 1024 and then < 17 * 1024
+    assert first < 29 * 1024 and then < 17 * 1024
 
 
 def test_cgroup_path_absent_falls_back_to_root(box: Box):
