@@ -1930,7 +1930,10 @@ def read_lines(path, offset, long_line, limits):
         if cut and not start and budget == limits["metrics_bytes"]:
             return [], offset + len(data), True, True, 1  # over-long: skip it to its end
         return [], offset + start, cut, False, 0
-    return data[start:end].decode("utf-8", "replace").splitlines(), offset + end, cut, False, 0
+    # split at \n only: splitlines() also splits at \f, \x1c, U+2028 ... inside a JSON string
+    lines = data[start:end - 1].decode("utf-8", "replace").split("\n")
+    return [line[:-1] if line.endswith("\r") else line for line in lines], offset + end, cut, \
+        False, 0
 
 
 def read_rows(path, st, cursor, limits, out, parse, first=0, crc=None):
@@ -1965,7 +1968,10 @@ def read_rows(path, st, cursor, limits, out, parse, first=0, crc=None):
 
 
 def jsonl_row(line):
-    entry = json_loads(line)
+    try:
+        entry = json_loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise ProbeFailure("not JSON: %s" % exc)
     key = next((k for k in STEP_KEYS if k in entry), None) if isinstance(entry, dict) else None
     step = safe_step(entry[key]) if key else None
     if step is None:
