@@ -18,6 +18,7 @@ from gpuwatch.remote.series import RunSeries, TagSeries
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.widget import Widget
 from textual.widgets import Static
 
 from ..colours import colour
@@ -103,16 +104,16 @@ class LossPane(Vertical):
         run, tag = self.run, self.current_tag()
         series = run.series.get(tag) if run is not None and tag is not None else None
         width = max(20, self.size.width)
+        skipped = run.skipped_lines() if run is not None else {}
         key = (id(run), tag, len(series) if series else 0,
                series.last_step if series else None,
                len(run.restarts) if run else 0, len(run.checkpoint_times) if run else 0,
-               width, self.settings.smoothing, self.settings.logy, self.settings.wall)
-        skipped = run.skipped_lines() if run is not None else {}
-        key = (*key, tuple(skipped.values()))
+               width, self.settings.smoothing, self.settings.logy, self.settings.wall,
+               tuple(skipped.values()))
         if not force and key == self._key:
             return
         self._key = key
-        if self.parent is not None:  # the pane's bottom border: lines its files could not read
+        if isinstance(self.parent, Widget):  # the pane's bottom border: lines not read
             self.parent.border_subtitle = skipped_note(skipped)
         self.query_one("#loss-tags", Static).update(self.tag_line(tag, series))
         self.query_one(LossPlot).show(self.prepare(run, tag, series, width))
