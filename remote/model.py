@@ -350,6 +350,7 @@ class MetricsFile:
     scalars: Mapping[str, Scalars]
     error: str | None = None
     errors: tuple[str, ...] = ()  # points left out (a step out of range), one line a tag
+    skip_reason: str | None = None  # what was wrong with the first line skipped (box text)
     progress: Mapping[str, float | bool] | None = None
     """What the framework wrote of the run's end, read with the file (probe.trainer_progress,
     probe.lightning_limits): global_step, max_steps, epoch, num_train_epochs, final (HF);
@@ -829,7 +830,7 @@ def _metrics_file(node: _Node) -> MetricsFile:
         pending=node.opt_bool("pending") or False,
         skipped=(node.opt_int("skipped") or 0) + dropped.count,
         scalars=scalars, error=node.opt_str("error"), errors=tuple(dropped.messages),
-        progress=_progress(node))
+        progress=_progress(node), skip_reason=node.opt_str("skip_reason"))
 
 
 def _progress(node: _Node) -> Mapping[str, float | bool] | None:

@@ -32,7 +32,7 @@ from typing import Any
 from .config import RunConfig
 from .diagnosis import crash_line
 from .discovered import Discovery, exit_record_path
-from .model import Checkpoint, RunSample
+from .model import Checkpoint, MetricsFile, RunSample
 from .raw_events import RAW_CAP
 
 MAX_POINTS = 100_000
@@ -45,6 +45,8 @@ MIN_POINTS = 4_000
 """No share goes below what the store keeps of a tag (RunSeries.points_state): far more than
 a terminal plot's columns, and a restart never loses resolution to the budget."""
 MAX_RESTARTS = 100
+MAX_METRIC_TAGS = 1_000
+"""Tags kept per metrics source: a file that names a new key on every line stays bounded."""
 CADENCE_CHECKPOINTS = 6
 """The checkpoints whose gaps give a run's cadence (the median of the last five gaps)."""
 STATUSES = ("running", "finished", "dead", "unknown")
@@ -137,24 +139,30 @@ class TagSeries:
                 for i in decimate_indices(self.values, n_buckets)]
 
     def merge(self, points: Iterable[Point], generation: float = 0.0,
-              markers: list[tuple[int, float]] | None = None) -> None:
+              markers: list[tuple[int, float]] | None = None, by_step: bool = False) -> None:
         """Fold in new points of one file (or metrics source), in write order.
 
         generation: the file's first wall time. A step going back (in a newer file or the
         same one) drops the points at and after it, the newer win, and notes a marker there.
         Points of a file older than the current writer's, arriving late (a first load spread
         over polls), fill in only before the step where the newer file took over.
+
+        by_step (metrics files): a step is one point, never two. A metrics file is re-read
+        from its start when it switches (checkpoint-1000's trainer_state.json to
+        checkpoint-2000's) or is rewritten (Lightning's new column): a point at the last
+        step replaces it rather than repeating it. An event file may log a step twice
+        (TensorBoard keeps both), so event files keep that.
         """
         batch = list(points)
         if not batch:
             return
         if generation < self.generation:
-            self._fill_before(batch)
+            self._fill_before(batch, by_step)
             return
         if generation > self.generation:
             self.generation, self.start = generation, batch[0][0]
         for step, value, wall in batch:
-            if self.steps and step < self.steps[-1]:
+            if self.steps and (step < self.steps[-1] or (by_step and step == self.steps[-1])):
                 del self.steps[bisect_left(self.steps, step):]
                 del self.values[len(self.steps):], self.walls[len(self.steps):]
                 if markers is not None:
@@ -178,11 +186,14 @@ class TagSeries:
         if not math.isnan(wall):
             self.last_wall = max(self.last_wall, wall)
 
-    def _fill_before(self, batch: list[Point]) -> None:
+    def _fill_before(self, batch: list[Point], by_step: bool = False) -> None:
         early = [p for p in batch if self.start is None or p[0] < self.start]
         if not early:
             return
         merged = sorted(self.points() + early, key=lambda p: p[0])  # stable: kept ones first
+        if by_step:  # one point a step: the last word on it (the re-read) wins
+            merged = [p for p, after in itertools.zip_longest(merged, merged[1:])
+                      if after is None or after[0] != p[0]]
         self.steps, self.values, self.walls = array("q"), array("d"), array("d")
         for step, value, wall in merged:
             self._append(step, value, wall)
@@ -303,6 +314,41 @@ def run_request(run: RunConfig, series: RunSeries | None = None) -> dict[str, An
     return entry
 
 
+def file_generation(pattern: str, file: str | None) -> float:
+    """Where a metrics file stands among its glob's matches: the last number in the part of
+    its path the glob's first wildcard matched (version_3 → 3, checkpoint-2000 → 2000); 0
+    for a plain path. The probe reads a glob's files in this order; a TagSeries uses it so
+    that an older file read again (checkpoint-2000 deleted, checkpoint-1000 newest again)
+    only fills in before where the newer one took over, and loses nothing. Paths are
+    compared from their ends (the pattern may start with ~); at most 15 digits are read
+    (exact in a float)."""
+    if file is None:
+        return 0.0
+    for part, name in zip(reversed(pattern.split("/")), reversed(file.split("/")),
+                          strict=False):
+        if any(c in part for c in "*?["):
+            digits = "".join(c if "0" <= c <= "9" else " " for c in name).split()
+            return float(digits[-1].lstrip("0")[-15:] or 0) if digits else 0.0
+    return 0.0
+
+
+def tag_names(sources: Mapping[str, Mapping[str, TagSeries]]) -> dict[str, TagSeries]:
+    """Every metrics source's tags under one name each. A tag two sources write (loss in
+    train.jsonl and in eval.jsonl) is not hidden: the first source keeps the plain name,
+    the next ones are named after their file ("eval/loss"), or "metrics[i]/loss" where two
+    files share a name."""
+    stems = [os.path.splitext(os.path.basename(path))[0] for path in sources]
+    named: dict[str, TagSeries] = {}
+    for i, (stem, streams) in enumerate(zip(stems, sources.values(), strict=True)):
+        label = stem if stems.count(stem) == 1 and stem else f"metrics[{i}]"
+        for tag, series in streams.items():
+            for name in (tag, f"{label}/{tag}", f"metrics[{i}]/{tag}"):
+                if name not in named:
+                    named[name] = series
+                    break
+    return named
+
+
 # ---------------------------------------------------------------- one run
 
 class RunSeries:
@@ -318,6 +364,7 @@ class RunSeries:
         self.offsets: dict[str, int] = {}
         self.first_walls: dict[str, float] = {}
         self.cursors: dict[str, Any] = {}
+        self.skipped: dict[str, dict[str, list[Any]]] = {}  # path → file → [lines, reason]
         self.log_seen: list[Any] | None = None
         self.tail: str | None = None
         self.pids: tuple[int, ...] = ()
@@ -447,17 +494,51 @@ class RunSeries:
         return name
 
     def _update_metrics(self, sample: RunSample) -> None:
+        """Each file's points into its source's series, merged by step (a re-read repeats
+        none), files in order by the number in their names (file_generation)."""
+        cursors: dict[str, list[Any]] = {}
         for m in sample.metrics:
             if m.error is not None:
                 continue
             if m.cursor is not None:
-                self.cursors[m.path] = m.cursor
+                cursors.setdefault(m.path, []).append(m.cursor)
+            self._count_skipped(m)
+            generation = file_generation(m.path, m.file)
             streams = self.metric_series.setdefault(m.path, {})
             for tag, cols in m.scalars.items():
                 series = streams.get(tag)
                 if series is None:
+                    if len(streams) >= MAX_METRIC_TAGS:
+                        continue  # a file that names a new key every line: bounded
                     series = streams[tag] = TagSeries(self.max_points)
-                series.merge(cols.points(), 0.0)  # a step going back: newer wins, no marker
+                series.merge(cols.points(), generation, by_step=True)
+        self.cursors.update(cursors)  # a source that failed keeps what it had
+        for path, files in self.skipped.items():  # files no longer read: forgotten
+            if path in cursors:
+                read = {m.file for m in sample.metrics if m.path == path and m.error is None}
+                for gone in set(files) - read:
+                    files.pop(gone)
+
+    def _count_skipped(self, m: MetricsFile) -> None:
+        """Lines skipped in a file, over every poll (a file read again from its start
+        counts again from zero), and what was wrong with the first."""
+        files = self.skipped.setdefault(m.path, {})
+        key = m.file or m.path
+        held = files.get(key)
+        if held is None or m.reset:
+            held = files[key] = [0, None]
+        if m.skipped:
+            held[0] = min(held[0] + m.skipped, 2**53)
+            held[1] = held[1] or m.skip_reason
+
+    def skipped_lines(self) -> dict[str, tuple[int, str | None]]:
+        """Per metrics source: the lines skipped in its files and the first reason."""
+        out: dict[str, tuple[int, str | None]] = {}
+        for path, files in self.skipped.items():
+            count = sum(n for n, _ in files.values())
+            reason = next((r for n, r in files.values() if n and r), None)
+            out[path] = (count, reason)
+        return out
 
     def _update_end(self, sample: RunSample) -> None:
         """What says how the run ended or how far it got: the wrapper's exit record, the
@@ -628,10 +709,7 @@ class RunSeries:
     @property
     def series(self) -> dict[str, TagSeries]:
         """Every tag: event files first; a metrics file's tag where no event file has it."""
-        merged: dict[str, TagSeries] = {}
-        for streams in self.metric_series.values():
-            for tag, series in streams.items():
-                merged.setdefault(tag, series)
+        merged = tag_names(self.metric_series)
         merged.update(self.event_series)
         return merged
 
@@ -699,6 +777,7 @@ class RunSeries:
                              "points": len(s)} for tag, s in sorted(self.series.items())},
             "diagnosis": None,
             **self._end_json(now),
+            **self.metrics_json(),
         }
 
     def _end_json(self, now: float | None) -> dict[str, Any]:
@@ -712,6 +791,14 @@ class RunSeries:
         if by is not None:
             out["finished_by"] = by
         return out
+
+    def metrics_json(self) -> dict[str, Any]:
+        """runs[].metrics, only for a run that reads metrics files: per source, the lines
+        skipped in its files (over every poll) and what was wrong with the first."""
+        if not self.skipped:
+            return {}
+        return {"metrics": [{"path": path, "skipped": count, "skip_reason": reason}
+                            for path, (count, reason) in self.skipped_lines().items()]}
 
     # -- what the store keeps between `--once` runs
     def points_state(self, per_tag: int = MIN_POINTS) -> dict[str, Any]:
@@ -768,7 +855,7 @@ class RunSeries:
         """JSON-able: offsets, cursors and liveness memory (not the points: the store keeps
         those in its own bounded table)."""
         return {"offsets": self.offsets, "first_walls": self.first_walls,
-                "cursors": self.cursors, "log_seen": self.log_seen,
+                "cursors": self.cursors, "skipped": self.skipped, "log_seen": self.log_seen,
                 "seen_running": self.seen_running,
                 "last_seen_running_at": self.last_seen_running_at,
                 "checkpoint_times": self.checkpoint_times,
@@ -836,6 +923,11 @@ class RunSeries:
         run.offsets = mapping("offsets", lambda v: isinstance(v, int) and number(v) and v >= 0)
         run.first_walls = {k: float(v) for k, v in mapping("first_walls", number).items()}
         run.cursors = mapping("cursors", lambda v: True)
+        run.skipped = {path: {f: [int(held[0]), held[1] if isinstance(held[1], str) else None]
+                              for f, held in files.items() if isinstance(f, str)
+                              and isinstance(held, list) and len(held) == 2
+                              and isinstance(held[0], int) and 0 <= held[0] <= 2**53}
+                       for path, files in mapping("skipped", lambda v: isinstance(v, dict)).items()}
         run.checkpoint_times = {k: float(v)
                                 for k, v in mapping("checkpoint_times", number).items()}
         seen = state.get("log_seen")

@@ -418,9 +418,12 @@ def test_steady_8_gpu_box_fits_the_8k_budget(box: Box):
     # upstream: the first poll carries the probe, the event decoder and discovery (issue 8);
     # the next ones the probe with its run files part only (issue 3; no run reads events);
     # the probe's deadline (issue 15) took 0.8 KB of each; saying why the GPUs could not be
-    # read and their persistence mode (issue 21, 16) 0.45 KB (DESIGN's target: 20 KB up)
+    # read and their persistence mode (issue 21, 16) 0.45 KB; the metrics readers (sent where
+    # discovery may find metrics) learnt Keras' CSV, nested JSONL, a glob's every file in
+    # order, over-long lines and the frameworks' end of training (issue 16) 1.2 KB of the
+    # first (DESIGN's target: 20 KB up on a steady poll)
     first, then = (len(build_stdin(r, trim=True)) for r in (box_request(box), steady))
-    assert first < 30 * 1024 and then < 18 * 1024
+    assert first < 31 * 1024 and then < 18 * 1024
 
 
 def test_cgroup_path_absent_falls_back_to_root(box: Box):

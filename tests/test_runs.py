@@ -323,7 +323,7 @@ def test_the_metrics_readers_go_only_to_polls_that_read_metrics(workdir: Path):
 def test_malformed_metrics_files_are_errors_not_crashes(workdir: Path):
     (workdir / "trainer_state.json").write_text('{"log_history": [{"step": 1, "loss"')
     (workdir / "no_history.json").write_text('{"global_step": 3}')
-    (workdir / "metrics.csv").write_text("epoch,loss\n0,1.0\n")
+    (workdir / "metrics.csv").write_text("time,loss\n0,1.0\n")  # neither step nor epoch
     (workdir / "m.jsonl").write_text('[1, 2]\n{"loss": 1}\nnot json\n{"step": "x"}\n'
                                      '{"step": 5, "loss": 1.5}\n')
     (workdir / "binary.jsonl").write_bytes(b"\xff\xfe\x00garbage\n")
@@ -335,7 +335,7 @@ def test_malformed_metrics_files_are_errors_not_crashes(workdir: Path):
     errors = {m.path.rsplit("/", 1)[-1]: m.error for m in sample.metrics}
     assert errors["trainer_state.json"].startswith("JSONDecodeError")
     assert errors["no_history.json"].endswith("has no log_history list")
-    assert "has no step column" in errors["metrics.csv"]
+    assert "has no step or epoch column" in errors["metrics.csv"]
     assert errors["m.jsonl"] is None and errors["binary.jsonl"] is None
     assert errors["missing.jsonl"].startswith("No such file or directory")
     assert errors["weird.txt"].startswith("unknown metrics format")

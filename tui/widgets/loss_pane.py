@@ -18,6 +18,7 @@ from gpuwatch.remote.series import RunSeries, TagSeries
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.widget import Widget
 from textual.widgets import Static
 
 from ..colours import colour
@@ -103,13 +104,17 @@ class LossPane(Vertical):
         run, tag = self.run, self.current_tag()
         series = run.series.get(tag) if run is not None and tag is not None else None
         width = max(20, self.size.width)
+        skipped = run.skipped_lines() if run is not None else {}
         key = (id(run), tag, len(series) if series else 0,
                series.last_step if series else None,
                len(run.restarts) if run else 0, len(run.checkpoint_times) if run else 0,
-               width, self.settings.smoothing, self.settings.logy, self.settings.wall)
+               width, self.settings.smoothing, self.settings.logy, self.settings.wall,
+               tuple(skipped.values()))
         if not force and key == self._key:
             return
         self._key = key
+        if isinstance(self.parent, Widget):  # the pane's bottom border: lines not read
+            self.parent.border_subtitle = skipped_note(skipped)
         self.query_one("#loss-tags", Static).update(self.tag_line(tag, series))
         self.query_one(LossPlot).show(self.prepare(run, tag, series, width))
 
@@ -166,6 +171,18 @@ class LossPane(Vertical):
                 ckpts.append(x)
         return LossSeries(xs=xs, raw=raw, smooth=smooth, restarts=restarts, checkpoints=ckpts,
                           xlabel=xlabel, logy=s.logy)
+
+
+def skipped_note(skipped: dict[str, tuple[int, str | None]]) -> Text | None:
+    """"3 lines skipped in log.jsonl: not JSON: …" per metrics source that skipped some (box
+    text, shown as data), or None."""
+    notes = []
+    for path, (count, reason) in skipped.items():
+        if count:
+            name = path.rstrip("/").rsplit("/", 1)[-1]
+            note = f"{count} line{'s' if count != 1 else ''} skipped in {name}"
+            notes.append(f"{note}: {reason}" if reason else note)
+    return Text(visible("; ".join(notes))) if notes else None
 
 
 def _step_of(path: str, mtime: float, series: TagSeries) -> int | None:
