@@ -240,17 +240,18 @@ def test_the_metrics_readers_skip_what_they_cannot_read_and_the_answer_parses(
     path = metrics_file(data, tmp_path)
     limits = dict(probe.DEFAULT_LIMITS)
     try:
-        entry = probe.collect_metrics(str(path), None, limits)
+        entries = probe.collect_metrics(str(path), None, limits)  # one answer a file read
     except probe.ProbeFailure:
         return
     except ValueError:  # json_loads': a trainer_state.json that is not JSON at all
         assert path.name == "trainer_state.json"
         return
-    doc = {"v": 1, "errors": {}, "runs": [{"name": "r", "pids": [], "metrics": [entry]}]}
+    doc = {"v": 1, "errors": {}, "runs": [{"name": "r", "pids": [], "metrics": entries}]}
     snapshot = parse_probe_output(probe.json_dumps(doc).encode(), "box")
-    (metrics,) = snapshot.runs[0].metrics
-    for cols in metrics.scalars.values():
-        assert all(INT64[0] <= s <= INT64[1] for s in cols.steps)
+    assert len(snapshot.runs[0].metrics) == len(entries)
+    for metrics in snapshot.runs[0].metrics:
+        for cols in metrics.scalars.values():
+            assert all(INT64[0] <= s <= INT64[1] for s in cols.steps)
 
 
 # ---------------------------------------------------------------- event-file decoders
