@@ -52,6 +52,11 @@ from .findings import HostHistory
 from .model import HostSnapshot, ProcessInfo
 from .probe_bundle import build_command, strip_source
 
+VERIFY_POLLS = 6
+"""Fresh polls after an action before its verdict, for the TUI and the action verbs alike: a
+killed process may take a moment to go, a relaunched run a poll or two to show its process."""
+VERIFY_PAUSE_S = 1.0
+
 if TYPE_CHECKING:
     from .series import RunSeries
     from .store import Store

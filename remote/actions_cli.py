@@ -21,15 +21,13 @@ from . import actions
 from .collect import Collector
 from .config import ConfigError, HostConfig, load_config, select_hosts
 from .discovered import recorded_launch
-from .findings import HostHistory, PollFailure, recent
+from .findings import HostHistory, PollFailure, Thresholds, recent
 from .once import history_from_store, remember, resume
 from .store import Store
 from .textsafe import visible
 
 EXIT_OK, EXIT_FAILED, EXIT_UNPOLLED = 0, 1, 2
-VERIFY_POLLS = 6
-"""Fresh polls after an action before its verdict (a process may take a moment to go)."""
-VERIFY_PAUSE_S = 1.0
+VERIFY_POLLS, VERIFY_PAUSE_S = actions.VERIFY_POLLS, actions.VERIFY_PAUSE_S
 
 
 def run_action(kind: str, *, host_name: str, config_path: str | None = None,
@@ -46,13 +44,14 @@ def run_action(kind: str, *, host_name: str, config_path: str | None = None,
         if store.warning:
             print(f"gpuwatch: {store.warning}", file=sys.stderr)
         return asyncio.run(_run(kind, host, store, pid=pid, signal=signal, run=run, yes=yes,
-                                readonly=readonly, accept_new=accept_new_host_keys, ask=ask))
+                                readonly=readonly, accept_new=accept_new_host_keys, ask=ask,
+                                thresholds=config.thresholds))
 
 
 async def _run(kind: str, host: HostConfig, store: Store, *, pid: int | None, signal: str,
                run: str | None, yes: bool, readonly: bool, accept_new: bool,
-               ask: Callable[[str], str]) -> int:
-    history = history_from_store(store, host)
+               ask: Callable[[str], str], thresholds: Thresholds | None = None) -> int:
+    history = history_from_store(store, host, thresholds)  # the config's, as --once and the TUI
     error = await poll_into(host, store, history, accept_new)
     # Sustained judgements (a zombie's idle GPU, U21) need more than one snapshot: with no
     # earlier one in the store, look again.

@@ -677,3 +677,16 @@ async def test_a_failed_relaunchs_log_line_is_shown_as_written_not_as_markup(
         assert any(n.endswith("saving to [/data/ckpt/step-100] \\x1b]2;PWNED\\x07"
                               "[@click=app.quit]x[/]") for n in toasts), toasts
     assert app.return_code in (0, None)  # it did not die of the toast
+
+
+async def test_the_tui_judges_with_the_configs_thresholds() -> None:
+    """The TUI restored each host's history with the default thresholds whatever the config's
+    `[thresholds]` said (a `stalled_s = 60` read 1800 there, while `--once` used 60)."""
+    from gpuwatch.remote.findings import Thresholds
+
+    cfg = replace(fx.config(), thresholds=Thresholds(stalled_s=60.0, sustain_polls=3))
+    app = make_app(cfg)
+    async with app.run_test(size=SIZE):
+        for data in app.hosts.values():
+            assert data.history.thresholds.stalled_s == 60.0
+            assert data.history.thresholds.sustain_polls == 3

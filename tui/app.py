@@ -46,9 +46,6 @@ OVERNIGHT_S = 12 * 3600.0
 TICK_S = 2.0
 """Ages on screen ("stale 42 s") move on between polls at this pace."""
 ACTIONS = ("kill", "reap", "relaunch")
-VERIFY_POLLS = 3
-"""Polls a relaunch may take to show its new process before it counts as not verified."""
-VERIFY_PAUSE_S = 1.0
 RUNS_SAVE_S = 60.0
 
 
@@ -112,7 +109,7 @@ class GpuwatchApp(App[None]):
     # -- start and stop ----------------------------------------------------------------------
     def _restore(self, host: HostConfig) -> HostData:
         """Overnight: what the store holds, shown (stale, with its age) before the first poll."""
-        history = history_from_store(self.store, host)
+        history = history_from_store(self.store, host, self.config.thresholds)
         data = HostData(host, history)
         since = self.clock() - OVERNIGHT_S
         data.restore(evaluate(history) if history.snapshots else [],
@@ -398,7 +395,7 @@ class GpuwatchApp(App[None]):
         bound = (cfg.settings.connect_timeout + cfg.settings.command_timeout
                  + self.config.interval + 5)
         verified = None
-        for _attempt in range(VERIFY_POLLS if plan.kind == "relaunch" else 1):
+        for _attempt in range(actions.VERIFY_POLLS):
             polled = self.wait_for_poll(host, after=time.time())
             self.feed.poll_now(cfg)
             try:
@@ -414,7 +411,7 @@ class GpuwatchApp(App[None]):
                 return
             if verified.ok:
                 break
-            await asyncio.sleep(VERIFY_PAUSE_S)
+            await asyncio.sleep(actions.VERIFY_PAUSE_S)
         assert verified is not None
         self.notify(verified.message, title=f"{title}: verified" if verified.ok else title,
                     timeout=10, severity=("information" if verified.ok else
