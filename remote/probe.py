@@ -37,6 +37,8 @@ the NVML reader only then, issue 3; absent when the request's want.nvml is false
 "pynvml_dir": the folder it imported from (the request's "pynvml_dir" next poll, see
 import_pynvml_from) and "nvml": why NVML was not used, when it was not. "host" says "spawn":
 whether this python has os.posix_spawnp (the client sends run_bounded_popen only where not).
+"cgroup" also holds "groups": the oom_kill counter and memory limit of the cgroups the runs'
+processes live in, where not the probe's own (see run_groups).
 "kernel" says "candidates": how many lines may be Xids or OOM kills, and holds them as "raw" (with
 "raw_total") where the request came without the parser (see collect_kernel).
 A section that fails is {"error": message} (also listed in "errors") and the rest of the
@@ -128,7 +130,7 @@ PROC_FIELDS = ("pid", "ppid", "user", "state", "comm", "cmd", "start_ticks", "tt
                "session", "pgrp", "sighup_ignored", "sighup_caught", "threads", "cgroup",
                "cwd", "exe", "nvidia_devs", "run")
 XID_FIELDS = ("t_mono_s", "t_epoch", "pci", "xid", "pid", "name", "msg")
-OOM_FIELDS = ("t_mono_s", "t_epoch", "pid", "name", "memcg")
+OOM_FIELDS = ("t_mono_s", "t_epoch", "pid", "name", "memcg", "cgroup", "limit_bytes")
 
 
 class ProbeFailure(Exception):
@@ -435,7 +437,9 @@ def read_counters(path):
     return counters
 
 
-def collect_cgroup():
+def collect_cgroup(processes=None):
+    """The probe's own cgroup (the host's view of a container's share), and in "groups" the
+    cgroups of the runs' processes (run_groups)."""
     found = parse_cgroup_file(read_text(proc_path("self", "cgroup")))
     if found is None:
         raise ProbeFailure("no memory cgroup in %s" % proc_path("self", "cgroup"))
@@ -447,7 +451,64 @@ def collect_cgroup():
     info = cgroup_v2(root, path) if version == 2 else v1(root, path)
     info["version"] = version
     info["path"] = path
+    info["groups"] = run_groups(root, version, path, processes)
     return info
+
+
+RUN_CGROUPS = 8
+"""At most this many cgroups besides the probe's own are read: a box with hundreds of
+containers has hundreds of cgroups, and a run lives in one or two."""
+GROUP_FIELDS = ("path", "oom_kill", "memory_max_bytes")
+
+
+def run_groups(root, version, own, processes):
+    """U41: the oom_kill counter and memory limit of each cgroup that a run's process lives in
+    (a configured run's, then the GPU holders': discovered runs), besides the probe's own. A run
+    in a Docker or Slurm cgroup is OOM-killed there, and the probe's own counter never moves. A
+    cgroup whose folder is not here (another cgroup namespace) is left out: not known."""
+    rows = []
+    for path in run_cgroup_paths(processes, own):
+        counters = group_oom(root, version, path)
+        if counters is not None:
+            rows.append([path] + counters)
+    return table(GROUP_FIELDS, rows)
+
+
+def run_cgroup_paths(processes, own):
+    """The memory cgroups of the processes section's run members first, then of its GPU
+    holders, without the probe's own; at most RUN_CGROUPS."""
+    procs = processes.get("procs") if isinstance(processes, dict) else None
+    if not isinstance(procs, dict) or "rows" not in procs:
+        return []
+    at = dict((name, PROC_FIELDS.index(name)) for name in ("cgroup", "run", "nvidia_devs"))
+    rows = procs["rows"]
+    members = [row for row in rows if row[at["run"]] is not None]
+    holders = [row for row in rows if row[at["run"]] is None and row[at["nvidia_devs"]]]
+    paths = []
+    for row in members + holders:
+        path = row[at["cgroup"]]
+        if path and path != own and path not in paths:
+            paths.append(path)
+    return paths[:RUN_CGROUPS]
+
+
+def group_oom(root, version, path):
+    """[oom_kill, memory_max_bytes] of one memory cgroup (v2: memory.events, memory.max; v1:
+    memory.oom_control, memory.limit_in_bytes), either None where unreadable; None where the
+    cgroup's folder is not here."""
+    if version == 2:
+        group, names = os.path.join(root, path.lstrip("/")), ("memory.events", "memory.max")
+    else:
+        group = os.path.join(root, "memory", path.lstrip("/"))
+        names = ("memory.oom_control", "memory.limit_in_bytes")
+    if not os.path.isdir(group):
+        return None
+    try:
+        limit = read_int_file(os.path.join(group, names[1]), ("max",))
+    except ValueError:
+        limit = None
+    return [read_counters(os.path.join(group, names[0])).get("oom_kill"),
+            limit if limit is not None and limit < V1_UNLIMITED_BYTES else None]
 
 
 def cgroup_v2(root, path):
@@ -1254,8 +1315,10 @@ next poll's full counts do not report the same codes again)."""
 
 
 def kernel_candidate(line):
-    """A line that may be an NVIDIA Xid or an OOM kill (what parse_kernel_log looks at)."""
-    return "Xid" in line or "ut of memory" in line or "oom-kill" in line
+    """A line that may be an NVIDIA Xid, an OOM kill or a memory cgroup's part of an OOM report
+    (its limit, and on old kernels its path: what parse_kernel_log looks at)."""
+    return ("Xid" in line or "ut of memory" in line or "oom-kill" in line
+            or "memory: usage" in line or "as a result of limit of" in line)
 
 
 def collect_kernel(limits):
@@ -1292,7 +1355,21 @@ XID_PID = r"^pid=(?:'<unknown>'|(\d+)),\s*name=([^,]*),\s*(.*)$"
 OOM_KILL = (
     r"(Memory cgroup out of memory|Out of memory)(?: \([^)]*\))?: Kill(?:ed)? process (\d+)"
     r"(?:, UID \d+,)? \(([^)]*)\)")
-OOM_CONSTRAINT = r"oom-kill:constraint=(\w+)(?:.*?,task=([^,]*),pid=(\d+))?"
+# mm/oom_kill.c: "oom-kill:constraint=%s,nodemask=%*pbl" then, in an order that changed across
+# kernels, ",cpuset=…,mems_allowed=…", ",oom_memcg=PATH" (or ",global_oom"), ",task_memcg=PATH",
+# and ",task=%s,pid=%d,uid=%d" (4.19 printed pid=%5d: padded with spaces)
+OOM_CONSTRAINT = r"oom-kill:constraint=(\w+)(?:.*?,task=([^,]*),pid=\s*(\d+))?"
+OOM_MEMCG = r",oom_memcg=(.*?)(?=,task_memcg=|,cpuset=|,task=|$)"
+# mm/memcontrol.c, memory cgroup OOMs only, before the kill: "memory: usage %llukB, limit
+# %llukB, failcnt %lu"; kernels before 4.19 first "Task in PATH killed as a result of limit of
+# PATH" (the second path: the cgroup whose limit was hit)
+MEMCG_USAGE = r"^memory: usage (\d+)kB, limit (\d+)kB"
+MEMCG_TASK_IN = r"^Task in (.*) killed as a result of limit of (.*)$"
+OOM_REPORT_S = 10.0
+"""The lines of one OOM report are printed within this many seconds of each other: a cgroup
+path or limit older than that belongs to another report (one whose kill line was lost)."""
+CGROUP_CHARS = 1024  # a Kubernetes pod's cgroup path is ~250 characters
+KERNEL_LINE_CHARS = 4096  # more than the kernel prints in one record (1024, 2048 since 6.1)
 
 
 def split_timestamp(line):
@@ -1326,47 +1403,101 @@ def split_timestamp(line):
 def parse_kernel_log(lines, keep, msg_chars):
     """NVIDIA Xid lines and OOM kills, the last `keep` of each, plus Xid counts.
 
-    One OOM kill can log up to three lines ('oom-kill:constraint=…,task=,pid=',
-    'Out of memory: Killed process PID (name)', old kernels' 'Kill process … or sacrifice
-    child'); lines naming the pid of the kill just seen merge into it. A memory-cgroup kill
-    (U9, U41) says CONSTRAINT_MEMCG or 'Memory cgroup out of memory'.
+    An Xid names the process it hit where the driver knows it (an MMU fault, Xid 31, does:
+    'pid=12083, name=chrome'); the row keeps that pid and name, so the client blames that
+    process and not every run on the GPU. One OOM kill can log up to three lines
+    ('oom-kill:constraint=…,task=,pid=', 'Out of memory: Killed process PID (name)', old
+    kernels' 'Kill process … or sacrifice child'); lines naming the pid of the kill just seen
+    merge into it. A memory-cgroup kill (U9, U41) says CONSTRAINT_MEMCG or 'Memory cgroup out
+    of memory', and its report names the cgroup whose limit was hit (oom_memcg=, or old
+    kernels' 'Task in … killed as a result of limit of …') and that limit ('memory: usage …,
+    limit …'): the row carries both. Box text in, never an exception out.
     """
     xids, ooms, counts = [], [], {}
-    pending_memcg = False
+    report = {}  # what the lines before a kill said of it: memcg, cgroup, limit, their time
     for line in lines:
-        if not kernel_candidate(line):
+        if not isinstance(line, str) or not kernel_candidate(line):
             continue
-        mono, epoch, message = split_timestamp(line.rstrip("\n"))
-        match = rx(XID).search(message)
-        if match:
-            pci, code, rest = match.group(1), int(match.group(2)), match.group(3)
-            detail = rx(XID_PID).match(rest)
-            pid = int(detail.group(1)) if detail and detail.group(1) else None
-            name = detail.group(2) if detail and detail.group(2) != "<unknown>" else None
-            text = detail.group(3) if detail else rest
-            counts[str(code)] = counts.get(str(code), 0) + 1
-            xids.append([mono, epoch, pci, code, pid, name, text[:msg_chars]])
+        try:
+            report = kernel_line(line[:KERNEL_LINE_CHARS].rstrip("\n"), msg_chars, xids, ooms,
+                                 counts, report)
+        except (ValueError, OverflowError):  # a stamp no clock takes, a number too long for int
             continue
-        match = rx(OOM_CONSTRAINT).search(message)
-        if match:
-            memcg = match.group(1) == "CONSTRAINT_MEMCG"
-            if match.group(3):
-                ooms.append([mono, epoch, int(match.group(3)), match.group(2), memcg])
-            else:
-                pending_memcg = memcg  # a truncated line: it still tells the next kill's kind
-            continue
-        match = rx(OOM_KILL).search(message)
-        if match:
-            pid, name = int(match.group(2)), match.group(3)
-            memcg = match.group(1).startswith("Memory cgroup") or pending_memcg
-            if ooms and ooms[-1][2] == pid:
-                ooms[-1][3] = ooms[-1][3] or name
-                ooms[-1][4] = ooms[-1][4] or memcg
-            else:
-                ooms.append([mono, epoch, pid, name, memcg])
-            pending_memcg = False
     return {"xid": table(XID_FIELDS, xids[-keep:]), "oom": table(OOM_FIELDS, ooms[-keep:]),
             "xid_counts": counts}
+
+
+def kernel_line(line, msg_chars, xids, ooms, counts, report):
+    """One candidate line into the Xid rows or OOM rows; returns what the OOM report being
+    read says so far."""
+    mono, epoch, message = split_timestamp(line)
+    match = rx(XID).search(message)
+    if match:
+        pci, code, rest = match.group(1), int(match.group(2)), match.group(3)
+        detail = rx(XID_PID).match(rest)
+        pid = int(detail.group(1)) if detail and detail.group(1) else None
+        name = detail.group(2) if detail and detail.group(2) != "<unknown>" else None
+        text = detail.group(3) if detail else rest
+        counts[str(code)] = counts.get(str(code), 0) + 1
+        xids.append([mono, epoch, pci, code, pid, name, text[:msg_chars]])
+        return report
+    stamp = mono if mono is not None else epoch
+    if report and not same_report(report.get("at"), stamp):
+        report = {}
+    if oom_report_line(message, stamp, report):
+        return report
+    match = rx(OOM_CONSTRAINT).search(message)
+    if match:
+        report.update(at=stamp, memcg=match.group(1) == "CONSTRAINT_MEMCG")
+        where = rx(OOM_MEMCG).search(message)
+        if where and where.group(1):
+            report["cgroup"] = where.group(1)[:CGROUP_CHARS]
+        if not match.group(3):
+            return report  # a truncated line: it still tells the next kill's kind
+        add_oom(ooms, mono, epoch, int(match.group(3)), match.group(2), report)
+        return {}
+    match = rx(OOM_KILL).search(message)
+    if match:
+        if match.group(1).startswith("Memory cgroup"):
+            report["memcg"] = True
+        add_oom(ooms, mono, epoch, int(match.group(2)), match.group(3), report)
+        return {}
+    return report
+
+
+def same_report(then, now):
+    """Whether two lines' stamps (seconds, either may be unknown) fit in one OOM report."""
+    return then is None or now is None or abs(now - then) <= OOM_REPORT_S
+
+
+def oom_report_line(message, stamp, report):
+    """A memory cgroup's part of an OOM report, kept in `report` for the kill that follows;
+    False for any other line."""
+    match = rx(MEMCG_USAGE).match(message)
+    if match:
+        limit = int(match.group(2)) * 1024
+        report.update(at=stamp, memcg=True,
+                      limit=limit if limit < V1_UNLIMITED_BYTES else None)
+        return True
+    match = rx(MEMCG_TASK_IN).match(message)
+    if match:
+        report.update(at=stamp, memcg=True, cgroup=match.group(2)[:CGROUP_CHARS])
+        return True
+    return False
+
+
+def add_oom(ooms, mono, epoch, pid, name, report):
+    """One kill as an OOM_FIELDS row, or the details of a line naming the pid of the last one
+    merged into it."""
+    memcg, cgroup, limit = report.get("memcg", False), report.get("cgroup"), report.get("limit")
+    last = ooms[-1] if ooms else None
+    if last is not None and last[2] == pid:
+        last[3] = last[3] or name
+        last[4] = last[4] or memcg
+        last[5] = last[5] or cgroup
+        last[6] = last[6] if last[6] is not None else limit
+    else:
+        ooms.append([mono, epoch, pid, name, memcg, cgroup, limit])
 
 
 # ================================================================ end of kernel
@@ -2436,7 +2567,7 @@ def gather(request):
             doc["discovery"] = {"need": "now", "why": state["need"]}
         elif state.get("due"):
             doc["discovery"] = {"need": "next", "why": "a search is due"}
-    section("cgroup", collect_cgroup)
+    section("cgroup", collect_cgroup, doc.get("processes"))
     section("logind", collect_logind)
     section("kernel", collect_kernel, limits)
     return doc
