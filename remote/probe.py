@@ -21,6 +21,7 @@ Request (unknown keys are ignored):
               "discover": bool},
      "discovered_runs": [...] (issue 8, see discover.py: runs found earlier, to keep reading),
      "discovery_reuse": {...} (issue 3: what the last discovery found, see discovery_cache),
+     "run_cgroups": [path, ...] (the memory cgroups the runs lived in at the last poll, U41),
      "compress": bool}   (the request itself may come zlib-compressed)
     RUN = {"name": str, "process": str (whole command-line words, see run_pattern),
            "log", "events", "checkpoints" (a glob), "done": path, "metrics": [path, ...]
@@ -437,9 +438,9 @@ def read_counters(path):
     return counters
 
 
-def collect_cgroup(processes=None):
+def collect_cgroup(processes=None, wanted=None):
     """The probe's own cgroup (the host's view of a container's share), and in "groups" the
-    cgroups of the runs' processes (run_groups)."""
+    cgroups of the runs' processes and those the request names (run_groups)."""
     found = parse_cgroup_file(read_text(proc_path("self", "cgroup")))
     if found is None:
         raise ProbeFailure("no memory cgroup in %s" % proc_path("self", "cgroup"))
@@ -451,7 +452,7 @@ def collect_cgroup(processes=None):
     info = cgroup_v2(root, path) if version == 2 else v1(root, path)
     info["version"] = version
     info["path"] = path
-    info["groups"] = run_groups(root, version, path, processes)
+    info["groups"] = run_groups(root, version, path, processes, wanted)
     return info
 
 
@@ -461,35 +462,37 @@ containers has hundreds of cgroups, and a run lives in one or two."""
 GROUP_FIELDS = ("path", "oom_kill", "memory_max_bytes")
 
 
-def run_groups(root, version, own, processes):
+def run_groups(root, version, own, processes, wanted):
     """U41: the oom_kill counter and memory limit of each cgroup that a run's process lives in
-    (a configured run's, then the GPU holders': discovered runs), besides the probe's own. A run
-    in a Docker or Slurm cgroup is OOM-killed there, and the probe's own counter never moves. A
-    cgroup whose folder is not here (another cgroup namespace) is left out: not known."""
+    (those the request names first: where the runs lived at the last poll, dead ones' too;
+    then a run's process's, then a GPU holder's), besides the probe's own. A run in a Docker or
+    Slurm cgroup is OOM-killed there, and the probe's own counter never moves. A cgroup whose
+    folder is not here (another cgroup namespace) is left out: not known."""
     rows = []
-    for path in run_cgroup_paths(processes, own):
+    for path in run_cgroup_paths(processes, own, wanted):
         counters = group_oom(root, version, path)
         if counters is not None:
             rows.append([path] + counters)
     return table(GROUP_FIELDS, rows)
 
 
-def run_cgroup_paths(processes, own):
-    """The memory cgroups of the processes section's run members first, then of its GPU
-    holders, without the probe's own; at most RUN_CGROUPS."""
+def run_cgroup_paths(processes, own, wanted):
+    """The memory cgroups the request names, then those of the processes section's run
+    members, then of its GPU holders, without the probe's own; at most RUN_CGROUPS."""
+    paths = [path for path in (wanted if isinstance(wanted, list) else [])[:RUN_CGROUPS]
+             if isinstance(path, str) and path.startswith("/") and "\0" not in path]
     procs = processes.get("procs") if isinstance(processes, dict) else None
-    if not isinstance(procs, dict) or "rows" not in procs:
-        return []
-    at = dict((name, PROC_FIELDS.index(name)) for name in ("cgroup", "run", "nvidia_devs"))
-    rows = procs["rows"]
-    members = [row for row in rows if row[at["run"]] is not None]
-    holders = [row for row in rows if row[at["run"]] is None and row[at["nvidia_devs"]]]
-    paths = []
-    for row in members + holders:
-        path = row[at["cgroup"]]
-        if path and path != own and path not in paths:
-            paths.append(path)
-    return paths[:RUN_CGROUPS]
+    if isinstance(procs, dict) and "rows" in procs:
+        at = dict((name, PROC_FIELDS.index(name)) for name in ("cgroup", "run", "nvidia_devs"))
+        rows = procs["rows"]
+        members = [row for row in rows if row[at["run"]] is not None]
+        holders = [row for row in rows if row[at["run"]] is None and row[at["nvidia_devs"]]]
+        paths += [row[at["cgroup"]] for row in members + holders]
+    unique = []
+    for path in paths:
+        if path and path != own and path not in unique:
+            unique.append(path)
+    return unique[:RUN_CGROUPS]
 
 
 def group_oom(root, version, path):
@@ -2567,7 +2570,7 @@ def gather(request):
             doc["discovery"] = {"need": "now", "why": state["need"]}
         elif state.get("due"):
             doc["discovery"] = {"need": "next", "why": "a search is due"}
-    section("cgroup", collect_cgroup, doc.get("processes"))
+    section("cgroup", collect_cgroup, doc.get("processes"), request.get("run_cgroups"))
     section("logind", collect_logind)
     section("kernel", collect_kernel, limits)
     return doc

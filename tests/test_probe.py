@@ -19,8 +19,6 @@ import zlib
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from gpuwatch.remote import probe
 from gpuwatch.remote.probe_bundle import (
     KERNEL,
@@ -34,6 +32,8 @@ from gpuwatch.remote.probe_bundle import (
     strip_source,
 )
 from harness.captures import capture
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 SMI = "nvidia-smi/exporter-captures/linux-x86_64__"
 H100, H100_MIG = SMI + "nvidia-h100-80gb-hbm3__590.48.01", SMI + "nvidia-h100-mig__590.48.01"
@@ -482,6 +482,15 @@ def test_the_runs_own_cgroups_are_read_not_only_the_probes(box: Box):
     assert sorted(groups, key=lambda g: g["path"]) == [
         {"path": DOCKER, "oom_kill": 2, "memory_max_bytes": 34359738368},
         {"path": SLURM, "oom_kill": 0, "memory_max_bytes": None}]
+
+
+def test_the_cgroups_the_request_names_are_read_though_nothing_lives_there(box: Box):
+    """A run that died since the last poll has no process left to name its cgroup: the request
+    names it (the client's run_cgroups), and its counter says whether it was OOM-killed."""
+    group_files(box, DOCKER, 1, "34359738368")
+    request = box_request(box, want={"gpus": False}, run_cgroups=[DOCKER, 7, "rel/ative"])
+    groups = rows(probe_doc(request, box.env())["cgroup"]["groups"])
+    assert groups == [{"path": DOCKER, "oom_kill": 1, "memory_max_bytes": 34359738368}]
 
 
 def test_the_runs_cgroups_on_cgroup_v1(box: Box):
@@ -986,11 +995,12 @@ def test_memcg_oom_report_gives_the_cgroup_and_its_limit(report, pid, cgroup, li
 def test_a_global_oom_after_a_lost_memcg_kill_is_not_the_cgroups():
     """A memcg report whose kill line never came (rate-limited) says nothing of a global OOM a
     minute later."""
-    lines = MEMCG_REPORT_6X.splitlines()[:4] + [
-        "[ 7390.000001] Out of memory: Killed process 77 (java) total-vm:1kB, anon-rss:1kB, "
-        "file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:1kB oom_score_adj:0"]
+    lines = [*MEMCG_REPORT_6X.splitlines()[:4],
+             "[ 7390.000001] Out of memory: Killed process 77 (java) total-vm:1kB, "
+             "anon-rss:1kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:1kB oom_score_adj:0"]
     (oom,) = rows(probe.parse_kernel_log(lines, 8, 160)["oom"])
-    assert (oom["pid"], oom["memcg"], oom["cgroup"], oom["limit_bytes"]) == (77, False, None, None)
+    assert (oom["pid"], oom["memcg"], oom["cgroup"], oom["limit_bytes"]) == (77, False, None,
+                                                                              None)
 
 
 KERNEL_BITS = st.sampled_from([
