@@ -985,7 +985,7 @@ MEMCG_REPORT_4X = """\
     (MEMCG_REPORT_6X, 4242, "/system.slice/docker-4f2a9c.scope", 33554432),
     (MEMCG_REPORT_419, 931, "/slurm/uid_1000/job_8", 8388608),
     (MEMCG_REPORT_4X, 2718, "/docker/4f2a9c", 4194304),
-])
+], ids=["6.x", "4.19", "4.x"])
 def test_memcg_oom_report_gives_the_cgroup_and_its_limit(report, pid, cgroup, limit_kb):
     (oom,) = rows(probe.parse_kernel_log(report.splitlines(), 8, 160)["oom"])
     assert (oom["pid"], oom["memcg"], oom["cgroup"], oom["limit_bytes"]) == (
