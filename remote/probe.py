@@ -452,66 +452,10 @@ def collect_cgroup(processes=None, wanted=None):
     info = cgroup_v2(root, path) if version == 2 else v1(root, path)
     info["version"] = version
     info["path"] = path
-    info["groups"] = run_groups(root, version, path, processes, wanted)
+    groups = globals().get("run_groups")  # sent where a run may be read
+    if groups is not None:
+        info["groups"] = groups(root, version, path, processes, wanted)
     return info
-
-
-RUN_CGROUPS = 8
-"""At most this many cgroups besides the probe's own are read: a box with hundreds of
-containers has hundreds of cgroups, and a run lives in one or two."""
-GROUP_FIELDS = ("path", "oom_kill", "memory_max_bytes")
-
-
-def run_groups(root, version, own, processes, wanted):
-    """U41: the oom_kill counter and memory limit of each cgroup that a run's process lives in
-    (those the request names first: where the runs lived at the last poll, dead ones' too;
-    then a run's process's, then a GPU holder's), besides the probe's own. A run in a Docker or
-    Slurm cgroup is OOM-killed there, and the probe's own counter never moves. A cgroup whose
-    folder is not here (another cgroup namespace) is left out: not known."""
-    rows = []
-    for path in run_cgroup_paths(processes, own, wanted):
-        counters = group_oom(root, version, path)
-        if counters is not None:
-            rows.append([path] + counters)
-    return table(GROUP_FIELDS, rows)
-
-
-def run_cgroup_paths(processes, own, wanted):
-    """The memory cgroups the request names, then those of the processes section's run
-    members, then of its GPU holders, without the probe's own; at most RUN_CGROUPS."""
-    paths = [path for path in (wanted if isinstance(wanted, list) else [])[:RUN_CGROUPS]
-             if isinstance(path, str) and path.startswith("/") and "\0" not in path]
-    procs = processes.get("procs") if isinstance(processes, dict) else None
-    if isinstance(procs, dict) and "rows" in procs:
-        at = dict((name, PROC_FIELDS.index(name)) for name in ("cgroup", "run", "nvidia_devs"))
-        rows = procs["rows"]
-        members = [row for row in rows if row[at["run"]] is not None]
-        holders = [row for row in rows if row[at["run"]] is None and row[at["nvidia_devs"]]]
-        paths += [row[at["cgroup"]] for row in members + holders]
-    unique = []
-    for path in paths:
-        if path and path != own and path not in unique:
-            unique.append(path)
-    return unique[:RUN_CGROUPS]
-
-
-def group_oom(root, version, path):
-    """[oom_kill, memory_max_bytes] of one memory cgroup (v2: memory.events, memory.max; v1:
-    memory.oom_control, memory.limit_in_bytes), either None where unreadable; None where the
-    cgroup's folder is not here."""
-    if version == 2:
-        group, names = os.path.join(root, path.lstrip("/")), ("memory.events", "memory.max")
-    else:
-        group = os.path.join(root, "memory", path.lstrip("/"))
-        names = ("memory.oom_control", "memory.limit_in_bytes")
-    if not os.path.isdir(group):
-        return None
-    try:
-        limit = read_int_file(os.path.join(group, names[1]), ("max",))
-    except ValueError:
-        limit = None
-    return [read_counters(os.path.join(group, names[0])).get("oom_kill"),
-            limit if limit is not None and limit < V1_UNLIMITED_BYTES else None]
 
 
 def cgroup_v2(root, path):
@@ -1366,14 +1310,12 @@ OOM_MEMCG = r",oom_memcg=(.*?)(?=,task_memcg=|,cpuset=|,task=|$)"
 # mm/memcontrol.c, memory cgroup OOMs only, before the kill: "memory: usage %llukB, limit
 # %llukB, failcnt %lu"; kernels before 4.19 first "Task in PATH killed as a result of limit of
 # PATH" (the second path: the cgroup whose limit was hit)
-MEMCG_USAGE = r"^memory: usage (\d+)kB, limit (\d+)kB"
-MEMCG_TASK_IN = r"^Task in (.*) killed as a result of limit of (.*)$"
+MEMCG_REPORT = (r"^(?:Task in .* killed as a result of limit of (.*)|"
+                r"memory: usage \d+kB, limit (\d+)kB)")
 OOM_REPORT_S = 10.0
 """The lines of one OOM report are printed within this many seconds of each other: a cgroup
 path or limit older than that belongs to another report (one whose kill line was lost)."""
 CGROUP_CHARS = 1024  # a Kubernetes pod's cgroup path is ~250 characters
-KERNEL_LINE_CHARS = 4096  # more than the kernel prints in one record (1024, 2048 since 6.1)
-
 
 def split_timestamp(line):
     """A kernel log line → (seconds since boot or None, epoch or None, message)."""
@@ -1419,20 +1361,19 @@ def parse_kernel_log(lines, keep, msg_chars):
     xids, ooms, counts = [], [], {}
     report = {}  # what the lines before a kill said of it: memcg, cgroup, limit, their time
     for line in lines:
-        if not isinstance(line, str) or not kernel_candidate(line):
-            continue
-        try:
-            report = kernel_line(line[:KERNEL_LINE_CHARS].rstrip("\n"), msg_chars, xids, ooms,
-                                 counts, report)
-        except (ValueError, OverflowError):  # a stamp no clock takes, a number too long for int
-            continue
+        if kernel_candidate(line):
+            try:  # 4096: more than the kernel prints in one record (1024, 2048 since 6.1)
+                report = kernel_line(line[:4096].rstrip("\n"), msg_chars, xids, ooms, counts,
+                                     report)
+            except (ValueError, OverflowError):  # a stamp no clock takes, a number int refuses
+                pass
     return {"xid": table(XID_FIELDS, xids[-keep:]), "oom": table(OOM_FIELDS, ooms[-keep:]),
             "xid_counts": counts}
 
 
 def kernel_line(line, msg_chars, xids, ooms, counts, report):
-    """One candidate line into the Xid rows or OOM rows; returns what the OOM report being
-    read says so far."""
+    """One candidate line into the Xid or the OOM rows; returns what the OOM report being read
+    says so far (a kill's row takes it; a line naming the last kill's pid merges into it)."""
     mono, epoch, message = split_timestamp(line)
     match = rx(XID).search(message)
     if match:
@@ -1445,62 +1386,39 @@ def kernel_line(line, msg_chars, xids, ooms, counts, report):
         xids.append([mono, epoch, pci, code, pid, name, text[:msg_chars]])
         return report
     stamp = mono if mono is not None else epoch
-    if report and not same_report(report.get("at"), stamp):
+    then = report.get("at")
+    if stamp is not None and then is not None and abs(stamp - then) > OOM_REPORT_S:
         report = {}
-    if oom_report_line(message, stamp, report):
+    match = rx(MEMCG_REPORT).match(message)
+    if match:
+        report.update(at=stamp, memcg=True)
+        if match.group(1):
+            report["cgroup"] = match.group(1)[:CGROUP_CHARS]
+        if match.group(2) and int(match.group(2)) < 1 << 50:  # else v1's "no limit"
+            report["limit"] = int(match.group(2)) * 1024
         return report
     match = rx(OOM_CONSTRAINT).search(message)
     if match:
-        report.update(at=stamp, memcg=match.group(1) == "CONSTRAINT_MEMCG")
         where = rx(OOM_MEMCG).search(message)
-        if where and where.group(1):
+        report.update(at=stamp, memcg=match.group(1) == "CONSTRAINT_MEMCG")
+        if where:
             report["cgroup"] = where.group(1)[:CGROUP_CHARS]
         if not match.group(3):
             return report  # a truncated line: it still tells the next kill's kind
-        add_oom(ooms, mono, epoch, int(match.group(3)), match.group(2), report)
-        return {}
-    match = rx(OOM_KILL).search(message)
-    if match:
-        if match.group(1).startswith("Memory cgroup"):
-            report["memcg"] = True
-        add_oom(ooms, mono, epoch, int(match.group(2)), match.group(3), report)
-        return {}
-    return report
-
-
-def same_report(then, now):
-    """Whether two lines' stamps (seconds, either may be unknown) fit in one OOM report."""
-    return then is None or now is None or abs(now - then) <= OOM_REPORT_S
-
-
-def oom_report_line(message, stamp, report):
-    """A memory cgroup's part of an OOM report, kept in `report` for the kill that follows;
-    False for any other line."""
-    match = rx(MEMCG_USAGE).match(message)
-    if match:
-        limit = int(match.group(2)) * 1024
-        report.update(at=stamp, memcg=True,
-                      limit=limit if limit < V1_UNLIMITED_BYTES else None)
-        return True
-    match = rx(MEMCG_TASK_IN).match(message)
-    if match:
-        report.update(at=stamp, memcg=True, cgroup=match.group(2)[:CGROUP_CHARS])
-        return True
-    return False
-
-
-def add_oom(ooms, mono, epoch, pid, name, report):
-    """One kill as an OOM_FIELDS row, or the details of a line naming the pid of the last one
-    merged into it."""
-    memcg, cgroup, limit = report.get("memcg", False), report.get("cgroup"), report.get("limit")
-    last = ooms[-1] if ooms else None
-    if last is not None and last[2] == pid:
-        last[3] = last[3] or name
-        last[4] = last[4] or memcg
-        last[5] = last[5] or cgroup
-        last[6] = last[6] if last[6] is not None else limit
+        pid, name = int(match.group(3)), match.group(2)
     else:
-        ooms.append([mono, epoch, pid, name, memcg, cgroup, limit])
+        match = rx(OOM_KILL).search(message)
+        if not match:
+            return report
+        pid, name = int(match.group(2)), match.group(3)
+        report["memcg"] = report.get("memcg") or match.group(1).startswith("Memory cgroup")
+    row = [mono, epoch, pid, name, report.get("memcg", False), report.get("cgroup"),
+           report.get("limit")]
+    if ooms and ooms[-1][2] == pid:
+        ooms[-1] = [b if a is None or a is False or a == "" else a for a, b in zip(ooms[-1], row)]
+    else:
+        ooms.append(row)
+    return {}
 
 
 # ================================================================ end of kernel
@@ -1532,11 +1450,42 @@ def load_module(name):
 
 
 # ================================================================ run files (issue 4)
-# Reading a run's log, event files, metrics and checkpoints, from here to "end of run files":
-# the bundle sends this part only to a poll that may read a run (a configured one, one that
-# discovery remembers, or a discovery that may find one): a box without runs gets the probe
-# without it (issue 3, U15; probe_bundle.RUN_FILES). Nothing outside it calls into it unless
-# a run is to be read.
+# Reading a run's cgroup counters, log, event files, metrics and checkpoints, from here to
+# "end of run files": the bundle sends this part only to a poll that may read a run (a
+# configured one, one that discovery remembers, or a discovery that may find one): a box
+# without runs gets the probe without it (issue 3, U15; probe_bundle.RUN_FILES). Nothing
+# outside it calls into it unless a run is to be read.
+
+RUN_CGROUPS = 8
+"""At most this many cgroups besides the probe's own are read: a box with hundreds of
+containers has hundreds of cgroups, and a run lives in one or two."""
+
+
+def run_groups(root, version, own, processes, wanted):
+    """The cgroup section's "groups" (here, in the run files part: only a poll with runs needs
+    it). U41: [path, oom_kill, memory_max_bytes] of each cgroup a run lives in, besides the
+    probe's own: those the request names first (where the runs lived at the last poll, dead
+    ones' too), then a run's process's, then a GPU holder's. A run in a Docker or Slurm cgroup
+    is OOM-killed there, and the probe's own counter never moves. A cgroup whose folder is not
+    here (another cgroup namespace) is left out: not known."""
+    rows = processes.get("procs", {}).get("rows", []) if isinstance(processes, dict) else []
+    at = PROC_FIELDS.index
+    paths = [p for p in wanted if isinstance(p, str)] if isinstance(wanted, list) else []
+    paths += [r[at("cgroup")] for r in rows if r[at("run")] is not None or r[at("nvidia_devs")]]
+    tried, found = [], []
+    for path in paths:
+        if not path or path == own or path in tried or len(tried) >= RUN_CGROUPS:
+            continue
+        tried.append(path)
+        try:
+            if os.path.isdir(os.path.join(root, "memory" * (version == 1), path.lstrip("/"))):
+                info = (cgroup_v2 if version == 2 else globals()["cgroup_v1"])(root, path)
+                found.append([path, info["memory_events"].get("oom_kill"),
+                              info["memory_max_bytes"]])
+        except (OSError, ValueError):
+            pass
+    return table(("path", "oom_kill", "memory_max_bytes"), found)
+
 
 # U6: torch.save's `latest.pth.tmp`, HuggingFace's `tmp-checkpoint-N`, downloaders' `.partial`
 def leftover(name):
