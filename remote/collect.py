@@ -30,8 +30,10 @@ MAX_STDOUT = 4 * 1024 * 1024
 MAX_STDERR = 64 * 1024
 DEFAULT_SSH_CONFIG = SshSettings().config_file
 CARRIED_HINTS = ("nvidia_smi_reasons", "pynvml", "pynvml_dir", "spawn", "cgroup",
-                 "kernel_lines")
+                 "kernel_lines", "run_cgroups")
 """What a box says of itself that the next poll's request carries back (Collector.memory)."""
+RUN_CGROUPS = 8
+"""The runs' cgroups a request names at most (the probe reads as many, probe.RUN_CGROUPS)."""
 NVML_RECHECK_S = 300.0
 """A box whose python did not import pynvml is asked again this often (issue 3): pynvml
 installed mid-run is read within five minutes, and the polls between skip site-packages."""
@@ -109,6 +111,24 @@ def build_request(host: HostConfig, hints: dict[str, Any] | None = None,
     return request
 
 
+def run_cgroups(snapshot: HostSnapshot) -> list[str]:
+    """The memory cgroups the runs' processes live in, besides the probe's own (the next
+    request's "run_cgroups", at most RUN_CGROUPS)."""
+    own = snapshot.cgroup.path if snapshot.cgroup is not None else None
+    paths: list[str] = []
+    for proc in snapshot.processes:
+        if proc.run is not None and proc.cgroup and proc.cgroup != own \
+                and proc.cgroup not in paths:
+            paths.append(proc.cgroup)
+    return paths[:RUN_CGROUPS]
+
+
+def _paths(value: object) -> bool:
+    """A list of a few strings (a carried hint's list of paths)."""
+    return (isinstance(value, list) and len(value) <= RUN_CGROUPS
+            and all(isinstance(v, str) for v in value))
+
+
 class Collector:
     """Polls hosts. Holds what one poll tells the next (e.g. which throttle field names the
     box's driver accepts, what discovery found), never a connection."""
@@ -155,7 +175,8 @@ class Collector:
         hints = memory.get("hints")
         if isinstance(hints, Mapping):
             kept = {k: v for k, v in hints.items()
-                    if k in CARRIED_HINTS and isinstance(v, (str, int, float, bool))}
+                    if k in CARRIED_HINTS and (isinstance(v, (str, int, float, bool))
+                                               or _paths(v))}
             self._hints.setdefault(name, {}).update(kept)
         if isinstance(memory.get("discovery"), Mapping):
             self._discovery[name] = dict(memory["discovery"])
@@ -254,6 +275,13 @@ class Collector:
             self._hints.setdefault(host.name, {})["cgroup"] = snapshot.cgroup.version
         elif "cgroup" in snapshot.section_errors:  # perhaps for want of that reader
             self._hints.get(host.name, {}).pop("cgroup", None)
+        # U41: the cgroups the runs live in, read again next poll even if a run has died by
+        # then: its cgroup's oom_kill counter says whether it was OOM-killed
+        paths = run_cgroups(snapshot)
+        if paths:
+            self._hints.setdefault(host.name, {})["run_cgroups"] = paths
+        else:
+            self._hints.get(host.name, {}).pop("run_cgroups", None)
         if snapshot.discovery_reuse is not None:
             self._discovery[host.name] = dict(snapshot.discovery_reuse)
         elif reuse is not None and snapshot.discovery_need is None:

@@ -5,10 +5,16 @@ most authoritative first, and returns one cause with the evidence behind it:
 
 1. ``reboot``      the boot id changed (or the uptime is shorter than the gap): U3's most-missed
                    cause, nothing in the log says so.
-2. ``oom_cgroup``  the cgroup's ``memory.events`` oom_kill counter rose (U41: authoritative,
-                   whatever host ``free`` said).
+2. ``oom_cgroup``  the oom_kill counter in ``memory.events`` of the run's own cgroup (its
+                   processes', not the probe's: a Docker or Slurm job lives in another) rose
+                   (U41: authoritative, whatever host ``free`` said); or a kernel OOM report
+                   names one of the run's pids and says a memory cgroup's limit was hit (its
+                   path and limit in the evidence).
 3. ``oom_kernel``  a kernel OOM-kill line names one of the run's pids (U9).
-4. ``xid``         an NVIDIA Xid was logged since the last poll, on the run's GPU when known (U22).
+4. ``xid``         an NVIDIA Xid was logged since the last poll that names one of the run's pids,
+                   or names no process and is on the run's GPU (U22); an Xid that names another
+                   process is that process's (an MMU fault, Xid 31), unless it says the GPU
+                   itself is dead (DEAD_GPU_XIDS).
    ``gpu_lost``    no Xid line, but in the same poll a GPU of the run vanished from the list, or
                    the driver stopped answering (nvidia-smi hung, GPU lost, driver gone, U22).
 5. ``exception``   the log's tail ends in a Traceback, CUDA out of memory or an NCCL timeout
@@ -58,6 +64,9 @@ EXCEPTION_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\):")
 TAIL_LINES = 80
+DEAD_GPU_XIDS = (48, 79)
+"""U22: a double-bit ECC error or a GPU fallen off the bus takes every process on the GPU with
+it, whichever one the driver's line happens to name."""
 """Only the log's last lines count: an old traceback further up is a previous attempt's."""
 
 
@@ -98,12 +107,13 @@ class Diagnosis:
         if self.cause == "reboot":
             return "the box rebooted"
         if self.cause == "oom_cgroup":
-            return (f"the memory cgroup OOM-killed it (oom_kill {ev.get('oom_kill_before')} → "
-                    f"{ev.get('oom_kill_now')}; lower num_workers or batch size, U9/U41)")
+            return self._cgroup_summary()
         if self.cause == "oom_kernel":
             return f"the kernel OOM killer killed pid {ev.get('pid')} ({ev.get('name')})"
         if self.cause == "xid":
-            return f"NVIDIA Xid {ev.get('xid')} on {ev.get('pci')} (U22)"
+            gpu = f"GPU {ev['gpu']} " if ev.get("gpu") is not None else ""
+            who = f", reported for pid {ev['pid']} ({ev.get('name')})" if ev.get("pid") else ""
+            return f"NVIDIA Xid {ev.get('xid')} on {gpu}({ev.get('pci')}){who}"
         if self.cause == "gpu_lost":
             return (f"its GPU was lost or the driver stopped answering in the same poll "
                     f"({ev.get('gpu_error') or ev.get('message')}); the box needs a reboot")
@@ -125,6 +135,18 @@ class Diagnosis:
             return (f"it exited with status {ev.get('exit_code')} (its launch wrapper recorded "
                     "it) and no traceback in its log's tail says why")
         return f"cause unknown ({', '.join(ev.get('unchecked', ())) or 'no evidence'})"
+
+    def _cgroup_summary(self) -> str:
+        ev = self.evidence
+        cgroup = f" {ev['cgroup']}" if ev.get("cgroup") else ""
+        pid = ev.get("pid", ev.get("killed_pid"))
+        who = f"pid {pid} ({ev.get('name', ev.get('killed_name'))})" if pid else "it"
+        limit = ev.get("memory_max_bytes")
+        at = f" at its {limit / 2**30:.1f} GiB limit" if isinstance(limit, int) else ""
+        counter = (f" (oom_kill {ev['oom_kill_before']} → {ev['oom_kill_now']})"
+                   if "oom_kill_now" in ev else "")
+        return (f"the memory cgroup{cgroup} OOM-killed {who}{at}{counter}; lower num_workers "
+                "or the batch size, or raise the limit")
 
 
 # ---------------------------------------------------------------- evidence readers
@@ -244,35 +266,32 @@ def diagnose(before: HostSnapshot, now: HostSnapshot, pids: Sequence[int], *,
     ooms = [e for e in events if e.kind == "oom"]
     named = [e for e in ooms if e.pid in pids]
 
-    # 2. the cgroup's own counter (U41)
-    old_cg, new_cg = before.cgroup, now.cgroup
-    if old_cg is not None and new_cg is not None and old_cg.path == new_cg.path \
-            and old_cg.oom_kill is not None and new_cg.oom_kill is not None:
-        if new_cg.oom_kill > old_cg.oom_kill:
-            ev: dict[str, Any] = {"oom_kill_before": old_cg.oom_kill,
-                                  "oom_kill_now": new_cg.oom_kill, "cgroup": new_cg.path,
-                                  "memory_max_bytes": new_cg.memory_max_bytes}
-            if named:
-                ev["killed_pid"], ev["killed_name"] = named[0].pid, named[0].name
-            return verdict("oom_cgroup", **ev)
-    else:
+    # 2. the counter of the run's own cgroup (U41), or a memory cgroup's OOM report naming it
+    rise, counted = cgroup_oom(before, now, pids)
+    if rise is not None:
+        if named:
+            rise["killed_pid"], rise["killed_name"] = named[0].pid, named[0].name
+        return verdict("oom_cgroup", **rise)
+    if not counted:
         unchecked.append("cgroup oom_kill counter")
+    memcg = [e for e in named if e.memcg]
+    if memcg:
+        e = memcg[0]
+        return verdict("oom_cgroup", pid=e.pid, name=e.name, cgroup=e.cgroup,
+                       memory_max_bytes=e.limit_bytes, at=e.at)
 
     # 3. a kernel OOM line naming the run's pid
     if named:
         e = named[0]
         return verdict("oom_kernel", pid=e.pid, name=e.name, memcg=e.memcg, at=e.at)
 
-    # 4. an Xid since the last poll
-    xids = [e for e in events if e.kind == "xid"]
+    # 4. an Xid since the last poll, the run's own
     wanted = set(gpus)
-    if wanted:
-        on_ours = [e for e in xids if e.pid in pids or xid_gpu(e, now) in wanted]
-        xids = on_ours or [e for e in xids if xid_gpu(e, now) is None]
+    xids = run_xids([e for e in events if e.kind == "xid"], pids, wanted, before, now)
     if xids:
         e = xids[-1]
-        return verdict("xid", xid=e.xid, pci=e.pci, gpu=xid_gpu(e, now), message=e.message,
-                       at=e.at)
+        return verdict("xid", xid=e.xid, pci=e.pci, gpu=xid_gpu(e, now, before), pid=e.pid,
+                       name=e.name, message=e.message, at=e.at)
 
     # 4b. no Xid line (a kernel log we cannot read, or none written), but a GPU of the run fell
     # out of the list, or the driver stopped answering, in this very poll (U22)
@@ -327,15 +346,71 @@ def exit_status_evidence(code: int) -> dict[str, Any]:
     return {"exit_code": code, "signal": None}
 
 
-def xid_gpu(event: KernelEvent, snap: HostSnapshot) -> int | None:
+def run_cgroups(snap: HostSnapshot, pids: Sequence[int]) -> list[str]:
+    """The memory cgroups the processes `pids` lived in, as `snap` read them."""
+    table = {p.pid: p for p in snap.processes}
+    paths: list[str] = []
+    for pid in pids:
+        proc = table.get(pid)
+        if proc is not None and proc.cgroup and proc.cgroup not in paths:
+            paths.append(proc.cgroup)
+    return paths
+
+
+def cgroup_oom(before: HostSnapshot, now: HostSnapshot, pids: Sequence[int]
+               ) -> tuple[dict[str, Any] | None, bool]:
+    """(evidence that the oom_kill counter of a cgroup of the run's rose between the two polls,
+    or None; whether any such counter could be compared). The run's cgroups, not the probe's
+    own: a run in a Docker or Slurm cgroup is OOM-killed there (U41)."""
+    if before.cgroup is None or now.cgroup is None:
+        return None, False
+    counted = False
+    for path in run_cgroups(before, pids):
+        old, new = before.cgroup.counter(path), now.cgroup.counter(path)
+        if old is None or new is None or old.oom_kill is None or new.oom_kill is None:
+            continue
+        counted = True
+        if new.oom_kill > old.oom_kill:
+            return {"oom_kill_before": old.oom_kill, "oom_kill_now": new.oom_kill,
+                    "cgroup": path, "memory_max_bytes": new.memory_max_bytes}, True
+    return None, counted
+
+
+def run_xids(xids: list[KernelEvent], pids: Sequence[int], gpus: set[int],
+             before: HostSnapshot, now: HostSnapshot) -> list[KernelEvent]:
+    """The Xids that may have killed the processes `pids`: those that name one of them; else
+    those that name no process (or say the GPU is dead) on one of `gpus` — on any GPU when
+    `gpus` or the Xid's GPU is not known. An Xid that names another process is that
+    process's: an MMU fault (Xid 31) in someone's browser on a shared GPU kills no run."""
+    ours = [e for e in xids if e.pid is not None and e.pid in pids]
+    if ours:
+        return ours
+    anyone = [e for e in xids if e.pid is None or e.xid in DEAD_GPU_XIDS]
+    if not gpus:
+        return anyone
+    on_ours = [e for e in anyone if xid_gpu(e, now, before) in gpus]
+    return on_ours or [e for e in anyone if xid_gpu(e, now, before) is None]
+
+
+def xid_gpu(event: KernelEvent, snap: HostSnapshot,
+            earlier: HostSnapshot | None = None) -> int | None:
     """The GPU index an Xid names: NVRM prints "0000:3b:00" (domain:bus:device), nvidia-smi
-    "00000000:3B:00.0"; None when no GPU of the snapshot matches."""
+    "00000000:3B:00.0"; None when no GPU of the snapshot matches (nor of `earlier`'s, which
+    still listed a GPU that has since fallen off the bus)."""
+    found = _xid_gpu(event, snap)
+    return found if found is not None or earlier is None else _xid_gpu(event, earlier)
+
+
+def _xid_gpu(event: KernelEvent, snap: HostSnapshot) -> int | None:
     if not event.pci:
         return None
     parts = event.pci.lower().split(":")
     if len(parts) < 3:
         return None
-    want = (int(parts[-3], 16), parts[-2], parts[-1].split(".")[0])
+    try:  # box text: "0000:3b:00" by the driver, anything of [0-9a-f:.] by the pattern
+        want = (int(parts[-3], 16), parts[-2], parts[-1].split(".")[0])
+    except ValueError:
+        return None
     for gpu in snap.gpus:
         bus = (gpu.pci_bus_id or "").lower().split(":")
         if len(bus) < 3:

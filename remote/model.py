@@ -14,7 +14,7 @@ import re
 import zlib
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -243,6 +243,15 @@ class DiskUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class CgroupCounter:
+    """Another cgroup than the probe's own, one that a run's processes live in (U41)."""
+
+    path: str
+    oom_kill: int | None
+    memory_max_bytes: int | None  # None: "max", no limit (or unreadable)
+
+
+@dataclass(frozen=True, slots=True)
 class CgroupInfo:
     version: int
     path: str | None
@@ -252,11 +261,20 @@ class CgroupInfo:
     cpu_quota_us: int | None  # None: "max", no quota
     cpu_period_us: int | None
     cpu_stat: Mapping[str, int]
+    groups: Mapping[str, CgroupCounter] = field(default_factory=dict)
+    """The runs' cgroups other than this one, by path (probe.run_groups)."""
 
     @property
     def oom_kill(self) -> int | None:
         """U41: the authoritative "was I OOM-killed" counter."""
         return self.memory_events.get("oom_kill")
+
+    def counter(self, path: str) -> CgroupCounter | None:
+        """The oom_kill counter and memory limit of the cgroup at `path`, this one included;
+        None where the probe did not read it."""
+        if path == self.path:
+            return CgroupCounter(path, self.oom_kill, self.memory_max_bytes)
+        return self.groups.get(path)
 
     @property
     def cpus(self) -> float | None:
@@ -277,6 +295,8 @@ class KernelEvent:
     pci: str | None = None
     message: str | None = None
     memcg: bool | None = None  # U9, U41: a cgroup OOM rather than the whole host's
+    cgroup: str | None = None  # a memcg OOM's cgroup, the one whose limit was hit
+    limit_bytes: int | None = None  # that cgroup's limit, as the OOM report printed it
 
 
 # ---------------------------------------------------------------- training runs
@@ -711,7 +731,17 @@ def _cgroup(section: _Node) -> CgroupInfo:
         memory_events=section.counters("memory_events"),
         cpu_quota_us=section.opt_int("cpu_quota_us"),
         cpu_period_us=section.opt_int("cpu_period_us"),
-        cpu_stat=section.counters("cpu_stat"))
+        cpu_stat=section.counters("cpu_stat"),
+        groups=_cgroup_groups(section) if section.data.get("groups") is not None else {})
+
+
+def _cgroup_groups(section: _Node) -> Mapping[str, CgroupCounter]:
+    groups = {}
+    for row in section.table("groups"):
+        path = row.get_str("path")
+        groups[path] = CgroupCounter(path, row.opt_int("oom_kill"),
+                                     row.opt_int("memory_max_bytes"))
+    return MappingProxyType(groups)
 
 
 def _kernel_events(section: _Node, btime: int | None) -> tuple[KernelEvent, ...]:
@@ -730,7 +760,9 @@ def _kernel_events(section: _Node, btime: int | None) -> tuple[KernelEvent, ...]
     for row in section.table("oom"):
         at, mono = when(row)
         events.append(KernelEvent(kind="oom", at=at, since_boot_s=mono, pid=row.opt_int("pid"),
-                                  name=row.opt_str("name"), memcg=row.opt_bool("memcg")))
+                                  name=row.opt_str("name"), memcg=row.opt_bool("memcg"),
+                                  cgroup=row.opt_str("cgroup"),
+                                  limit_bytes=row.opt_int("limit_bytes")))
     return tuple(events)
 
 

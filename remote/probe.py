@@ -22,6 +22,7 @@ Request (unknown keys are ignored):
               "discover": bool},
      "discovered_runs": [...] (issue 8, see discover.py: runs found earlier, to keep reading),
      "discovery_reuse": {...} (issue 3: what the last discovery found, see discovery_cache),
+     "run_cgroups": [path, ...] (the memory cgroups the runs lived in at the last poll, U41),
      "compress": bool}   (the request itself may come zlib-compressed)
     RUN = {"name": str, "process": str (whole command-line words, see run_pattern),
            "log", "events", "checkpoints" (a glob), "done", "exit": path, "metrics": [path, ...]
@@ -39,6 +40,8 @@ the NVML reader only then, issue 3; absent when the request's want.nvml is false
 "pynvml_dir": the folder it imported from (the request's "pynvml_dir" next poll, see
 import_pynvml_from) and "nvml": why NVML was not used, when it was not. "host" says "spawn":
 whether this python has os.posix_spawnp (the client sends run_bounded_popen only where not).
+"cgroup" also holds "groups": the oom_kill counter and memory limit of the cgroups the runs'
+processes live in, where not the probe's own (see run_groups).
 "kernel" says "candidates": how many lines may be Xids or OOM kills, and holds them as "raw" (with
 "raw_total") where the request came without the parser (see collect_kernel).
 A section that fails is {"error": message} (also listed in "errors") and the rest of the
@@ -138,7 +141,7 @@ PROC_FIELDS = ("pid", "ppid", "user", "state", "comm", "cmd", "start_ticks", "tt
                "session", "pgrp", "sighup_ignored", "sighup_caught", "threads", "cgroup",
                "cwd", "exe", "nvidia_devs", "run")
 XID_FIELDS = ("t_mono_s", "t_epoch", "pci", "xid", "pid", "name", "msg")
-OOM_FIELDS = ("t_mono_s", "t_epoch", "pid", "name", "memcg")
+OOM_FIELDS = ("t_mono_s", "t_epoch", "pid", "name", "memcg", "cgroup", "limit_bytes")
 
 
 class ProbeFailure(Exception):
@@ -530,7 +533,9 @@ def read_counters(path):
     return counters
 
 
-def collect_cgroup():
+def collect_cgroup(processes=None, wanted=None):
+    """The probe's own cgroup (the host's view of a container's share), and in "groups" the
+    cgroups of the runs' processes and those the request names (run_groups)."""
     found = parse_cgroup_file(read_text(proc_path("self", "cgroup")))
     if found is None:
         raise ProbeFailure("no memory cgroup in %s" % proc_path("self", "cgroup"))
@@ -542,6 +547,9 @@ def collect_cgroup():
     info = cgroup_v2(root, path) if version == 2 else v1(root, path)
     info["version"] = version
     info["path"] = path
+    groups = globals().get("run_groups")  # sent where a run may be read
+    if groups is not None:
+        info["groups"] = groups(root, version, path, processes, wanted)
     return info
 
 
@@ -1359,8 +1367,10 @@ next poll's full counts do not report the same codes again)."""
 
 
 def kernel_candidate(line):
-    """A line that may be an NVIDIA Xid or an OOM kill (what parse_kernel_log looks at)."""
-    return "Xid" in line or "ut of memory" in line or "oom-kill" in line
+    """A line that may be an NVIDIA Xid, an OOM kill or a memory cgroup's part of an OOM report
+    (its limit, and on old kernels its path: what parse_kernel_log looks at)."""
+    return ("Xid" in line or "ut of memory" in line or "oom-kill" in line
+            or "memory: usage" in line or "as a result of limit of" in line)
 
 
 def collect_kernel(limits):
@@ -1397,8 +1407,20 @@ XID_PID = r"^pid=(?:'<unknown>'|(\d+)),\s*name=([^,]*),\s*(.*)$"
 OOM_KILL = (
     r"(Memory cgroup out of memory|Out of memory)(?: \([^)]*\))?: Kill(?:ed)? process (\d+)"
     r"(?:, UID \d+,)? \(([^)]*)\)")
-OOM_CONSTRAINT = r"oom-kill:constraint=(\w+)(?:.*?,task=([^,]*),pid=(\d+))?"
-
+# mm/oom_kill.c: "oom-kill:constraint=%s,nodemask=%*pbl" then, in an order that changed across
+# kernels, ",cpuset=…,mems_allowed=…", ",oom_memcg=PATH" (or ",global_oom"), ",task_memcg=PATH",
+# and ",task=%s,pid=%d,uid=%d" (4.19 printed pid=%5d: padded with spaces)
+OOM_CONSTRAINT = r"oom-kill:constraint=(\w+)(?:.*?,task=([^,]*),pid=\s*(\d+))?"
+OOM_MEMCG = r",oom_memcg=(.*?)(?=,task_memcg=|,cpuset=|,task=|$)"
+# mm/memcontrol.c, memory cgroup OOMs only, before the kill: "memory: usage %llukB, limit
+# %llukB, failcnt %lu"; kernels before 4.19 first "Task in PATH killed as a result of limit of
+# PATH" (the second path: the cgroup whose limit was hit)
+MEMCG_REPORT = (r"^(?:Task in .* killed as a result of limit of (.*)|"
+                r"memory: usage \d+kB, limit (\d+)kB)")
+OOM_REPORT_S = 10.0
+"""The lines of one OOM report are printed within this many seconds of each other: a cgroup
+path or limit older than that belongs to another report (one whose kill line was lost)."""
+CGROUP_CHARS = 1024  # a Kubernetes pod's cgroup path is ~250 characters
 
 def split_timestamp(line):
     """A kernel log line → (seconds since boot or None, epoch or None, message)."""
@@ -1437,52 +1459,79 @@ def small_int(digits):
 def parse_kernel_log(lines, keep, msg_chars):
     """NVIDIA Xid lines and OOM kills, the last `keep` of each, plus Xid counts.
 
-    One OOM kill can log up to three lines ('oom-kill:constraint=…,task=,pid=',
-    'Out of memory: Killed process PID (name)', old kernels' 'Kill process … or sacrifice
-    child'); lines naming the pid of the kill just seen merge into it. A memory-cgroup kill
-    (U9, U41) says CONSTRAINT_MEMCG or 'Memory cgroup out of memory'.
+    An Xid names the process it hit where the driver knows it (an MMU fault, Xid 31, does:
+    'pid=12083, name=chrome'); the row keeps that pid and name, so the client blames that
+    process and not every run on the GPU. One OOM kill can log up to three lines
+    ('oom-kill:constraint=…,task=,pid=', 'Out of memory: Killed process PID (name)', old
+    kernels' 'Kill process … or sacrifice child'); lines naming the pid of the kill just seen
+    merge into it. A memory-cgroup kill (U9, U41) says CONSTRAINT_MEMCG or 'Memory cgroup out
+    of memory', and its report names the cgroup whose limit was hit (oom_memcg=, or old
+    kernels' 'Task in … killed as a result of limit of …') and that limit ('memory: usage …,
+    limit …'): the row carries both. Box text in, never an exception out.
     """
     xids, ooms, counts = [], [], {}
-    pending_memcg = False
+    report = {}  # what the lines before a kill said of it: memcg, cgroup, limit, their time
     for line in lines:
-        if not kernel_candidate(line):
-            continue
-        try:
-            mono, epoch, message = split_timestamp(line.rstrip("\n"))
-        except (ValueError, OverflowError):  # a stamp no calendar has: the line without one
-            mono, epoch, message = None, None, line.rstrip("\n")
-        mono = mono if mono is not None and -2.0 ** 53 < mono < 2.0 ** 53 else None  # inf, nan
-        epoch = epoch if epoch is not None and -2.0 ** 53 < epoch < 2.0 ** 53 else None
-        match = rx(XID).search(message)
-        if match and len(match.group(2)) <= 9:  # Xid codes are small; int() may refuse more
-            pci, code, rest = match.group(1), int(match.group(2)), match.group(3)
-            detail = rx(XID_PID).match(rest)
-            pid = small_int(detail.group(1)) if detail else None
-            name = detail.group(2) if detail and detail.group(2) != "<unknown>" else None
-            text = detail.group(3) if detail else rest
-            counts[str(code)] = counts.get(str(code), 0) + 1
-            xids.append([mono, epoch, pci, code, pid, name, text[:msg_chars]])
-            continue
-        match = rx(OOM_CONSTRAINT).search(message)
-        if match:
-            memcg = match.group(1) == "CONSTRAINT_MEMCG"
-            if small_int(match.group(3)) is not None:
-                ooms.append([mono, epoch, int(match.group(3)), match.group(2), memcg])
-            else:
-                pending_memcg = memcg  # a truncated line: it still tells the next kill's kind
-            continue
-        match = rx(OOM_KILL).search(message)
-        if match and small_int(match.group(2)) is not None:
-            pid, name = int(match.group(2)), match.group(3)
-            memcg = match.group(1).startswith("Memory cgroup") or pending_memcg
-            if ooms and ooms[-1][2] == pid:
-                ooms[-1][3] = ooms[-1][3] or name
-                ooms[-1][4] = ooms[-1][4] or memcg
-            else:
-                ooms.append([mono, epoch, pid, name, memcg])
-            pending_memcg = False
+        if kernel_candidate(line):
+            try:  # 4096: more than the kernel prints in one record (1024, 2048 since 6.1)
+                report = kernel_line(line[:4096].rstrip("\n"), msg_chars, xids, ooms, counts,
+                                     report)
+            except (ValueError, OverflowError):  # a stamp no clock takes, a number int refuses
+                pass
     return {"xid": table(XID_FIELDS, xids[-keep:]), "oom": table(OOM_FIELDS, ooms[-keep:]),
             "xid_counts": counts}
+
+
+def kernel_line(line, msg_chars, xids, ooms, counts, report):
+    """One candidate line into the Xid or the OOM rows; returns what the OOM report being read
+    says so far (a kill's row takes it; a line naming the last kill's pid merges into it)."""
+    mono, epoch, message = split_timestamp(line)
+    mono = mono if mono is not None and -2.0 ** 53 < mono < 2.0 ** 53 else None  # inf, nan
+    epoch = epoch if epoch is not None and -2.0 ** 53 < epoch < 2.0 ** 53 else None
+    match = rx(XID).search(message)
+    if match and len(match.group(2)) <= 9:  # Xid codes are small; int() may refuse more
+        pci, code, rest = match.group(1), int(match.group(2)), match.group(3)
+        detail = rx(XID_PID).match(rest)
+        pid = small_int(detail.group(1)) if detail else None
+        name = detail.group(2) if detail and detail.group(2) != "<unknown>" else None
+        text = detail.group(3) if detail else rest
+        counts[str(code)] = counts.get(str(code), 0) + 1
+        xids.append([mono, epoch, pci, code, pid, name, text[:msg_chars]])
+        return report
+    stamp = mono if mono is not None else epoch
+    then = report.get("at")
+    if stamp is not None and then is not None and abs(stamp - then) > OOM_REPORT_S:
+        report = {}
+    match = rx(MEMCG_REPORT).match(message)
+    if match:
+        report.update(at=stamp, memcg=True)
+        if match.group(1):
+            report["cgroup"] = match.group(1)[:CGROUP_CHARS]
+        if match.group(2) and int(match.group(2)) < 1 << 50:  # else v1's "no limit"
+            report["limit"] = int(match.group(2)) * 1024
+        return report
+    match = rx(OOM_CONSTRAINT).search(message)
+    if match:
+        where = rx(OOM_MEMCG).search(message)
+        report.update(at=stamp, memcg=match.group(1) == "CONSTRAINT_MEMCG")
+        if where:
+            report["cgroup"] = where.group(1)[:CGROUP_CHARS]
+        if small_int(match.group(3)) is None:
+            return report  # a truncated line: it still tells the next kill's kind
+        pid, name = int(match.group(3)), match.group(2)
+    else:
+        match = rx(OOM_KILL).search(message)
+        if not match or small_int(match.group(2)) is None:
+            return report
+        pid, name = int(match.group(2)), match.group(3)
+        report["memcg"] = report.get("memcg") or match.group(1).startswith("Memory cgroup")
+    row = [mono, epoch, pid, name, report.get("memcg", False), report.get("cgroup"),
+           report.get("limit")]
+    if ooms and ooms[-1][2] == pid:
+        ooms[-1] = [b if a is None or a is False or a == "" else a for a, b in zip(ooms[-1], row)]
+    else:
+        ooms.append(row)
+    return {}
 
 
 # ================================================================ end of kernel
@@ -1514,11 +1563,42 @@ def load_module(name):
 
 
 # ================================================================ run files (issue 4)
-# Reading a run's log, event files, metrics and checkpoints, from here to "end of run files":
-# the bundle sends this part only to a poll that may read a run (a configured one, one that
-# discovery remembers, or a discovery that may find one): a box without runs gets the probe
-# without it (issue 3, U15; probe_bundle.RUN_FILES). Nothing outside it calls into it unless
-# a run is to be read.
+# Reading a run's cgroup counters, log, event files, metrics and checkpoints, from here to
+# "end of run files": the bundle sends this part only to a poll that may read a run (a
+# configured one, one that discovery remembers, or a discovery that may find one): a box
+# without runs gets the probe without it (issue 3, U15; probe_bundle.RUN_FILES). Nothing
+# outside it calls into it unless a run is to be read.
+
+RUN_CGROUPS = 8
+"""At most this many cgroups besides the probe's own are read: a box with hundreds of
+containers has hundreds of cgroups, and a run lives in one or two."""
+
+
+def run_groups(root, version, own, processes, wanted):
+    """The cgroup section's "groups" (here, in the run files part: only a poll with runs needs
+    it). U41: [path, oom_kill, memory_max_bytes] of each cgroup a run lives in, besides the
+    probe's own: those the request names first (where the runs lived at the last poll, dead
+    ones' too), then a run's process's, then a GPU holder's. A run in a Docker or Slurm cgroup
+    is OOM-killed there, and the probe's own counter never moves. A cgroup whose folder is not
+    here (another cgroup namespace) is left out: not known."""
+    rows = processes.get("procs", {}).get("rows", []) if isinstance(processes, dict) else []
+    at = PROC_FIELDS.index
+    paths = [p for p in wanted if isinstance(p, str)] if isinstance(wanted, list) else []
+    paths += [r[at("cgroup")] for r in rows if r[at("run")] is not None or r[at("nvidia_devs")]]
+    tried, found = [], []
+    for path in paths:
+        if not path or path == own or path in tried or len(tried) >= RUN_CGROUPS:
+            continue
+        tried.append(path)
+        try:
+            if os.path.isdir(os.path.join(root, "memory" * (version == 1), path.lstrip("/"))):
+                info = (cgroup_v2 if version == 2 else globals()["cgroup_v1"])(root, path)
+                found.append([path, info["memory_events"].get("oom_kill"),
+                              info["memory_max_bytes"]])
+        except (OSError, ValueError):
+            pass
+    return table(("path", "oom_kill", "memory_max_bytes"), found)
+
 
 # U6: torch.save's `latest.pth.tmp`, HuggingFace's `tmp-checkpoint-N`, downloaders' `.partial`
 def leftover(name):
@@ -2752,7 +2832,7 @@ def gather(request, doc=None):
             doc["discovery"] = {"need": "now", "why": state["need"]}
         elif state.get("due"):
             doc["discovery"] = {"need": "next", "why": "a search is due"}
-    section("cgroup", collect_cgroup)
+    section("cgroup", collect_cgroup, doc.get("processes"), request.get("run_cgroups"))
     section("logind", collect_logind)
     section("kernel", collect_kernel, limits)
     return doc

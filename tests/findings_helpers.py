@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpuwatch.remote.collect import build_request
+from gpuwatch.remote.collect import build_request, run_cgroups
 from gpuwatch.remote.config import HostConfig, parse_config
 from gpuwatch.remote.findings import Finding, HostHistory, Thresholds, evaluate
 from gpuwatch.remote.model import HostSnapshot, parse_probe_output
@@ -41,7 +41,9 @@ class Watched:
         self.findings: list[Finding] = []
 
     def snapshot(self) -> HostSnapshot:
-        request: dict[str, Any] = build_request(self.host, None, self.history.runs)
+        last = self.history.snapshots[-1] if self.history.snapshots else None
+        hints = {"run_cgroups": run_cgroups(last)} if last is not None else None
+        request: dict[str, Any] = build_request(self.host, hints, self.history.runs)
         request["want"] = {"nvml": False}  # a machine with a driver must still read the stand-in
         result = subprocess.run(["sh", "-c", build_command(self.python)],
                                 input=build_stdin(request), env=self.env, capture_output=True,

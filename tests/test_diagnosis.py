@@ -14,7 +14,7 @@ import pytest
 from findings_helpers import Watched, host_config, touch
 from gpuwatch.remote.diagnosis import Diagnosis, crash_line
 from gpuwatch.remote.findings import Severity
-from gpuwatch.remote.sim import Box, SimProcess, h100_sxm, training_process
+from gpuwatch.remote.sim import Box, SimProcess, h100_sxm, kmsg, training_process
 from gpuwatch.remote.store import Store
 from harness.captures import capture
 
@@ -24,12 +24,14 @@ def box_at(tmp_path: Path, gpus: int = 2, **kwargs: object) -> Box:
                uptime_s=86_400.0, **kwargs)  # type: ignore[arg-type]
 
 
-def running(tmp_path: Path, box: Box, *, pid: int = 600, **keys: str) -> Watched:
+def running(tmp_path: Path, box: Box, *, pid: int = 600, cgroup: str = "/", gpu: int = 0,
+            **keys: str) -> Watched:
     work = tmp_path / "run"
     work.mkdir(exist_ok=True)
     (work / "train.log").write_text("step 1 loss 2.3\n")
-    box.add_process(training_process(pid, workdir=str(work), gpu=0, nohup=True))
-    box.add_compute_app(0, pid, "python", 30_000)
+    box.add_process(replace(training_process(pid, workdir=str(work), gpu=gpu, nohup=True),
+                            cgroup=cgroup))
+    box.add_compute_app(gpu, pid, "python", 30_000)
     lines = ["[hosts.gpu1.runs.llama]", 'process = "train.py"', f'workdir = "{work}"',
              'log = "train.log"'] + [f'{k} = "{v}"' for k, v in keys.items()]
     w = Watched(box, host_config("\n".join(lines) + "\n"))
@@ -110,6 +112,156 @@ def test_xid_on_another_gpu_is_not_the_cause(tmp_path: Path) -> None:
     box.remove_process(600)
     w.poll()
     assert dead(w)[0] == "killed"
+
+
+# ---------------------------------------------------------------- whose Xid (U22)
+
+XID43 = ("kern  :warn  : 2025-01-21T02:21:33,502278+00:00 NVRM: Xid (PCI:0000:38:00): 43, "
+         "pid=2815167, name=pt_main_thread, Ch 00000008")
+
+
+def captured_xid43() -> str:
+    """A real Xid line that names its process (gpud's capture of a dmesg with 43s)."""
+    text = capture("system", "dmesg", "gpud__dmesg-decode-iso-xid13-large.log").read_text()
+    assert XID43 in text.splitlines()
+    return XID43
+
+
+def on_bus_38(box: Box) -> None:
+    """GPU 0 at the captured line's PCI address, 0000:38:00."""
+    box.set_gpu(0, {"pci.bus_id": "00000000:38:00.0", "pci.bus": "0x38"})
+
+
+def test_xid_31_naming_another_process_on_its_gpu_is_not_the_cause(tmp_path: Path) -> None:
+    """An MMU fault in someone's browser on the run's (shared) GPU: that process's, not the
+    run's, which died of something else."""
+    box = box_at(tmp_path)
+    w = running(tmp_path, box)
+    box.xid(0, 31, pid=12083, name="chrome")
+    box.remove_process(600)
+    w.poll()
+    assert dead(w)[0] == "killed"
+    assert w.one("gpu.xid").evidence["xids"] == [31]  # the GPU's finding still says it
+
+
+def test_captured_xid_naming_another_process_on_its_gpu_is_not_the_cause(tmp_path: Path
+                                                                          ) -> None:
+    box = box_at(tmp_path)
+    on_bus_38(box)
+    w = running(tmp_path, box)
+    box.append_dmesg(captured_xid43())
+    box.remove_process(600)
+    w.poll()
+    assert dead(w)[0] == "killed"
+
+
+def test_captured_xid_naming_the_runs_pid_is_the_cause(tmp_path: Path) -> None:
+    box = box_at(tmp_path)
+    on_bus_38(box)
+    w = running(tmp_path, box, pid=2815167)
+    box.append_dmesg(captured_xid43())
+    box.remove_process(2815167)
+    w.poll()
+    cause, evidence = dead(w)
+    assert cause == "xid" and evidence["xid"] == 43
+    assert (evidence["pid"], evidence["name"], evidence["gpu"]) == (2815167, "pt_main_thread", 0)
+    assert "pid 2815167 (pt_main_thread)" in w.one("run.dead").message
+
+
+def test_xid_31_naming_the_runs_pid_on_another_gpu_is_the_cause(tmp_path: Path) -> None:
+    """The line's pid is the run's: its own fault, whichever GPU the run was thought to hold."""
+    box = box_at(tmp_path)
+    w = running(tmp_path, box)
+    box.xid(1, 31, pid=600, name="python")
+    box.remove_process(600)
+    w.poll()
+    cause, evidence = dead(w)
+    assert cause == "xid" and (evidence["xid"], evidence["pid"], evidence["name"],
+                               evidence["gpu"]) == (31, 600, "python", 1)
+
+
+def test_a_dead_gpu_kills_the_run_whichever_process_the_line_names(tmp_path: Path) -> None:
+    """U22: Xid 79, the GPU fell off the bus: every process on it goes."""
+    box = box_at(tmp_path)
+    w = running(tmp_path, box)
+    box.xid(0, 79, pid=4242, name="nvidia-smi")
+    box.remove_process(600)
+    w.poll()
+    cause, evidence = dead(w)
+    assert cause == "xid" and evidence["gpu"] == 0 and evidence["pid"] == 4242
+
+
+# ---------------------------------------------------------------- whose cgroup (U9, U41)
+
+OWN_CGROUP = "/user.slice/user-1000.slice/session-3.scope"
+DOCKER = "/system.slice/docker-4f2a9c.scope"
+
+
+def test_oom_counter_of_the_runs_own_cgroup_not_the_probes(tmp_path: Path) -> None:
+    """A run in a Docker container: the probe (an SSH session's cgroup) is in another one,
+    whose counter never moves; the container's does."""
+    box = box_at(tmp_path, cgroup_path=OWN_CGROUP)
+    box.add_cgroup(DOCKER, memory_max=32 << 30)
+    w = running(tmp_path, box, cgroup=DOCKER)
+    box.oom_kill(600)
+    assert box.cgroup["events"]["oom_kill"] == 0  # the probe's own cgroup saw nothing
+    w.poll()
+    cause, evidence = dead(w)
+    assert cause == "oom_cgroup" and evidence["cgroup"] == DOCKER
+    assert (evidence["oom_kill_before"], evidence["oom_kill_now"]) == (0, 1)
+    assert evidence["memory_max_bytes"] == 32 << 30 and evidence["killed_pid"] == 600
+    assert f"memory cgroup {DOCKER} OOM-killed pid 600" in w.one("run.dead").message
+
+
+def test_once_reads_the_dead_runs_cgroup_named_by_the_store(tmp_path: Path) -> None:
+    """Between two cron runs the run died in its container: the second --once has no process
+    to tell it the cgroup; the store carried it from the first."""
+    box = box_at(tmp_path, cgroup_path=OWN_CGROUP)
+    box.add_cgroup(DOCKER, memory_max=32 << 30)
+    work = tmp_path / "run"
+    work.mkdir()
+    (work / "train.log").write_text("step 1\n")
+    box.add_process(replace(training_process(600, workdir=str(work), nohup=True), cgroup=DOCKER))
+    config = (f'[hosts.local]\nssh = "local"\n[hosts.local.runs.llama]\nprocess = "train.py"\n'
+              f'workdir = "{work}"\nlog = "train.log"\n')
+    first = gpuwatch(tmp_path, box, "--once", "--json", config=config)
+    assert first.returncode == 0, first.stderr
+    box.oom_kill(600)
+    second = gpuwatch(tmp_path, box, "--once", "--json", config=config)
+    (run,) = json.loads(second.stdout)["hosts"][0]["runs"]
+    assert run["diagnosis"]["cause"] == "oom_cgroup", second.stderr
+    assert run["diagnosis"]["evidence"]["cgroup"] == DOCKER
+    assert run["diagnosis"]["evidence"]["oom_kill_now"] == 1  # the counter's, not the line's
+
+
+def test_a_memcg_oom_report_is_oom_cgroup_with_its_cgroup_and_limit(tmp_path: Path) -> None:
+    """The 5.x+ report (kmsg.oom_kill, from mm/memcontrol.c's and mm/oom_kill.c's format
+    strings) of a cgroup whose counter this box does not show: the report alone says it."""
+    box = box_at(tmp_path, cgroup_path=OWN_CGROUP)
+    w = running(tmp_path, box, cgroup=DOCKER)
+    box.append_dmesg(*kmsg.oom_kill(box.uptime_s, 600, "python", cgroup=True, memcg=DOCKER,
+                                    limit_kb=16 << 20))
+    box.remove_process(600)
+    w.poll()
+    cause, evidence = dead(w)
+    assert cause == "oom_cgroup" and (evidence["cgroup"], evidence["memory_max_bytes"]) == (
+        DOCKER, 16 << 30)
+    assert (evidence["pid"], evidence["name"]) == (600, "python")
+    assert "16.0 GiB limit" in w.one("run.dead").message
+
+
+def test_an_old_kernels_memcg_oom_report_is_oom_cgroup(tmp_path: Path) -> None:
+    """Before 4.19: 'Task in … killed as a result of limit of …', 'memory: usage …, limit …',
+    'Memory cgroup out of memory: Kill process … or sacrifice child' (kmsg.memcg_oom_v4)."""
+    box = box_at(tmp_path)
+    w = running(tmp_path, box)
+    box.append_dmesg(*kmsg.memcg_oom_v4(box.uptime_s, 600, "python", memcg="/docker/4f2a9c",
+                                        limit_kb=4 << 20))
+    box.remove_process(600)
+    w.poll()
+    cause, evidence = dead(w)
+    assert cause == "oom_cgroup" and (evidence["cgroup"], evidence["memory_max_bytes"]) == (
+        "/docker/4f2a9c", 4 << 30)
 
 
 def test_exception_quotes_the_line_of_a_real_crash_log(tmp_path: Path) -> None:

@@ -72,8 +72,24 @@ def test_snapshot_of_a_fixture_box(box: Box):
     assert xid79.at == BTIME + 4521.118263 and xid79.pci == "0000:3b:00"
     (oom,) = (e for e in snap.kernel_events if e.kind == "oom")
     assert (oom.pid, oom.name, oom.memcg) == (930, "pt_data_worker", True)
+    assert (oom.cgroup, oom.limit_bytes) == ("/user.slice", 16 << 30)
     assert snap.xid_counts == {79: 1, 13: 1}
     assert snap.disks[0].mount == str(box.root.parent) and snap.disks[1].error
+
+
+def test_the_runs_cgroups_and_the_probes_own(box: Box):
+    """A run in a Docker container: its counter is read beside the probe's own (U41)."""
+    docker = "/system.slice/docker-4f2a9c.scope"
+    box.write("proc/830/cgroup", f"0::{docker}\n")
+    box.write(f"sys/fs/cgroup{docker}/memory.events", "max 3\noom 1\noom_kill 1\n")
+    box.write(f"sys/fs/cgroup{docker}/memory.max", "34359738368\n")
+    cg = snapshot(box).cgroup
+    assert cg is not None and cg.path == "/user.slice/user-1000.slice/session-3.scope"
+    ours = cg.counter(docker)
+    assert ours is not None and (ours.oom_kill, ours.memory_max_bytes) == (1, 34359738368)
+    own = cg.counter(cg.path)
+    assert own is not None and (own.oom_kill, own.memory_max_bytes) == (1, None)
+    assert cg.counter("/system.slice/cron.service") is None  # not a run's: not read
 
 
 def test_to_json_uses_the_design_field_names(box: Box):

@@ -32,6 +32,8 @@ from gpuwatch.remote.probe_bundle import (
     strip_source,
 )
 from harness.captures import capture
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 SMI = "nvidia-smi/exporter-captures/linux-x86_64__"
 H100, H100_MIG = SMI + "nvidia-h100-80gb-hbm3__590.48.01", SMI + "nvidia-h100-mig__590.48.01"
@@ -124,6 +126,8 @@ DMESG = """\
 [ 4521.118263] NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
 [ 4522.000101] NVRM: Xid (PCI:0000:9b:00): 13, pid=921, name=python3.10, Graphics Exception: ESR 0x50cfb0=0x12e000e
 [ 5012.554310] python3.10 invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, oom_score_adj=0
+[ 5012.554402] memory: usage 16777216kB, limit 16777216kB, failcnt 402
+[ 5012.554403] swap: usage 0kB, limit 0kB, failcnt 0
 [ 5012.554530] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,oom_memcg=/user.slice,task_memcg=/user.slice/session-3.scope,task=pt_data_worker,pid=930,uid=1000
 [ 5012.554601] Memory cgroup out of memory: Killed process 930 (pt_data_worker) total-vm:9834216kB, anon-rss:8123400kB, file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:16420kB oom_score_adj:0
 """  # noqa: E501
@@ -363,7 +367,8 @@ def test_fixture_box_document(box: Box):
                           "oom_group_kill": 0},
         "cpu_quota_us": 400000, "cpu_period_us": 100000,
         "cpu_stat": {"usage_usec": 982341, "user_usec": 900000, "system_usec": 82341,
-                     "nr_periods": 2914, "nr_throttled": 222, "throttled_usec": 2261444}}
+                     "nr_periods": 2914, "nr_throttled": 222, "throttled_usec": 2261444},
+        "groups": {"fields": ["path", "oom_kill", "memory_max_bytes"], "rows": []}}
     assert doc["logind"] == {"kill_user_processes": False,
                              "source": str(box.etc / "systemd/logind.conf.d/50-keep.conf")}
     xids, ooms = rows(doc["kernel"]["xid"]), rows(doc["kernel"]["oom"])
@@ -371,7 +376,8 @@ def test_fixture_box_document(box: Box):
                                                               (13, 921, "0000:9b:00")]
     assert xids[0]["t_mono_s"] == 4521.118263 and xids[0]["msg"] == "GPU has fallen off the bus."
     assert ooms == [{"t_mono_s": 5012.55453, "t_epoch": None, "pid": 930,
-                     "name": "pt_data_worker", "memcg": True}]
+                     "name": "pt_data_worker", "memcg": True, "cgroup": "/user.slice",
+                     "limit_bytes": 16 << 30}]
     assert doc["kernel"]["xid_counts"] == {"79": 1, "13": 1}
 
 
@@ -451,7 +457,72 @@ def test_cgroup_v1_hierarchy(box: Box):
                       "memory_max_bytes": 17179869184, "memory_events": {"oom_kill": 3},
                       "cpu_quota_us": 250000, "cpu_period_us": 100000,
                       "cpu_stat": {"nr_periods": 13498, "nr_throttled": 12651,
-                                   "throttled_usec": 6807531343}}
+                                   "throttled_usec": 6807531343},
+                      "groups": {"fields": ["path", "oom_kill", "memory_max_bytes"], "rows": []}}
+
+
+DOCKER = "/system.slice/docker-4f2a9c.scope"
+SLURM = "/system.slice/slurmstepd.scope/job_77/step_0"
+
+
+def group_files(box: Box, path: str, oom_kill: int, memory_max: str) -> None:
+    base = "sys/fs/cgroup" + path
+    box.write(f"{base}/memory.events",
+              f"low 0\nhigh 0\nmax 9\noom 1\noom_kill {oom_kill}\noom_group_kill 0\n")
+    box.write(f"{base}/memory.max", memory_max + "\n")
+
+
+def test_the_runs_own_cgroups_are_read_not_only_the_probes(box: Box):
+    """U41: a run in a Docker container (830) and a torchrun's ranks in a Slurm step are
+    OOM-killed in their own cgroups; an idle process's cgroup is not read, nor one
+    this box does not show (another cgroup namespace)."""
+    box.write("proc/830/cgroup", f"0::{DOCKER}\n")
+    for rank in range(1, 8):
+        box.write(f"proc/{920 + rank}/cgroup", f"0::{SLURM}\n")
+    box.write("proc/1100/cgroup", "0::/system.slice/docker-gone.scope\n")  # holds nvidia3
+    box.write("proc/2000/cgroup", "0::/system.slice/cron.service\n")
+    group_files(box, DOCKER, 2, "34359738368")
+    group_files(box, SLURM, 0, "max")
+    group_files(box, "/system.slice/cron.service", 5, "max")
+    groups = rows(probe_doc(box_request(box, want={"gpus": False}), box.env())["cgroup"]["groups"])
+    assert sorted(groups, key=lambda g: g["path"]) == [
+        {"path": DOCKER, "oom_kill": 2, "memory_max_bytes": 34359738368},
+        {"path": SLURM, "oom_kill": 0, "memory_max_bytes": None}]
+
+
+def test_the_cgroups_the_request_names_are_read_though_nothing_lives_there(box: Box):
+    """A run that died since the last poll has no process left to name its cgroup: the request
+    names it (the client's run_cgroups), and its counter says whether it was OOM-killed."""
+    group_files(box, DOCKER, 1, "34359738368")
+    request = box_request(box, want={"gpus": False}, run_cgroups=[DOCKER, 7, "rel/ative"])
+    groups = rows(probe_doc(request, box.env())["cgroup"]["groups"])
+    assert groups == [{"path": DOCKER, "oom_kill": 1, "memory_max_bytes": 34359738368}]
+
+
+def test_the_runs_cgroups_on_cgroup_v1(box: Box):
+    box.write("proc/self/cgroup", "4:memory:/job/7\n3:cpu,cpuacct:/job/7\n0::/\n")
+    box.write("proc/830/cgroup", "4:memory:/slurm/uid_1000/job_8\n3:cpu,cpuacct:/x\n0::/\n")
+    memory = "sys/fs/cgroup/memory/slurm/uid_1000/job_8"
+    box.write(f"{memory}/memory.limit_in_bytes", "9223372036854771712\n")  # v1's "no limit"
+    box.write(f"{memory}/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 4\n")
+    groups = rows(probe_doc(box_request(box, want={"gpus": False}), box.env())["cgroup"]["groups"])
+    assert groups == [{"path": "/slurm/uid_1000/job_8", "oom_kill": 4, "memory_max_bytes": None}]
+
+
+def test_the_runs_cgroups_read_are_bounded(box: Box):
+    """A box where every GPU holder sits in its own container: only the first few are read."""
+    for rank in range(1, 8):
+        path = f"/kubepods.slice/pod{rank}.slice"
+        box.write(f"proc/{920 + rank}/cgroup", f"0::{path}\n")
+        group_files(box, path, rank, "max")
+    box.write("proc/830/cgroup", f"0::{DOCKER}\n")
+    group_files(box, DOCKER, 0, "max")
+    box.write("proc/1100/cgroup", "0::/kubepods.slice/pod-other.slice\n")
+    group_files(box, "/kubepods.slice/pod-other.slice", 0, "max")
+    groups = rows(probe_doc(box_request(box, want={"gpus": False}), box.env())["cgroup"]["groups"])
+    assert len(groups) == probe.RUN_CGROUPS == 8  # of 9 cgroups, each of runs' processes
+    assert {g["path"] for g in groups} < {DOCKER, "/kubepods.slice/pod-other.slice"} | {
+        f"/kubepods.slice/pod{rank}.slice" for rank in range(1, 8)}
 
 
 # ---------------------------------------------------------------- nvidia-smi behaviours
@@ -871,6 +942,108 @@ def test_captured_oom_kill_lines():
     assert ooms[863987]["name"] == "node" and ooms[863987]["memcg"] is True
     assert ooms[456]["name"] == "python" and ooms[123]["name"] == "httpd"
     assert all(o["t_epoch"] for o in ooms.values())
+
+
+KUBEPOD = ("/lxc.payload.ny2g2r5hh3-lxc/kubepods.slice/kubepods-burstable.slice/"
+           "kubepods-burstable-poda8697f49_441d_4d4f_90d2_6d8e1fa3bbe7.slice")
+
+
+def test_captured_memcg_oom_names_its_cgroup():
+    """The real Kubernetes report: oom_memcg= is the pod's cgroup, whose limit was hit."""
+    ooms = {o["pid"]: o for o in kernel_capture("gpud__dmesg-decode-iso-xid13-oom.log")["oom"]}
+    assert ooms[863987]["cgroup"] == KUBEPOD and ooms[863987]["limit_bytes"] is None
+    assert ooms[456]["memcg"] is False and ooms[456]["cgroup"] is None
+
+
+# Memory cgroup OOM reports, written by us from the kernel's own format strings: mm/memcontrol.c
+# mem_cgroup_print_oom_meminfo ("memory: usage %llukB, limit %llukB, failcnt %lu", "swap: …",
+# "Memory cgroup stats for PATH:") and, before 4.19, mem_cgroup_print_oom_info ("Task in PATH
+# killed as a result of limit of PATH"); mm/oom_kill.c dump_oom_summary ("oom-kill:constraint=%s,
+# nodemask=%*pbl", ",cpuset=%s,mems_allowed=%*pbl", ",oom_memcg=PATH,task_memcg=PATH",
+# ",task=%s,pid=%d,uid=%d"; 4.19 printed the memcg part first and pid=%5d), __oom_kill_process
+# ("%s: Killed process %d (%s) total-vm:%lukB, …") and, before 5.1, oom_kill_process ("%s: Kill
+# process %d (%s) score %u or sacrifice child").
+MEMCG_REPORT_6X = """\
+[ 7301.100200] pt_data_worker invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, oom_score_adj=0
+[ 7301.100390] memory: usage 33554432kB, limit 33554432kB, failcnt 8812
+[ 7301.100391] swap: usage 0kB, limit 0kB, failcnt 0
+[ 7301.100392] Memory cgroup stats for /system.slice/docker-4f2a9c.scope:
+[ 7301.100530] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=docker-4f2a9c.scope,mems_allowed=0-1,oom_memcg=/system.slice/docker-4f2a9c.scope,task_memcg=/system.slice/docker-4f2a9c.scope,task=pt_data_worker,pid=4242,uid=1000
+[ 7301.100601] Memory cgroup out of memory: Killed process 4242 (pt_data_worker) total-vm:9834216kB, anon-rss:8123400kB, file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:16420kB oom_score_adj:0
+"""  # noqa: E501
+MEMCG_REPORT_419 = """\
+[  812.004100] memory: usage 8388608kB, limit 8388608kB, failcnt 77
+[  812.004101] memory+swap: usage 8388608kB, limit 9007199254740988kB, failcnt 0
+[  812.004102] kmem: usage 30720kB, limit 9007199254740988kB, failcnt 0
+[  812.004300] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),oom_memcg=/slurm/uid_1000/job_8,task_memcg=/slurm/uid_1000/job_8/step_0,cpuset=/,mems_allowed=0,task=python,pid=  931,uid= 1000
+[  812.004400] Memory cgroup out of memory: Killed process 931 (python) total-vm:12345678kB, anon-rss:8000000kB, file-rss:0kB, shmem-rss:0kB
+"""  # noqa: E501
+MEMCG_REPORT_4X = """\
+[  301.500100] Task in /docker/4f2a9c killed as a result of limit of /docker/4f2a9c
+[  301.500101] memory: usage 4194304kB, limit 4194304kB, failcnt 19
+[  301.500102] memory+swap: usage 4194304kB, limit 9007199254740988kB, failcnt 0
+[  301.500103] kmem: usage 0kB, limit 9007199254740988kB, failcnt 0
+[  301.500104] Memory cgroup stats for /docker/4f2a9c: cache:0KB rss:4194304KB
+[  301.500200] Memory cgroup out of memory: Kill process 2718 (python) score 1000 or sacrifice child
+[  301.500201] Killed process 2718 (python) total-vm:8000000kB, anon-rss:4190000kB, file-rss:0kB, shmem-rss:0kB
+"""  # noqa: E501
+
+
+@pytest.mark.parametrize(("report", "pid", "cgroup", "limit_kb"), [
+    (MEMCG_REPORT_6X, 4242, "/system.slice/docker-4f2a9c.scope", 33554432),
+    (MEMCG_REPORT_419, 931, "/slurm/uid_1000/job_8", 8388608),
+    (MEMCG_REPORT_4X, 2718, "/docker/4f2a9c", 4194304),
+], ids=["6.x", "4.19", "4.x"])
+def test_memcg_oom_report_gives_the_cgroup_and_its_limit(report, pid, cgroup, limit_kb):
+    (oom,) = rows(probe.parse_kernel_log(report.splitlines(), 8, 160)["oom"])
+    assert (oom["pid"], oom["memcg"], oom["cgroup"], oom["limit_bytes"]) == (
+        pid, True, cgroup, limit_kb * 1024)
+
+
+def test_a_global_oom_after_a_lost_memcg_kill_is_not_the_cgroups():
+    """A memcg report whose kill line never came (rate-limited) says nothing of a global OOM a
+    minute later."""
+    lines = [*MEMCG_REPORT_6X.splitlines()[:4],
+             "[ 7390.000001] Out of memory: Killed process 77 (java) total-vm:1kB, "
+             "anon-rss:1kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:1kB oom_score_adj:0"]
+    (oom,) = rows(probe.parse_kernel_log(lines, 8, 160)["oom"])
+    assert (oom["pid"], oom["memcg"], oom["cgroup"], oom["limit_bytes"]) == (77, False, None,
+                                                                              None)
+
+
+KERNEL_BITS = st.sampled_from([
+    "[  12.500000] ", "[Sun Feb 23 16:24:18 2025] ", "[Mon Feb 31 99:99:99 2025] ",
+    "2025-01-21T08:46:30,287197+00:00 ", "2025-13-45T25:61:61,1+99:99 ", "kern  :warn  : ",
+    "6,3964,206764307,-;", "6,1,99999999999999999999999,-;", "gpu1 kernel: ",
+    "NVRM: Xid (PCI:", "0000:3b:00", ":::", "): ", "31", ", pid=", "'<unknown>'", "12083",
+    ", name=", "chrome", "<unknown>", ", ", "MMU Fault",
+    "oom-kill:constraint=", "CONSTRAINT_MEMCG", "CONSTRAINT_NONE", ",nodemask=(null)",
+    ",oom_memcg=", ",task_memcg=", ",cpuset=", ",global_oom", ",task=", ",pid=", "  931",
+    ",uid=", "/docker/4f2a", "memory: usage ", "kB, limit ", "9007199254740988", "kB",
+    "Task in ", " killed as a result of limit of ", "Memory cgroup out of memory",
+    "Out of memory", ": Killed process ", ": Kill process ", " (", ")", " or sacrifice child",
+    "9" * 5000, "\x00", "\udcff", "\u202e", "\n"])
+KERNEL_LINE = st.lists(KERNEL_BITS | st.text(max_size=6), max_size=14).map("".join)
+
+
+@settings(derandomize=True, max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(lines=st.lists(KERNEL_LINE, max_size=12), keep=st.integers(1, 4))
+def test_the_kernel_log_parser_takes_any_lines(lines: list[str], keep: int) -> None:
+    """Box text: whatever the lines, the parser raises nothing, keeps at most `keep` rows of
+    each kind and gives rows of the documented shape and types (through the model too)."""
+    parsed = probe.parse_kernel_log(lines, keep, 160)
+    assert parsed["xid"]["fields"] == list(probe.XID_FIELDS)
+    assert parsed["oom"]["fields"] == list(probe.OOM_FIELDS)
+    assert len(parsed["xid"]["rows"]) <= keep and len(parsed["oom"]["rows"]) <= keep
+    for xid in rows(parsed["xid"]):
+        assert isinstance(xid["xid"], int) and (xid["pid"] is None or isinstance(xid["pid"], int))
+        assert len(xid["msg"]) <= 160
+    for oom in rows(parsed["oom"]):
+        assert isinstance(oom["pid"], int) and isinstance(oom["memcg"], bool)
+        assert oom["cgroup"] is None or len(oom["cgroup"]) <= probe.CGROUP_CHARS
+        assert oom["limit_bytes"] is None or 0 <= oom["limit_bytes"] < probe.V1_UNLIMITED_BYTES
+    json.dumps(parsed)  # goes on the wire as it is
 
 
 def test_other_kernel_log_formats_parse_without_events():

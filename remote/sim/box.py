@@ -5,7 +5,8 @@ Layout (tests/harness/README.md is the contract)::
     BOX/proc/  GPUWATCH_PROCFS: stat, uptime, loadavg, sys/kernel/{random/boot_id,hostname},
                self/cgroup, mounts, and per process
                <pid>/{stat,status,cmdline,comm,environ,cgroup,cwd,fd/N}
-    BOX/sys/   GPUWATCH_SYSFS: fs/cgroup/ (cgroup v2 memory.*, cpu.*, pids.*)
+    BOX/sys/   GPUWATCH_SYSFS: fs/cgroup/ (cgroup v2 memory.*, cpu.*, pids.*; the groups of
+               add_cgroup, memory.*, under their paths)
     BOX/bin/   nvidia-smi and dmesg stand-ins (python3 scripts)
     BOX/sim/   gpus.json and dmesg.log, re-read by the stand-ins on every call
 
@@ -222,6 +223,8 @@ class Box:
                                      "oom_group_kill"), 0),
             "usage_usec": 0, "nr_periods": 0, "nr_throttled": 0, "throttled_usec": 0,
         }
+        self.groups: dict[str, dict[str, Any]] = {}
+        """Other cgroups than the probe's own (add_cgroup): a container's, a Slurm job's."""
         self.processes: dict[int, SimProcess] = {}
         self.dmesg_lines: list[str] = []
         for d in ("bin", "sim", "dev", "sys/fs/cgroup") + (() if real_proc else ("proc",)):
@@ -373,24 +376,53 @@ class Box:
             self.cgroup["cpu_quota_us"] = cpu_quota_us
         self._write_cgroup()
 
+    def add_cgroup(self, path: str, *, memory_max: int | None = None) -> None:
+        """Another cgroup v2 than the probe's own, for processes whose `cgroup` names it (a
+        Docker container's scope, a Slurm job's): its memory.events, memory.max and
+        memory.current under sys/fs/cgroup/<path>/."""
+        self.groups[path] = {"memory.max": memory_max, "memory.current": 0,
+                             "events": dict.fromkeys(("low", "high", "max", "oom", "oom_kill",
+                                                      "oom_group_kill"), 0)}
+        self._write_groups()
+
     def oom_kill(self, victim: SimProcess | int | None = None, *, kernel: bool = False,
                  remove: bool = True) -> None:
         """A cgroup OOM kill (U41): bump memory.events max/oom/oom_kill, log it, drop the pid.
 
+        The counters bumped are those of the victim's cgroup (add_cgroup) and, where it lies
+        in the probe's own or under it, the probe's (v2 counts a cgroup's descendants too).
         kernel=True is a whole-machine OOM instead: the kernel log only, the counter stays.
         """
         proc = self.processes.get(victim) if isinstance(victim, int) else victim
+        group = self.groups.get(proc.cgroup) if proc is not None else None
         if not kernel:
-            events = self.cgroup["events"]
-            for key in ("max", "oom", "oom_kill"):
-                events[key] += 1
-            self._write_cgroup()
+            own = self.cgroup_path.rstrip("/") + "/"
+            if group is None or (proc is not None and (proc.cgroup + "/").startswith(own)):
+                for key in ("max", "oom", "oom_kill"):
+                    self.cgroup["events"][key] += 1
+                self._write_cgroup()
+            if group is not None:
+                for key in ("max", "oom", "oom_kill"):
+                    group["events"][key] += 1
+                self._write_groups()
         if proc is not None:
+            limit = (group or self.cgroup)["memory.max"]
             self.append_dmesg(*kmsg.oom_kill(self.uptime_s, proc.pid, proc.name, uid=proc.uid,
                                              anon_rss_kb=proc.rss_kb, cgroup=not kernel,
-                                             memcg=proc.cgroup))
+                                             memcg=proc.cgroup,
+                                             limit_kb=None if limit is None else limit // 1024))
             if remove and proc.pid in self.processes:
                 self.remove_process(proc.pid)
+
+    def _write_groups(self) -> None:
+        for path, c in self.groups.items():
+            cg = self.root / "sys/fs/cgroup" / path.lstrip("/")
+            cg.mkdir(parents=True, exist_ok=True)
+            _atomic_write(cg / "memory.current", f"{c['memory.current']}\n")
+            _atomic_write(cg / "memory.max", ("max" if c["memory.max"] is None
+                                              else str(c["memory.max"])) + "\n")
+            _atomic_write(cg / "memory.events",
+                          "".join(f"{k} {v}\n" for k, v in c["events"].items()))
 
     def _write_cgroup(self) -> None:
         cg = self.root / "sys/fs/cgroup"
@@ -443,9 +475,11 @@ class Box:
         self.uptime_s = 30.0
         self.boot_id = boot_id or str(uuidlib.uuid4())
         self.dmesg_lines = []
-        for k in self.cgroup["events"]:
-            self.cgroup["events"][k] = 0
+        for events in [self.cgroup["events"]] + [g["events"] for g in self.groups.values()]:
+            for k in events:
+                events[k] = 0
         self.cgroup["usage_usec"] = 0
+        self._write_groups()
         for gpu in self.gpus:
             gpu.update({"memory.used": 0, "utilization.gpu": 0 if gpu.get("utilization.gpu")
                         is not None else None, "clocks_event_reasons.active": 0x1})

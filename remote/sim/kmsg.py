@@ -45,12 +45,16 @@ def xid(uptime_s: float, bus_id: str, code: int, *, pid: int | None = None,
 
 def oom_kill(uptime_s: float, pid: int, comm: str, *, uid: int = 1000,
              total_vm_kb: int = 98765432, anon_rss_kb: int = 61234567, cgroup: bool = False,
-             memcg: str = "/") -> list[str]:
+             memcg: str = "/", limit_kb: int | None = None) -> list[str]:
     """The OOM killer's lines: the constraint, then the kill (kernel 5.x+ wording).
 
-    cgroup=True is a memory cgroup OOM (the limit of memcg was hit, U41), else the kernel's.
+    cgroup=True is a memory cgroup OOM (the limit of memcg was hit, U41), else the kernel's;
+    with limit_kb it starts with mm/memcontrol.c's "memory: usage %llukB, limit %llukB, failcnt
+    %lu", as a real memory cgroup report does.
     """
     ts = stamp(uptime_s)
+    usage = ([f"{ts} memory: usage {limit_kb}kB, limit {limit_kb}kB, failcnt 1"]
+             if cgroup and limit_kb is not None else [])
     if cgroup:
         constraint = ("oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,"
                       f"mems_allowed=0,oom_memcg={memcg},task_memcg={memcg},task={comm},"
@@ -64,4 +68,26 @@ def oom_kill(uptime_s: float, pid: int, comm: str, *, uid: int = 1000,
     kill = (f"{verb}: Killed process {pid} ({comm}) total-vm:{total_vm_kb}kB, "
             f"anon-rss:{anon_rss_kb}kB, file-rss:0kB, shmem-rss:0kB, UID:{uid} "
             "pgtables:123456kB oom_score_adj:0")
-    return [f"{ts} {constraint}", f"{ts} {kill}"]
+    return [*usage, f"{ts} {constraint}", f"{ts} {kill}"]
+
+
+def memcg_oom_v4(uptime_s: float, pid: int, comm: str, *, memcg: str, limit_kb: int,
+                 task_memcg: str | None = None, score: int = 1000,
+                 total_vm_kb: int = 98765432, anon_rss_kb: int = 61234567) -> list[str]:
+    """A memory cgroup OOM report as kernels before 4.19 printed it (no "oom-kill:" line):
+    mm/memcontrol.c's "Task in %s killed as a result of limit of %s" and "memory: usage
+    %llukB, limit %llukB, failcnt %lu" (v1: then memory+swap and kmem), then mm/oom_kill.c's
+    "%s: Kill process %d (%s) score %u or sacrifice child" and "Killed process %d (%s)
+    total-vm:%lukB, anon-rss:%lukB, file-rss:%lukB, shmem-rss:%lukB"."""
+    ts = stamp(uptime_s)
+    return [
+        f"{ts} Task in {task_memcg or memcg} killed as a result of limit of {memcg}",
+        f"{ts} memory: usage {limit_kb}kB, limit {limit_kb}kB, failcnt 7",
+        f"{ts} memory+swap: usage {limit_kb}kB, limit 9007199254740988kB, failcnt 0",
+        f"{ts} kmem: usage 20480kB, limit 9007199254740988kB, failcnt 0",
+        f"{ts} Memory cgroup stats for {memcg}: cache:0KB rss:{limit_kb}KB",
+        f"{ts} Memory cgroup out of memory: Kill process {pid} ({comm}) score {score} or "
+        "sacrifice child",
+        f"{ts} Killed process {pid} ({comm}) total-vm:{total_vm_kb}kB, anon-rss:{anon_rss_kb}kB, "
+        "file-rss:0kB, shmem-rss:0kB",
+    ]
