@@ -37,7 +37,8 @@ SLEEPER = "import time\nprint('step 0', flush=True)\nwhile True:\n    time.sleep
 # forks a dataloader-like worker (same command line, its parent's open files).
 LAUNCHER = r'''
 import os, subprocess, sys, time
-RANK = "import os, sys, time\nif sys.argv[1] == '0' and os.fork() == 0:\n    time.sleep(600)\nprint('ready', flush=True)\ntime.sleep(600)\n"
+RANK = ("import os, sys, time\nif sys.argv[1] == '0' and os.fork() == 0:\n"
+        "    time.sleep(600)\nprint('ready', flush=True)\ntime.sleep(600)\n")
 env = dict(os.environ, TORCHELASTIC_RUN_ID="gw-" + str(os.getpid()))
 ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(r)], cwd="/", env=env,
                           stdout=subprocess.PIPE, start_new_session=True) for r in range(2)]
