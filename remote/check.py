@@ -106,7 +106,7 @@ def healthy(outcome: PollOutcome, startup_s: float | None = None,
 
 
 def loose_runs(host: HostConfig, snap: HostSnapshot) -> list[str]:
-    """A run with a `process` and no `workdir` is matched loosely (probe.run_matches): any
+    """A run with a `process` and no `workdir` is matched loosely (probe.match_runs): any
     process whose command line holds that word, in any folder, of any user, is counted as the
     run, so another `train.py` ending reads as this run's rank dying. Say so, with the
     folders and users it matches now when they are more than one, and the fix."""
