@@ -123,7 +123,7 @@ def loose_runs(host: HostConfig, snap: HostSnapshot) -> list[str]:
                    f"{'s' * (len(cwds) != 1)} ({', '.join(cwds[:4])}"
                    f"{', ...' if len(cwds) > 4 else ''}) of {', '.join(users[:4])}.")
         out.append(
-            f"{host.name}: run {run.name} has `process = {json.dumps(run.process)}` but no "
+            f"{host.name}: run {run.name} has `process = \"{run.process}\"` but no "
             "`workdir`, so its matching is loose: any process whose command line holds that "
             "word counts as the run, another folder's or another user's too (one of them "
             f"ending would read as a rank of this run dying).{now} Set `workdir` to the run's "
