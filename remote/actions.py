@@ -124,8 +124,10 @@ class LaunchSpec:
     scripts: tuple[str, ...]
     """Words of the command that may be a launch script (U2: checked on the box)."""
     in_workdir: bool = False
-    """A process counts as the run only when its cwd is the workdir too (a discovered run: its
-    pattern is just its script's name, and another folder's train.py is another run)."""
+    """A process counts as the run only when its cwd is the workdir itself (a discovered run:
+    its pattern is just its script's name, and another folder's train.py is another run);
+    else (a configured run) when its cwd is the workdir or under it, or the argument that
+    matched names a file there, as the probe decides (probe.match_runs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,7 +411,7 @@ def plan_relaunch(host: HostConfig, run_name: str, history: HostHistory,
             f"run {run.name} has no `process` pattern in the config, so gpuwatch cannot tell "
             "whether it is still alive before starting another copy"))
     scripts = _script_words(run.relaunch)
-    snap, why = _relaunch_blocked(host, run.name, history, scripts)
+    snap, why = _relaunch_blocked(host, run.name, history, scripts, run.workdir)
     if snap is None:
         return _refused("relaunch", host, why or "no snapshot")
     series = history.runs.get(run.name)
@@ -449,7 +451,7 @@ def _plan_relaunch_discovered(host: HostConfig, launch: LaunchRecord,
         return _refused("relaunch", host, (
             f"run {name} was recorded without a command-line pattern, so gpuwatch cannot tell "
             "whether it is still alive before starting another copy; add it to the config"))
-    snap, why = _relaunch_blocked(host, name, history, launch.scripts)
+    snap, why = _relaunch_blocked(host, name, history, launch.scripts, launch.cwd)
     if snap is None:
         return _refused("relaunch", host, why or "no snapshot")
     series = history.runs.get(name)
@@ -503,10 +505,12 @@ RELAUNCH_BLOCKING_GPU_ERRORS = {
 
 
 def _relaunch_blocked(host: HostConfig, name: str, history: HostHistory,
-                      scripts: Sequence[str]) -> tuple[HostSnapshot | None, str | None]:
+                      scripts: Sequence[str], workdir: str
+                      ) -> tuple[HostSnapshot | None, str | None]:
     """The fresh snapshot when nothing forbids starting run `name` again; else (None, why): no
     fresh snapshot, a process of the run alive (U4), or its launch script being executed by
-    a shell (U2)."""
+    a shell (U2). Only the run's own processes are named: those the probe gave the run
+    (probe.match_runs) and shells running the run's own script file."""
     snap, why = _current(history)
     if snap is None:
         return None, why
@@ -525,16 +529,36 @@ def _relaunch_blocked(host: HostConfig, name: str, history: HostHistory,
         argv0 = os.path.basename(p.cmd.split(" ", 1)[0]) if p.cmd else ""
         if p.zombie or (p.comm not in SHELLS and argv0 not in SHELLS):
             continue
-        words = p.cmd.split()[1:]
-        # Script-like words only (a file name with an extension, or a path): `python` in a
-        # shell's argv says nothing. The box checks open files and argv for real.
-        hit = next((s for s in scripts if ("." in os.path.basename(s) or "/" in s) and (
-            s in words or any(w.endswith("/" + s.lstrip("./")) for w in words))), None)
+        hit = _runs_script(p, scripts, workdir)
         if hit is not None:
             return None, (f"{hit} is being executed by pid {p.pid} ({p.cmd}): a shell reads "
                           "its script as it goes, so a second start now risks a duplicate run "
                           "(U2); end it first")
     return snap, None
+
+
+def _runs_script(shell: ProcessInfo, scripts: Sequence[str], workdir: str) -> str | None:
+    """Which of the run's scripts (words of its command, relative to its workdir) the shell's
+    arguments name as the same file: a word resolved against the shell's cwd, never a word
+    that only looks alike (another folder's run.sh is another run's). Script-like words only
+    (a file name with an extension, or a path): `python` in a shell's argv says nothing. The
+    box checks open files and argv for real, symlinks resolved (actions_box.still_running)."""
+    words = shell.cmd.split()[1:]
+    for s in scripts:
+        if "." not in os.path.basename(s) and "/" not in s:
+            continue
+        if s.startswith("~") or workdir.startswith("~"):  # the box's home: not known here
+            target = None
+        else:
+            target = os.path.normpath(os.path.join(workdir, s))
+        for w in words:
+            if target is None:
+                if w == s:
+                    return s
+            elif (w.startswith("/") or shell.cwd) and \
+                    os.path.normpath(os.path.join(shell.cwd or "/", w)) == target:
+                return s
+    return None
 
 
 # ---------------------------------------------------------------- sending

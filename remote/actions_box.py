@@ -28,8 +28,10 @@ Requests (unknown keys are ignored):
      "workdir": str, "log": str, "command": str, "env": {NAME: value}, "detach": "tmux" |
      "setsid", "session": str, "settle_s": float, "in_workdir": bool}
 
-        Refuses while a process whose command line matches `process` (the probe's whole-word
-        match; with in_workdir, one whose cwd is the workdir too) is alive, or while a shell
+        Refuses while a process of the run is alive: one whose arguments match `process`
+        (the probe's argv_match) and whose cwd is the workdir or under it, or whose matching
+        argument names a file there (the probe's in_folder; with in_workdir, a discovered
+        run's, the cwd must be the workdir itself), or while a shell
         has one of `scripts` open or in its argv (U2). Then starts `command` detached: in a
         new tmux session when asked and tmux is here, else under setsid + nohup; either way
         through a private 0600 script that deletes itself, exports the env and
@@ -354,9 +356,41 @@ def op_signal(req: dict, out: dict) -> dict:
 
 # ---------------------------------------------------------------- relaunch
 
-def run_pattern(text: str) -> "re.Pattern":
-    """The probe's match: whole command-line words, a path prefix allowed."""
-    return re.compile(r"(?:^|[\s/])" + re.escape(text) + r"(?:$|\s)")
+def argv_match(argv: "list", words: "list") -> "list | None":
+    """The probe's match (probe.argv_match, the same rule: keep them one): the arguments of
+    argv where the words of a run's `process` stand in a row, each the word or ending in
+    "/" + it; one argument only (a title rewritten in place) is read word by word."""
+    if len(argv) == 1:
+        argv = argv[0].split()
+    n = len(words)
+    for i in range(len(argv) - n + 1):  # no zip(strict=): Python 3.6 on the box
+        if all(argv[i + j] == w or argv[i + j].endswith("/" + w) for j, w in enumerate(words)):
+            return argv[i:i + n]
+    return None
+
+
+def within(path: bytes, root: bytes) -> bool:
+    return path == root or path.startswith(root.rstrip(b"/") + b"/")
+
+
+def in_run_folder(pid: int, args: "list", workdir: bytes, exact: bool) -> bool:
+    """The probe's in_folder: the process's cwd is the run's folder (exact: a discovered run,
+    whose folder is its launcher's cwd) or under it, or, not exact, the argument that matched
+    names a file in it. Compared as the box's bytes, the folder with its symlinks resolved
+    (as /proc shows a cwd) and as written."""
+    roots = {os.path.realpath(workdir), os.path.normpath(os.path.abspath(workdir))}
+    cwd = read_cwd(pid)
+    if cwd is not None and (cwd in roots if exact else any(within(cwd, r) for r in roots)):
+        return True
+    if exact:
+        return False
+    for arg in args:
+        raw = fs_bytes(arg)
+        if b"/" in raw and (cwd is not None or raw.startswith(b"/")):
+            path = os.path.normpath(os.path.join(cwd or b"/", raw))
+            if any(within(path, r) for r in roots):
+                return True
+    return False
 
 
 def expand(path: bytes, base: bytes) -> bytes:
@@ -385,31 +419,35 @@ def open_fds_to(pid: int, paths: "set") -> "list":
 def still_running(req: dict, workdir: bytes) -> "str | None":
     """Why the run must not be started again now, or None (U2: a shell mid-script too).
     Paths compared as bytes: a script or folder whose name is not UTF-8 is still found."""
-    pattern = run_pattern(str(req["process"])) if req.get("process") else None
+    words = str(req.get("process") or "").split()
     scripts = {}
     for word in req.get("scripts") or []:
         path = os.path.realpath(expand(fs_bytes(str(word)), workdir))
         if os.path.isfile(path) and not is_binary(path):  # an interpreter is not a script
             scripts[path] = str(word)
     family = own_family()
-    here = os.path.realpath(workdir) if req.get("in_workdir") else None
     for pid, st in sorted(all_stats().items()):
         if pid in family or st["state"] in ("Z", "X"):
             continue
         raw_argv = cmdline_bytes(pid)
         argv = [a.decode("utf-8", "replace") for a in raw_argv]
         text = " ".join(argv)
-        if pattern is not None and pattern.search(text) and (
-                here is None or os.path.realpath(read_cwd(pid) or b"") == here):
+        args = argv_match([a.decode("utf-8", "surrogateescape") for a in raw_argv],
+                          words) if words else None
+        if args is not None and in_run_folder(pid, args, workdir, bool(req.get("in_workdir"))):
             return (f"run {req.get('run')} is still running: pid {pid} ({text[:200]}) "
-                    f"matches its process pattern {req.get('process')!r}")
+                    f"matches its process pattern {req.get('process')!r} in "
+                    f"{fs_text(workdir)}")
         if not scripts:
             continue
         held = open_fds_to(pid, set(scripts))
         is_shell = os.path.basename(argv[0]) if argv else ""
         if is_shell in SHELLS or st["comm"] in SHELLS:
+            cwd = read_cwd(pid)  # unreadable (another user's): only an absolute path counts
             for arg in raw_argv[1:]:
-                resolved = os.path.realpath(expand(arg, read_cwd(pid) or workdir))
+                if cwd is None and not arg.startswith((b"/", b"~")):
+                    continue
+                resolved = os.path.realpath(expand(arg, cwd or b"/"))
                 if resolved in scripts:
                     held.append(resolved)
         if held:

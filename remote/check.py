@@ -20,7 +20,7 @@ from typing import Any
 
 from .collect import Collector, PollOutcome, ssh_files
 from .config import HostConfig
-from .model import ProbeError, load_document
+from .model import HostSnapshot, ProbeError, load_document
 from .poller import OpeningLimiter, poll_all_once
 
 STARTUP_WARN_S = 0.05
@@ -87,6 +87,7 @@ def healthy(outcome: PollOutcome, startup_s: float | None = None,
     for section, error in sorted(snap.section_errors.items()):
         what = "the GPUs" if section.startswith("gpus") else f"its {section} section"
         warnings.append(f"{host.name}: the probe could not read {what}: {_sentence(error)}")
+    warnings += loose_runs(host, snap)
     if startup_s is not None and startup_s > STARTUP_WARN_S:
         warnings.append(
             f"{host.name}: every SSH command pays {_ms(startup_s)} before it starts (shell "
@@ -97,6 +98,32 @@ def healthy(outcome: PollOutcome, startup_s: float | None = None,
         warnings.append(f"{host.name}: a second connection (a bare `true`, to time the shell "
                         f"startup) failed: {_sentence(startup_error)}")
     return HostCheck(host, True, lines, warnings, outcome, startup_s)
+
+
+def loose_runs(host: HostConfig, snap: HostSnapshot) -> list[str]:
+    """A run with a `process` and no `workdir` is matched loosely (probe.match_runs): any
+    process whose command line holds that word, in any folder, of any user, is counted as the
+    run, so another `train.py` ending reads as this run's rank dying. Say so, with the
+    folders and users it matches now when they are more than one, and the fix."""
+    out = []
+    for run in host.runs:
+        if not run.process or run.workdir:
+            continue
+        procs = [p for p in snap.processes if p.run == run.name and not p.zombie]
+        cwds = sorted({p.cwd or "?" for p in procs})
+        users = sorted({p.user for p in procs})
+        now = ""
+        if len(cwds) > 1 or len(users) > 1:
+            now = (f" It matches {len(procs)} processes now, in {len(cwds)} folder"
+                   f"{'s' * (len(cwds) != 1)} ({', '.join(cwds[:4])}"
+                   f"{', ...' if len(cwds) > 4 else ''}) of {', '.join(users[:4])}.")
+        out.append(
+            f"{host.name}: run {run.name} has `process = \"{run.process}\"` but no "
+            "`workdir`, so its matching is loose: any process whose command line holds that "
+            "word counts as the run, another folder's or another user's too (one of them "
+            f"ending would read as a rank of this run dying).{now} Set `workdir` to the run's "
+            "folder: then only processes working there, and their children, are the run.")
+    return out
 
 
 async def check_hosts(hosts: Sequence[HostConfig], *,

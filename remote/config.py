@@ -85,8 +85,12 @@ class RunConfig:
 
     name: str
     process: str | None = None
-    """Substring matched against process command lines."""
+    """Matched against each process's arguments: an argument equal to it or ending in
+    "/" + it (several words: arguments in a row). See probe.match_runs."""
     workdir: str | None = None
+    """With `process`: the run is the matching processes that work in this folder (cwd here or
+    under it, or the matching argument a file here) and their descendants. Without: any
+    matching command line on the box (loose; `gpuwatch check` says so)."""
     log: str | None = None
     events: str | None = None
     """TensorBoard event files: a file or a folder searched recursively."""

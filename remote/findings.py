@@ -291,8 +291,9 @@ class HostHistory:
                 self.new_deaths.add(sample.name)
                 continue
             ranks = _ranks(prev.pids, before)
-            dead_ranks = [pid for pid in ranks if pid in gone]
-            survivors = [pid for pid in ranks if pid not in gone]
+            dead_ranks, survivors = _one_job(
+                [pid for pid in ranks if pid in gone], [pid for pid in ranks if pid not in gone],
+                prev.pids, before)
             if len(ranks) >= 2 and dead_ranks and survivors:
                 d = diagnose(before, now, dead_ranks, tail=known.tail, log_changed=log_changed,
                              gpus=_gpus_of(dead_ranks, before))
@@ -372,16 +373,41 @@ def _gpus_of(pids: Iterable[int], snap: HostSnapshot) -> set[int]:
 
 def _ranks(pids: Iterable[int], snap: HostSnapshot) -> list[int]:
     """Seed 002: the run's processes that are ranks, not dataloader workers. A rank holds a
-    CUDA context (the driver lists it); without the driver's list, a process whose parent is
-    not a run process with the same command line (a forked worker has its parent's)."""
+    CUDA context (the driver lists it); without the driver's list, a process with /dev/nvidia*
+    open, else any, whose parent is not a run process with the same command line (a forked
+    worker has its parent's, and its open files too)."""
     table = _table(snap)
     procs = [table[p] for p in pids if p in table]
     listed = [p.pid for p in procs if p.gpu_index is not None]
     if listed:
         return listed
     run_pids = {p.pid for p in procs}
-    return [p.pid for p in procs
-            if not (p.ppid in run_pids and table[p.ppid].cmd == p.cmd)]
+    forked = {p.pid for p in procs if p.ppid in run_pids and table[p.ppid].cmd == p.cmd}
+    # A run's processes include all its descendants (probe.match_runs): a helper it starts
+    # (a tracker's service, a git call) is no rank. Those with /dev/nvidia* open are.
+    holding = [p.pid for p in procs if p.nvidia_devs and p.pid not in forked]
+    return holding or [p.pid for p in procs if p.pid not in forked]
+
+
+def _one_job(dead: list[int], alive: list[int], pids: Iterable[int],
+             snap: HostSnapshot) -> tuple[list[int], list[int]]:
+    """Seed 002 needs the dead rank and the survivors to be ranks of one job: the dead ranks
+    that share a launcher (the top of their tree among the run's processes) or a session with
+    a survivor, and those survivors. Two `train.py` a loose `process` pattern matched in two
+    folders are two jobs: one ending leaves the other no collective to hang in."""
+    table = _table(snap)
+    members = set(pids)
+
+    def job(pid: int) -> set[tuple[str, int]]:
+        top, seen = pid, {pid}
+        while top in table and table[top].ppid in members and table[top].ppid not in seen:
+            top = table[top].ppid
+            seen.add(top)
+        return {("launcher", top)} | ({("session", table[pid].session)} if pid in table else set())
+
+    jobs = {pid: job(pid) for pid in [*dead, *alive]}
+    return ([d for d in dead if any(jobs[d] & jobs[a] for a in alive)],
+            [a for a in alive if any(jobs[d] & jobs[a] for d in dead)])
 
 
 def _run_procs(sample: RunSample, snap: HostSnapshot) -> list[ProcessInfo]:

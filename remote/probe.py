@@ -24,7 +24,8 @@ Request (unknown keys are ignored):
      "discovery_reuse": {...} (issue 3: what the last discovery found, see discovery_cache),
      "run_cgroups": [path, ...] (the memory cgroups the runs lived in at the last poll, U41),
      "compress": bool}   (the request itself may come zlib-compressed)
-    RUN = {"name": str, "process": str (whole command-line words, see run_pattern),
+    RUN = {"name": str, "process": str (argument words, see match_runs), "workdir": str
+           (its processes work there: see match_runs; absent: loose matching),
            "log", "events", "checkpoints" (a glob), "done", "exit": path, "metrics": [path, ...]
            (absolute, or ~ expanded here; events and metrics paths may be globs),
            "offsets": {event file: byte offset}, "cursors": {metrics path as sent: [cursor of
@@ -1026,28 +1027,13 @@ def parse_stat(data):
     }
 
 
-def read_cmdline(pid):
-    try:
-        with open(proc_path(pid, "cmdline"), "rb") as f:
-            raw = f.read()
-    except OSError:
-        return ""
-    return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
-
-
 SCRIPT_SUFFIXES = (".py", ".sh", ".bash")
 
 
 def run_script(pid, cwd):
     """U2, U42: the script a run process executes and its mtime (to compare with the start
     time): the first argument that names a .py/.sh file. (None, None) when there is none."""
-    try:
-        with open(proc_path(pid, "cmdline"), "rb") as f:
-            args = f.read().rstrip(b"\0").split(b"\0")
-    except OSError:
-        return None, None
-    for raw in args[1:]:
-        arg = raw.decode("utf-8", "replace")
+    for arg in read_argv(pid)[1:]:
         if arg.startswith("-") or not arg.endswith(SCRIPT_SUFFIXES):
             continue
         path = arg if os.path.isabs(arg) or not cwd else os.path.join(cwd, arg)
@@ -1097,33 +1083,76 @@ def scan_table():
     return procs, kernel_threads
 
 
-def run_matches(cmd, text):
-    """A run's `process` matches whole command-line words: "train.py" matches
-    "python /x/train.py --resume" but not "pretrain.py" (a path prefix is allowed). The
-    regular expression (?:^|[\\s/])TEXT(?:$|\\s), as actions_box.run_pattern has it."""
-    at = cmd.find(text)
-    while at >= 0:
-        end = at + len(text)
-        if (at == 0 or cmd[at - 1].isspace() or cmd[at - 1] == "/") and (
-                end == len(cmd) or cmd[end].isspace()):
+def read_argv(pid):
+    """/proc/PID/cmdline as its words; [] for a zombie or a process gone."""
+    try:
+        with open(proc_path(pid, "cmdline"), "rb") as f:
+            raw = f.read().rstrip(b"\0")
+    except OSError:
+        return []
+    return [w.decode("utf-8", "replace") for w in raw.split(b"\0")] if raw else []
+
+
+def argv_match(argv, words):
+    """The arguments of argv where the words of a run's `process` stand in a row, each the
+    word or ending in "/" + it ("train.py" matches "train.py", "./train.py", "/w/train.py";
+    never "pretrain.py" nor "--out=train.py"), or None. One argument only: a title rewritten
+    in place (setproctitle), read word by word. actions_box.argv_match: the same rule."""
+    if len(argv) == 1:
+        argv = argv[0].split()
+    n = len(words)
+    for i in range(len(argv) - n + 1):
+        if all(a == w or a.endswith("/" + w) for a, w in zip(argv[i:i + n], words)):
+            return argv[i:i + n]
+    return None
+
+
+def in_folder(pid, args, roots):
+    """A structural run's second test: the process's cwd is in the run's folder (one of
+    roots, each ending in /), or a matching argument names a file there (`python
+    /w/train.py` started elsewhere). Another user's cwd is unreadable without root: then
+    only an absolute argument can place it."""
+    cwd = read_link(proc_path(pid, "cwd"))
+    for path in [cwd] + [os.path.join(cwd or "/", a) for a in args
+                         if "/" in a and (cwd or a[0] == "/")]:
+        if path and any((os.path.normpath(path) + "/").startswith(r) for r in roots):
             return True
-        at = cmd.find(text, at + 1)
     return False
 
 
 def match_runs(procs, runs):
-    """pid → name of the first run whose pattern its command line matches."""
-    patterns = [(r.get("name"), r.get("process")) for r in runs if isinstance(r, dict)]
-    patterns = [(n, p) for n, p in patterns
-                if isinstance(n, str) and isinstance(p, str) and p.strip()]
+    """pid → the run it belongs to. A run with a `workdir` is structural: its processes are
+    those whose arguments match its `process` (argv_match) in its folder (in_folder; the
+    folder as written, ~ expanded, and with its symlinks resolved, as /proc shows a cwd),
+    and all their live descendants (ranks under a launcher, dataloader workers), whatever
+    their command lines: another folder's or another user's `train.py` is not it. A run
+    without one is loose, as before: the same match on the words of the whole command line
+    (an argument with spaces too), in any folder, of any user, without descendants
+    (`gpuwatch check` says so). A process matched directly goes to the first run of the
+    request that matches it, before any run claims it as a descendant; a descendant of two
+    runs' processes (one run's launcher starting another's) goes to the first seen."""
+    patterns = {}
+    for r in runs:
+        if isinstance(r, dict) and isinstance(r.get("name"), str) \
+                and isinstance(r.get("process"), str) and r["process"].strip():
+            root = r.get("workdir")
+            if isinstance(root, str) and root.strip():
+                root = os.path.abspath(os.path.expanduser(root))
+                root = [os.path.join(p, "") for p in (root, os.path.realpath(root))]
+            patterns[r["name"]] = (r["process"].split(), root if isinstance(root, list) else 0)
     matched = {}
-    if patterns:
-        for pid in procs:
-            cmd = read_cmdline(str(pid))
-            for name, pattern in patterns:
-                if run_matches(cmd, pattern):
-                    matched[pid] = name
-                    break
+    for pid in procs if patterns else ():
+        argv = read_argv(str(pid))
+        for name, (words, roots) in patterns.items() if argv else ():
+            args = argv_match(argv if roots else " ".join(argv).split(), words)
+            if args and (not roots or in_folder(str(pid), args, roots)):
+                matched[pid] = name
+                break
+    children = children_of(procs)
+    for pid, name in list(matched.items()):
+        for member in subtree(pid, children) if patterns[name][1] else ():
+            if procs[member]["state"] not in ("Z", "X"):
+                matched.setdefault(member, name)
     return matched
 
 
@@ -1193,7 +1222,7 @@ def process_row(stat, users, limits, devices, run):
         cgroup = parse_cgroup_file(read_text(proc_path(pid, "cgroup")))
     except OSError:
         cgroup = None
-    cmd = read_cmdline(pid) or "[%s]" % stat["comm"]  # zombies have no command line
+    cmd = " ".join(read_argv(pid)) or "[%s]" % stat["comm"]  # zombies have no command line
     sighup = 1  # bit of signal 1 in the SigIgn/SigCgt masks (seed 000: nohup sets SigIgn)
     cwd = read_link(proc_path(pid, "cwd"))
     return [
@@ -2634,7 +2663,7 @@ def lookalikes(procs, inside, configured, runs):
             continue
         cwd = read_link(proc_path(str(pid), "cwd"))
         if cwd in words:
-            cmd = read_cmdline(str(pid))
+            cmd = " ".join(read_argv(str(pid)))
             if any(word in cmd for word in words[cwd]):
                 out.append([pid, procs[pid]["start_ticks"],
                             zlib.crc32(("%s\0%s" % (cwd, cmd)).encode("utf-8", "replace"))])

@@ -301,6 +301,8 @@ def run_request(run: RunConfig, series: RunSeries | None = None) -> dict[str, An
     entry: dict[str, Any] = {"name": run.name}
     if run.process:
         entry["process"] = run.process
+        if run.workdir:  # its processes are those in that folder (probe.match_runs)
+            entry["workdir"] = run.workdir
     for key in ("log", "events", "checkpoints", "done"):
         path = run.resolve(getattr(run, key))
         if path:

@@ -44,8 +44,8 @@ _COMMENTS: dict[tuple[str, str], str] = {
 _RUN_EXAMPLE = """\
 # A training run on {host} (uncomment and edit):
 # [hosts.{host}.runs.llama]
-# process = "train.py"                       # matched against process command lines
-# workdir = "/data/llama"
+# process = "train.py"                       # an argument of its command line (or /train.py)
+# workdir = "/data/llama"                    # its processes work here (and their children)
 # log = "train.log"                          # relative paths are relative to workdir
 # events = "runs"                            # TensorBoard event files, searched recursively
 # metrics = ["outputs/trainer_state.json"]   # trainer_state.json, metrics.csv, *.jsonl

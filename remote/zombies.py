@@ -145,7 +145,11 @@ def _protected(snap: HostSnapshot, table: Mapping[int, ProcessInfo],
     for name, procs in members.items():
         now = {(p.pid, p.start_ticks) for p in procs}
         vanished = bool(seen_before.get(name, set()) - now)
-        abandoned = vanished and all(_left_behind(p, table, earlier) for p in procs)
+        # A run's processes include their descendants (probe.match_runs): a rank's worker is
+        # left behind with its rank, so only the tops of the run's trees are judged.
+        pids = {p.pid for p in procs}
+        tops = [p for p in procs if p.ppid not in pids]
+        abandoned = vanished and all(_left_behind(p, table, earlier) for p in tops)
         if not abandoned:
             live.update(p.pid for p in procs)
     protected = set(live)

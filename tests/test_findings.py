@@ -322,7 +322,7 @@ def test_invisible_and_unattributed_memory(tmp_path: Path) -> None:
 
 def test_idle_while_running_needs_time_and_says_which(tmp_path: Path) -> None:
     box = box_at(tmp_path, 1)
-    box.add_process(training_process(600, gpu=0, nohup=True))
+    box.add_process(training_process(600, gpu=0, nohup=True, workdir=str(tmp_path)))
     box.add_compute_app(0, 600, "python", 30_000)
     box.set_gpu(0, util_pct=0, mem_used_mib=30_000)
     w = Watched(box, host_config(run_toml(tmp_path)))
@@ -342,7 +342,8 @@ def test_sighup_risk_walks_the_ancestry(tmp_path: Path) -> None:
     pts0 = (136 << 8) | 0
     box.add_process(SimProcess(300, ("sshd: alice@pts/0",), comm="sshd", ppid=1))
     box.add_process(SimProcess(310, ("-bash",), comm="bash", ppid=300, tty_nr=pts0))
-    box.add_process(replace(training_process(320, ppid=310, tty_nr=pts0), session=310))
+    box.add_process(replace(training_process(320, ppid=310, tty_nr=pts0,
+                                             workdir=str(tmp_path)), session=310))
     w = Watched(box, host_config(run_toml(tmp_path)))
     w.poll()
     f = w.one("run.sighup_risk")

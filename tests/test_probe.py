@@ -1063,30 +1063,37 @@ def test_stat_with_parens_and_spaces_in_comm():
         ("a) (b c)", "R", 1, 3, 98765)
 
 
-def test_run_patterns_match_whole_words():
-    """The probe matches without re (issue 3: importing it was 6 ms of every poll); the
-    action side keeps the regular expression: both agree on every case."""
-    from gpuwatch.remote.actions_box import run_pattern
+def test_process_patterns_match_arguments_and_both_sides_agree():
+    """A run's `process` is matched on arguments (probe.argv_match; a loose run, one without
+    a workdir, on the words of its whole command line): the argument itself or a path ending
+    in it, never a longer word; several words in a row. The action script that refuses a
+    relaunch has its own copy (it runs alone on the box): both agree on every case."""
+    from gpuwatch.remote.actions_box import argv_match as box_match
 
-    assert probe.run_matches("python /data/llama/train.py --resume", "train.py")
-    assert probe.run_matches("python train.py", "train.py")
-    assert not probe.run_matches("python pretrain.py", "train.py")
-    assert not probe.run_matches("python train.pyc", "train.py")
-    cases = ["python /data/llama/train.py --resume", "python train.py", "python pretrain.py",
-             "python train.pyc", "train.py", "train.py\tx", "/train.py", "x/train.py/",
-             "pretrain.py train.py", "python3\u00a0train.py", "a train.pytrain.py b",
-             "torchrun --nproc 8 -m llama.train", "python -m llama.train --x", "", " "]
-    for text in ("train.py", "llama.train", "-m llama.train", "py", "a b", "x"):
-        for cmd in cases:
-            assert probe.run_matches(cmd, text) == bool(run_pattern(text).search(cmd)), (
-                cmd, text)
+    def match(argv: list[str], text: str) -> list[str] | None:
+        found = probe.argv_match(argv, text.split())
+        assert found == box_match(argv, text.split()), (argv, text)
+        return found
+
+    assert match(["python", "/data/llama/train.py", "--resume"], "train.py") == [
+        "/data/llama/train.py"]
+    assert match(["python", "./train.py"], "train.py") == ["./train.py"]
+    assert match(["torchrun", "--nproc", "8", "-m", "llama.train"], "-m llama.train")
+    assert match(["python", "llama/train.py"], "llama/train.py")
+    for argv in (["python", "pretrain.py"], ["python", "train.pyc"], ["train.py/"],
+                 ["python", "--out=train.py"], ["vim", "x/train.py.bak"], []):
+        assert match(argv, "train.py") is None, argv
+    assert match(["my-run: rank 0 train.py"], "train.py") == ["train.py"]  # setproctitle
+    assert match(["python", "train.py"], "python train.py") == ["python", "train.py"]
     import random
 
     rng = random.Random(7)
-    for _ in range(5000):
-        text = "".join(rng.choice("ab./") for _ in range(rng.randint(1, 3)))
-        cmd = "".join(rng.choice("ab./ \t") for _ in range(rng.randint(0, 10)))
-        assert probe.run_matches(cmd, text) == bool(run_pattern(text).search(cmd)), (cmd, text)
+    for _ in range(3000):
+        text = "".join(rng.choice("ab./ ") for _ in range(rng.randint(1, 4)))
+        argv = ["".join(rng.choice("ab./ ") for _ in range(rng.randint(0, 4)))
+                for _ in range(rng.randint(0, 4))]
+        if text.split():
+            match(argv, text)
 
 
 def test_hand_parsers_agree_with_the_regular_expressions_they_replaced():

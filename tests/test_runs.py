@@ -526,7 +526,8 @@ def test_status_running_dead_finished(workdir: Path):
     make_checkpoint(workdir / "outputs" / "ckpt-1", time.time() - 600)
     watch = Watch(run)
     assert watch.poll().pids == () and watch.series.status == "unknown"
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", tag])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", tag],
+                             cwd=workdir)  # a process of the run works in its workdir
     try:
         sample = watch.poll()
         assert sample.pids == (child.pid,) and sample.done is False
@@ -580,6 +581,8 @@ def test_steady_state_poll_with_a_run_fits_the_8k_budget(tmp_path: Path):
     cursors and log state, a poll with nothing new is still under 8 KB received."""
     box: Box = build_box(tmp_path / "box")
     run = full_run(tmp_path / "llama")
+    (box.proc / "830" / "cwd").unlink()
+    (box.proc / "830" / "cwd").symlink_to(tmp_path / "llama")  # the run works in its workdir
     series = RunSeries(run.name)
 
     def poll() -> bytes:
