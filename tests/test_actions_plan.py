@@ -172,7 +172,7 @@ def test_relaunch_plan_of_a_discovered_run_from_its_launch_record() -> None:
     text = plan.describe()
     assert "env: FOO=bar PYTHONUNBUFFERED=1" in text  # said once
     assert "not passed: WANDB_API_KEY" in text and "not in the config" in text
-    assert "finished from one that died" in text
+    assert "nothing that says this run finished" in text and "check the log's end" in text
     other = plan_relaunch(HOST, "train", history(snapshot()), replace(record, run="other"))
     assert "no run named 'train'" in (other.refusal or "")  # a record of another run: not used
 

@@ -9,7 +9,6 @@ connect 2 s, keepalive 1 s × (2 + 1), command 6 s.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -53,7 +52,8 @@ class Run:
     stderr: str
     wall_s: float
     max_rss_mb: float
-    """Peak resident memory of the gpuwatch process (wait4's rusage of that child alone)."""
+    """Peak resident memory of the gpuwatch process, as it read its own VmHWM at exit (a
+    child's ru_maxrss starts from its parent's at the fork: pytest's, hundreds of tests in)."""
 
     def json(self) -> dict[str, Any]:
         assert self.stdout, self.stderr
@@ -64,11 +64,19 @@ class Run:
         return {h["name"]: h for h in self.json()["hosts"]}
 
 
+PEAK = ("import os, sys\nfrom gpuwatch.tui.cli import main\ntry:\n    main(sys.argv[1:])\n"
+        "finally:\n    with open(os.environ['GPUWATCH_TEST_PEAK'], 'w') as f:\n"
+        "        f.write(next(l for l in open('/proc/self/status') if l.startswith('VmHWM:'))"
+        ".split()[1])\n")
+"""`gpuwatch ARGS` as the console script runs it (cli.main), writing its peak RSS (KiB) last."""
+
+
 def gpuwatch(home: Path, *args: str, config: dict[str, Any] | None = None,
              timeout: float = 90) -> Run:
-    """Run `python -m gpuwatch.tui.cli ARGS` with HOME and XDG_STATE_HOME under ``home``."""
+    """Run `gpuwatch ARGS` (cli.main) with HOME and XDG_STATE_HOME under ``home``."""
     home.mkdir(parents=True, exist_ok=True)
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(home),
+    peak = home / "peak-kib"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "GPUWATCH_TEST_PEAK": str(peak),
            "XDG_STATE_HOME": str(home / "state"), "XDG_CONFIG_HOME": str(home / "xdg")}
     if config is not None:
         path = home / "config.toml"
@@ -77,19 +85,17 @@ def gpuwatch(home: Path, *args: str, config: dict[str, Any] | None = None,
     out_path, err_path = home / "stdout", home / "stderr"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         t0 = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", "gpuwatch.tui.cli", *args],
+        proc = subprocess.Popen([sys.executable, "-c", PEAK, *args],
                                 stdout=out, stderr=err, env=env)
     timer = threading.Timer(timeout, proc.kill)
     timer.start()
     try:
-        # wait4, not wait: the rusage of this one child is its peak RSS.
-        _pid, status, usage = os.wait4(proc.pid, 0)
+        proc.wait()
     finally:
         timer.cancel()
     wall = time.monotonic() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return Run(proc.returncode, out_path.read_text(), err_path.read_text(), wall,
-               usage.ru_maxrss / 1024)
+    kib = float(peak.read_text()) if peak.exists() else float("nan")  # killed: no figure
+    return Run(proc.returncode, out_path.read_text(), err_path.read_text(), wall, kib / 1024)
 
 
 def ssh_config(box: SshdBox, hosts: dict[str, dict[str, Any]], **ssh: Any) -> dict[str, Any]:

@@ -239,7 +239,8 @@ def test_run_request_resolves_paths_and_carries_state():
                        events="runs", metrics=("outputs/trainer_state.json", "/abs/m.jsonl"),
                        checkpoints="outputs/checkpoint-*", done="~/DONE")
     assert run_request(config) == {
-        "name": "llama", "process": "train.py", "log": "/data/llama/train.log",
+        "name": "llama", "process": "train.py", "workdir": "/data/llama",
+        "log": "/data/llama/train.log",
         "events": "/data/llama/runs", "checkpoints": "/data/llama/outputs/checkpoint-*",
         "done": "~/DONE", "exit": "/data/llama/.gpuwatch/exit-llama.json",
         "metrics": ["/data/llama/outputs/trainer_state.json", "/abs/m.jsonl"]}
