@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .config import HostConfig, RunConfig
 from .discovered import LaunchRecord, RelaunchError, relaunch_command
-from .findings import HostHistory
+from .findings import HostHistory, slow_start_likely
 from .model import HostSnapshot, ProcessInfo
 from .probe_bundle import build_command, strip_source
 
@@ -515,7 +515,8 @@ def _relaunch_blocked(host: HostConfig, name: str, history: HostHistory,
     if snap is None:
         return None, why
     err = snap.gpu_error
-    if err is not None and err.kind in RELAUNCH_BLOCKING_GPU_ERRORS:
+    if err is not None and err.kind in RELAUNCH_BLOCKING_GPU_ERRORS and not (
+            err.kind == "timeout" and slow_start_likely(history)):
         return None, (f"the GPUs of {host.name} cannot be used now ({err.summary}: "
                       f"{err.message}); a new CUDA process would fail at once — "
                       f"{RELAUNCH_BLOCKING_GPU_ERRORS[err.kind]}")

@@ -42,12 +42,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model import HostSnapshot, KernelEvent, ProcessInfo
+from .model import HostSnapshot, KernelEvent, ProcessInfo, same_gpu_ids
 
 CAUSES = ("reboot", "oom_cgroup", "oom_kernel", "xid", "gpu_lost", "exception", "sighup",
           "killed", "exited", "unknown")
-WEDGED = ("gpu_lost", "timeout", "driver_not_loaded")
-"""GPU query failures that kill (or hang) the processes on the GPUs, not only the tools."""
+WEDGED = ("timeout", "driver_not_loaded")
+"""GPU query failures of the whole box that kill (or hang) what runs on its GPUs. A lost GPU
+(`gpu_lost`) is one GPU's: only the runs on it died of it."""
 DETACH_SERVERS = ("tmux", "screen", "SCREEN")
 
 # The most telling lines of a crash, most specific first; each is searched in the log's tail.
@@ -64,10 +65,10 @@ EXCEPTION_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\):")
 TAIL_LINES = 80
+"""Only the log's last lines count: an old traceback further up is a previous attempt's."""
 DEAD_GPU_XIDS = (48, 79)
 """U22: a double-bit ECC error or a GPU fallen off the bus takes every process on the GPU with
 it, whichever one the driver's line happens to name."""
-"""Only the log's last lines count: an old traceback further up is a previous attempt's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,24 +152,32 @@ class Diagnosis:
 
 # ---------------------------------------------------------------- evidence readers
 
-def gpu_loss(before: HostSnapshot, now: HostSnapshot, gpus: set[int]) -> dict[str, Any] | None:
-    """Evidence that the GPUs went away between `before` and `now`: the run's GPUs (any GPU
-    where they are not known) missing from `now`'s list, or a wedged-driver error new in
-    `now`; None otherwise."""
+def gpu_loss(before: HostSnapshot, now: HostSnapshot,
+             gpus: set[int]) -> tuple[dict[str, Any] | None, bool]:
+    """(Evidence that the run's GPUs went away between `before` and `now`, or None; whether it
+    is strong). Strong: a GPU the run held (by uuid or bus id, as `before` listed it; every GPU
+    where its GPUs are not known) is missing from `now`'s list, said lost or not. Weak: the
+    whole driver stopped answering (a timeout, the driver gone) in this very poll; not a
+    timeout where persistence mode was off, which is the GPUs initialising again after the
+    run's own exit (seconds), not a wedged driver."""
     err = now.gpu_error
-    had = {g.index: g for g in before.gpus}
-    have = {g.index for g in now.gpus}
-    if err is not None and err.kind in WEDGED and (before.gpu_error is None
-                                                   or before.gpu_error.kind not in WEDGED):
-        return {"gpu_error": err.kind, "message": err.message,
-                "gpus": sorted(gpus) if gpus else sorted(had)}
-    if err is None and now.gpus:
-        gone = sorted((gpus or set(had)) & (set(had) - have))
+    held = [g for g in before.gpus if not gpus or g.index in gpus]
+    if err is None or err.kind == "gpu_lost":
+        gone = [g for g in held if not any(same_gpu_ids(g.uuid, g.pci_bus_id, g.index, h)
+                                           for h in now.gpus)]
         if gone:
-            return {"gpu_error": None, "message": "GPU " + ", ".join(map(str, gone)) +
-                    " no longer listed", "gpus": gone,
-                    "pci": [had[i].pci_bus_id for i in gone]}
-    return None
+            return {"gpu_error": err.kind if err else None,
+                    "message": err.message if err else "GPU " + ", ".join(
+                        str(g.index) for g in gone) + " no longer listed",
+                    "gpus": [g.index for g in gone], "pci": [g.pci_bus_id for g in gone]}, True
+        return None, False
+    slow_start = err is not None and err.kind == "timeout" and any(
+        g.persistence is False for g in before.gpus)
+    if err is not None and err.kind in WEDGED and not slow_start and (
+            before.gpu_error is None or before.gpu_error.kind not in WEDGED):
+        return {"gpu_error": err.kind, "message": err.message,
+                "gpus": sorted(gpus) if gpus else [g.index for g in before.gpus]}, False
+    return None, False
 
 
 def new_kernel_events(before: HostSnapshot | None, now: HostSnapshot) -> list[KernelEvent]:
@@ -294,9 +303,9 @@ def diagnose(before: HostSnapshot, now: HostSnapshot, pids: Sequence[int], *,
                        name=e.name, message=e.message, at=e.at)
 
     # 4b. no Xid line (a kernel log we cannot read, or none written), but a GPU of the run fell
-    # out of the list, or the driver stopped answering, in this very poll (U22)
-    lost = gpu_loss(before, now, wanted)
-    if lost is not None:
+    # out of the list in this very poll (U22)
+    lost, strong = gpu_loss(before, now, wanted)
+    if lost is not None and strong:
         return verdict("gpu_lost", **lost)
 
     # 5. the log says how it ended
@@ -306,10 +315,15 @@ def diagnose(before: HostSnapshot, now: HostSnapshot, pids: Sequence[int], *,
     if tail is None and log_changed is not False:  # unchanged since alive: nothing new in it
         unchecked.append("log tail")
 
+    # 5b. the driver stopped answering in the same poll: weaker than the run's own last words
+    if lost is not None:
+        return verdict("gpu_lost", **lost)
+
     # 6. the status its launch wrapper recorded: certain, and a detached run has no terminal
     if exit_code is not None:
         more = {"unchecked": unchecked} if unchecked else {}
-        return verdict("killed" if exit_code > 128 else "exited", **more)
+        signalled = 128 < exit_code < 128 + 65  # 255: sys.exit(-1), an exit, not a signal
+        return verdict("killed" if signalled else "exited", **more)
 
     # 6b. it died with its terminal
     old_table = {p.pid: p for p in before.processes}

@@ -22,7 +22,7 @@ from .diagnosis import (
     new_kernel_events,
     xid_gpu,
 )
-from .model import Scalars
+from .model import Scalars, same_gpu_ids
 from .series import RunSeries
 
 if TYPE_CHECKING:
@@ -224,19 +224,27 @@ class HostHistory:
                 series = self.runs.get(sample.name)
                 if series is None:
                     series = self.runs[sample.name] = RunSeries(sample.name)
-                series.update(sample, snapshot.taken_at)
+                started = [p.started_at for p in snapshot.processes
+                           if p.pid in sample.pids and p.started_at is not None]
+                series.update(sample, snapshot.taken_at, min(started, default=None))
             self._note_deaths(before, snapshot, old_logs)
 
     def _note_gpus(self, before: HostSnapshot | None, now: HostSnapshot) -> None:
         """Remember the GPUs seen. A reboot starts the list anew (the box's GPUs are then
         what it lists; host.rebooted says it rebooted); a failed query adds nothing."""
         if before is not None and before.boot_id and now.boot_id \
-                and before.boot_id != now.boot_id and now.gpus and now.gpu_error is None:
+                and before.boot_id != now.boot_id:
             self.known_gpus = {}
         for g in now.gpus:
-            key = g.uuid or g.pci_bus_id or f"index {g.index}"
-            self.known_gpus[key] = {"index": g.index, "uuid": g.uuid, "pci": g.pci_bus_id,
-                                    "name": g.name}
+            seen = {"index": g.index, "uuid": g.uuid, "pci": g.pci_bus_id, "name": g.name,
+                    "persistence": g.persistence}
+            key = next((k for k, known in self.known_gpus.items() if same_gpu(known, g)), None)
+            if key is not None:  # one GPU whatever a poll could not say of it (a uuid N/A)
+                known = self.known_gpus[key]
+                self.known_gpus[key] = {k: seen[k] if seen[k] is not None else known.get(k)
+                                        for k in seen}
+            else:
+                self.known_gpus[g.uuid or g.pci_bus_id or f"index {g.index}"] = seen
         if len(self.known_gpus) > 256:  # bounded: a box does not have more
             self.known_gpus = dict(list(self.known_gpus.items())[-256:])
 
@@ -248,7 +256,8 @@ class HostHistory:
             if isinstance(key, str) and isinstance(gpu, Mapping) \
                     and isinstance(gpu.get("index"), int) and not isinstance(gpu["index"], bool):
                 self.known_gpus[key] = {k: gpu.get(k) if isinstance(gpu.get(k), str | int)
-                                        else None for k in ("index", "uuid", "pci", "name")}
+                                        else None for k in ("index", "uuid", "pci", "name",
+                                                            "persistence")}
 
     def _note_deaths(self, before: HostSnapshot | None, now: HostSnapshot,
                      old_logs: Mapping[str, Any]) -> None:
@@ -501,6 +510,17 @@ def host_rebooted(history: HostHistory) -> Iterable[Finding]:
 
 # ---------------------------------------------------------------- GPUs
 
+def slow_start_likely(history: HostHistory) -> bool:
+    """Whether the host's GPUs were last seen without persistence mode: a GPU query that
+    times out is then likely their re-initialisation (seconds), not a hung driver."""
+    return any(g.get("persistence") is False for g in history.known_gpus.values())
+
+
+def same_gpu(known: Mapping[str, Any], gpu: Any) -> bool:
+    """Whether a remembered GPU ({"index", "uuid", "pci"}) is this listed one (same_gpu_ids)."""
+    return same_gpu_ids(known.get("uuid"), known.get("pci"), known.get("index"), gpu)
+
+
 GPU_QUERY_FIX = {
     "timeout": "the driver is hung (often a GPU that fell off the bus, Xid 79): look for Xid "
                "lines in `dmesg`; the box usually needs a reboot",
@@ -525,6 +545,18 @@ def gpu_query_failed(history: HostHistory) -> Iterable[Finding]:
         return
     had = bool(history.known_gpus) or err.devices is True
     took = f" after {err.query_s:.1f} s" if err.query_s is not None else ""
+    if err.kind == "timeout" and slow_start_likely(history):
+        # Without persistence mode the GPUs initialise again once their last process exits,
+        # which takes seconds: a slow query right after a run ended is that, not a hang.
+        yield Finding(
+            "gpu.query_failed", Severity.WARNING,
+            f"nvidia-smi did not answer{took} on {history.name}, whose GPUs run without "
+            f"persistence mode: each query after the last CUDA process exits initialises them "
+            f"again; enable `nvidia-persistenced` (or `sudo nvidia-smi -pm 1`) — if it keeps "
+            f"timing out, the driver may be hung (look for Xid lines in `dmesg`)",
+            evidence={"kind": err.kind, "message": err.message, "query_s": err.query_s,
+                      "had_gpus": len(history.known_gpus), "persistence": False})
+        return
     what = {"timeout": "did not answer", "driver_not_loaded": "cannot reach the NVIDIA driver",
             "no_devices": "found no GPU"}.get(err.kind, "failed")
     yield Finding(
@@ -580,10 +612,10 @@ def gpu_lost(history: HostHistory) -> Iterable[Finding]:
     if now is None:
         return
     err = now.gpu_error
-    listed = {g.uuid or g.pci_bus_id or f"index {g.index}" for g in now.gpus}
     if err is not None and err.kind != "gpu_lost":
         return  # nothing was listed: gpu.query_failed or gpu.driver_mismatch says why
-    gone = [gpu for key, gpu in history.known_gpus.items() if key not in listed]
+    gone = [gpu for gpu in history.known_gpus.values()
+            if not any(same_gpu(gpu, g) for g in now.gpus)]
     if not gone and err is None:
         return
     names = ", ".join(_known_gpu_text(g) for g in sorted(gone, key=lambda g: g["index"]))

@@ -119,6 +119,19 @@ def classify_gpu_error(message: str, *, exit_status: int | None = None, timeout:
     return "failed"
 
 
+def same_gpu_ids(uuid: object, pci: object, index: object, gpu: GpuSample) -> bool:
+    """Whether a GPU known by (uuid, PCI bus id, index) is `gpu`: by uuid or by bus id, either
+    (a poll may read one as N/A); by index only where neither is known (the driver renumbers
+    the rest when one falls off the bus)."""
+    if uuid and gpu.uuid and uuid == gpu.uuid:
+        return True
+    if pci and gpu.pci_bus_id:
+        return str(pci).lower() == gpu.pci_bus_id.lower()
+    if uuid and gpu.uuid:
+        return False  # both say a uuid, and they differ
+    return index == gpu.index
+
+
 @dataclass(frozen=True, slots=True)
 class GpuSample:
     index: int
@@ -1193,6 +1206,8 @@ def _gpu_error(value: object, where: str) -> GpuError | None:
     if not isinstance(value, dict):
         return None
     node = _Node(value, where)
+    if node.opt_bool("not_read"):  # the probe's deadline passed before the GPUs' turn
+        return None
     lost = node.opt_list("lost", lambda v: isinstance(v, str), "strings") or ()
     if "error" not in value:
         if not lost:

@@ -815,7 +815,8 @@ def has_nvidia_nodes():
     """Whether the box has NVIDIA device nodes (/dev/nvidia0, /dev/nvidiactl): a box whose GPU
     tools fail is told apart from a box that has no NVIDIA GPU at all."""
     try:
-        return any(name == "nvidiactl" or (name.startswith("nvidia") and name[6:].isdigit())
+        # /dev/nvidiaN, one per GPU the driver found; nvidiactl alone is a driver, no GPU
+        return any(name.startswith("nvidia") and name[6:].isdigit()
                    for name in os.listdir(DEVFS))
     except OSError:
         return None
@@ -2886,6 +2887,8 @@ def cut_short(doc, request, message):
                      if cut else "%s while reading this; something on the box hangs" % message}
         if not cut:  # this one hung (a GPU query here is said as a timeout, not "no GPU")
             doc[name]["timeout"] = True
+        else:  # never started: nothing is known of it (the GPUs' state is not a failure)
+            doc[name]["not_read"] = True
         doc["errors"][name] = doc[name]["error"]
         cut = cut or name
 

@@ -414,8 +414,10 @@ class RunSeries:
         return state
 
     # -- what comes back
-    def update(self, sample: RunSample, box_time: float | None = None) -> None:
-        """Fold in one poll's sample; box_time is the box's clock at the poll (taken_at)."""
+    def update(self, sample: RunSample, box_time: float | None = None,
+               started_at: float | None = None) -> None:
+        """Fold in one poll's sample; box_time is the box's clock at the poll (taken_at),
+        started_at when the run's oldest live process started (the box's clock too)."""
         self.last_sample, self.box_time = sample, box_time
         self.pids, self.done, self.errors = sample.pids, sample.done, sample.errors
         if sample.discovered is not None:
@@ -423,7 +425,10 @@ class RunSeries:
         if sample.pids:
             self.seen_running, self.reaped = True, False
             self.last_seen_running_at = box_time
-            self.started_after = self.idle_at
+            # Evidence of an end must be newer than this launch: than the last poll that saw
+            # the run idle, and than its processes (a restart between two polls, unseen).
+            marks = [t for t in (self.idle_at, started_at) if t is not None]
+            self.started_after = max(marks) if marks else None
         else:
             self.idle_at = box_time
         if sample.log is not None:

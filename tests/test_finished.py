@@ -353,6 +353,28 @@ def test_evidence_older_than_the_latest_launch_does_not_count(tmp_path: Path) ->
     assert w.one("run.dead").severity == Severity.CRITICAL
 
 
+def test_an_end_written_before_the_runs_processes_started_does_not_count(tmp_path: Path) -> None:
+    """The same, where gpuwatch never saw the run idle (the TUI opened mid-run, or a cron
+    interval spanning a quick restart): the processes' own start time tells the launches
+    apart, so a resumed run that dies before its next save is dead, not finished."""
+    box = box_at(tmp_path)
+    work = tmp_path / "resumed"
+    work.mkdir()
+    trainer_state(work / "out" / "checkpoint-5000" / "trainer_state.json", 5000, 5000,
+                  mtime=time.time() - 600)
+    box.add_process(training_process(600, script="resumed.py", workdir=str(work), nohup=True,
+                                     start_s=86_400.0 - 60))  # a minute ago, after that save
+    w = Watched(box, host_config(f'[hosts.gpu1.runs.resumed]\nprocess = "resumed.py"\n'
+                                 f'workdir = "{work}"\n'
+                                 'metrics = ["out/checkpoint-*/trainer_state.json"]\n'))
+    w.poll()
+    assert w.history.runs["resumed"].status == "running"
+    box.remove_process(600)
+    w.poll()
+    assert w.history.runs["resumed"].status == "dead"
+    assert w.one("run.dead").severity == Severity.CRITICAL
+
+
 # ---------------------------------------------------------------- the launch wrapper, over sshd
 
 def test_the_box_and_the_client_name_the_exit_record_alike() -> None:

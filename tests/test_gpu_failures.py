@@ -244,3 +244,98 @@ def test_persistence_mode_off_is_info_and_a_warning_when_the_query_is_slow(
     box.set_gpu(1, {"persistence_mode": True})
     w.poll()
     assert "gpu.persistence_off" not in w.codes()
+
+
+# --------------------------------------------------------------------- no wolf cried (review)
+
+def crash(tmp_path: Path) -> None:
+    """The run's own last words in its log: a Python traceback."""
+    with open(tmp_path / "run" / "train.log", "a") as log:
+        log.write("Traceback (most recent call last):\n  File \"train.py\", line 9\n"
+                  "ValueError: bad batch\n")
+
+
+def test_a_gpu_lost_elsewhere_is_not_the_death_of_a_run_on_a_healthy_gpu(tmp_path: Path) -> None:
+    box = box_at(tmp_path)
+    w = running(tmp_path, box)  # on GPU 0
+    crash(tmp_path)
+    box.set_faults(lost=[1])
+    box.remove_process(600)
+    w.poll()
+    cause, evidence = dead(w)
+    assert cause == "exception" and "ValueError: bad batch" in evidence["line"]
+    assert w.one("gpu.lost").gpu == 1
+
+
+def test_a_renumbered_list_still_names_the_gpu_that_went(tmp_path: Path) -> None:
+    """The driver renumbers the GPUs that answer: the run's GPU 0 gone, old GPU 1 is now 0."""
+    box = box_at(tmp_path)
+    w = running(tmp_path, box)  # on GPU 0
+    bus = box.gpus[0]["pci.bus_id"]
+    box.remove_process(600)  # (rewrites gpus.json from the box's state: before the edit)
+    state = json.loads((box.sim / "gpus.json").read_text())
+    del state["gpus"][0]
+    state["gpus"][0]["index"] = 0
+    (box.sim / "gpus.json").write_text(json.dumps(state))
+    w.poll()
+    cause, evidence = dead(w)
+    assert cause == "gpu_lost" and evidence["pci"] == [bus]
+    assert bus in w.one("gpu.lost").message
+
+
+def test_a_slow_query_without_persistence_mode_is_not_a_hung_driver(tmp_path: Path) -> None:
+    """Without persistence mode the GPUs initialise again once their last process exits: the
+    poll after a run ends may time out. The run died of its own error, the query failing is a
+    warning, and a relaunch is not refused for a hung driver."""
+    from gpuwatch.remote import actions
+
+    box = box_at(tmp_path)
+    w = running(tmp_path, box, relaunch="python train.py")
+    for i in range(2):
+        box.set_gpu(i, {"persistence_mode": False})
+    w.poll()  # seen running without persistence mode
+    crash(tmp_path)
+    box.set_faults(hang=True)
+    box.remove_process(600)
+    w.poll()
+    assert dead(w)[0] == "exception"
+    slow = w.one("gpu.query_failed")
+    assert slow.severity == Severity.WARNING and "persistence" in slow.message
+    plan = actions.plan_relaunch(w.host, "llama", w.history)
+    assert plan.refusal is None or "hung" not in plan.refusal, plan.refusal
+
+
+def test_a_gpu_whose_uuid_reads_na_once_is_not_lost(tmp_path: Path) -> None:
+    box = Box(tmp_path / "box", h100_sxm(2))
+    w = Watched(box)
+    w.poll()
+    uuid = box.gpus[1]["uuid"]
+    box.set_gpu(1, {"uuid": None})  # nvidia-smi prints [N/A] for a GPU in trouble
+    w.poll()
+    box.set_gpu(1, {"uuid": uuid})
+    w.poll()
+    assert "gpu.lost" not in w.codes(), w.findings
+    assert len(w.history.known_gpus) == 2
+
+
+def test_exit_255_is_an_exit_not_a_signal() -> None:
+    import tui_fixtures as fx
+    from gpuwatch.remote.diagnosis import diagnose
+
+    before = fx.snapshot("h", t=fx.NOW - 10, gpus=[fx.gpu(0, 90, 1900)])
+    now = fx.snapshot("h", t=fx.NOW, gpus=[fx.gpu(0, 0, 345)])
+    d = diagnose(before, now, [4242], exit_code=255)
+    assert d.cause == "exited" and d.evidence["signal"] is None
+    assert diagnose(before, now, [4242], exit_code=137).cause == "killed"
+
+
+def test_gpus_the_probe_never_reached_are_not_a_failed_query() -> None:
+    """A probe cut short by its deadline before the GPU query: that is the probe's problem
+    (said as such), not "nvidia-smi failed"."""
+    from gpuwatch.remote.model import parse_probe_output
+
+    doc = {"v": 1, "errors": {"gpus": "not read"},
+           "gpus": {"error": "not read: the probe's deadline passed while it read host",
+                    "not_read": True}}
+    snap = parse_probe_output(json.dumps(doc).encode(), "h")
+    assert snap.gpu_error is None and snap.gpus == ()

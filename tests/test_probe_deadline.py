@@ -107,7 +107,8 @@ def test_a_probe_blocked_opening_a_fifo_prints_what_it_read_at_its_deadline(
     assert doc["runs"] == {"error": "the probe's deadline (1.0 s, a little under "
                                     "command_timeout) passed while reading this; something "
                                     "on the box hangs", "timeout": True}
-    later = {"error": "not read: the probe's deadline passed while it read runs"}
+    later = {"error": "not read: the probe's deadline passed while it read runs",
+             "not_read": True}
     assert [doc[name] for name in ("cgroup", "logind", "kernel")] == [later] * 3
     assert set(doc["errors"]) == {"runs", "cgroup", "logind", "kernel"}
     assert doc["host"]["boot_id"] and "procs" in doc["processes"]  # read before the run
