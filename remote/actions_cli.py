@@ -21,10 +21,10 @@ from . import actions
 from .collect import Collector
 from .config import ConfigError, HostConfig, load_config, select_hosts
 from .discovered import recorded_launch
-from .findings import HostHistory, PollFailure, Thresholds, recent
-from .once import history_from_store, remember, resume
+from .findings import HostHistory, Thresholds, recent
 from .store import Store
 from .textsafe import visible
+from .watch import history_from_store, judge, remember, resume
 
 EXIT_OK, EXIT_FAILED, EXIT_UNPOLLED = 0, 1, 2
 VERIFY_POLLS, VERIFY_PAUSE_S = actions.VERIFY_POLLS, actions.VERIFY_PAUSE_S
@@ -117,11 +117,9 @@ async def poll_into(host: HostConfig, store: Store, history: HostHistory,
     """One poll folded into the history and the store; the error when it failed."""
     collector = Collector(accept_new_host_keys=accept_new)
     resume(collector, store, host)
-    outcome = await collector.poll(host, history.runs)
-    if outcome.snapshot is not None:
-        history.record(outcome.snapshot, outcome.ended_at)
-    else:
-        history.record_failure(PollFailure(outcome.error_kind or "probe",
-                                           outcome.error_message or "", outcome.ended_at))
+    # The pipeline's own judge (remote/watch.py): the rules, zombies and deaths exactly as
+    # --once and the TUI judge them, and a poll that breaks a rule is that host's error.
+    report = judge(history, await collector.poll(host, history.runs))
+    outcome = report.outcome
     remember(store, outcome, history, collector)
     return None if outcome.ok else f"{outcome.error_kind}: {outcome.error_message}"

@@ -129,7 +129,7 @@ def loose_runs(host: HostConfig, snap: HostSnapshot) -> list[str]:
 async def check_hosts(hosts: Sequence[HostConfig], *,
                       accept_new_host_keys: bool = False) -> list[HostCheck]:
     """Poll every host once (concurrently, openings bounded per sshd) and judge each."""
-    from .once import opening
+    from .watch import opening
 
     limiter = OpeningLimiter()
     needs_ssh = any(not h.is_local for h in hosts)

@@ -1,4 +1,5 @@
-"""`gpuwatch --once` and `gpuwatch check`: poll every host once, judge, remember, report.
+"""`gpuwatch --once`: poll every host once, judge, remember, report (the pipeline of
+remote/watch.py, once).
 
 The store carries state between runs, so a cron job is stateful: the previous run's snapshot is
 the history a rule compares against (a boot id that changed, a run that was alive and is gone).
@@ -7,24 +8,17 @@ Nothing here imports Textual, and asyncssh only loads when a host needs SSH.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
-from .collect import Collector, PollOutcome, internal_failure, ssh_config_file
+from .collect import Collector, PollOutcome
 from .config import Config, HostConfig
-from .discovered import discovered_names, is_discovered_state, record_launches
-from .findings import HostHistory, PollFailure, Thresholds, evaluate
-from .model import ProbeError, parse_probe_output
+from .findings import HostHistory
 from .report import HostReport
-from .series import RunSeries
-from .store import GpuRow, Store
-
-if TYPE_CHECKING:
-    from .poller import OpeningLimiter
+from .store import Store
+from .watch import history_from_store, judge, opening, remember, resume
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,141 +26,6 @@ class OnceResult:
     reports: list[HostReport]
     store_warning: str | None
     """What could not be saved (a locked or failing store), for stderr: the report stands."""
-
-
-def history_from_store(store: Store, host: HostConfig,
-                       thresholds: Thresholds | None = None) -> HostHistory:
-    """What the store remembers of a host, as the rules' history (the last good snapshot,
-    the runs' state and why the dead ones died)."""
-    history = HostHistory(host.name, thresholds=thresholds or Thresholds())
-    history.restore_deaths(store.deaths(host.name), store.deaths(host.name, "rank_dead"))
-    configured = {r.name for r in host.runs}
-    for name, (run_state, points) in store.runs(host.name).items():
-        if name in configured or is_discovered_state(run_state):  # issue 8: discovered too
-            series = RunSeries.from_state(name, run_state)
-            if points:
-                series.restore_points(points)
-            history.runs[name] = series
-    state = store.host_state(host.name)
-    if state is not None:
-        history.restore_known_gpus(state.counters.get("known_gpus"))
-    if state is not None and state.doc is not None and state.last_ok_at is not None:
-        try:
-            snapshot = parse_probe_output(state.doc, host.name)
-        except ProbeError:
-            return history  # written by another probe version: this host's history starts anew
-        history.record(snapshot, state.last_ok_at, runs=False)
-    return history
-
-
-def judge(history: HostHistory, outcome: PollOutcome) -> HostReport:
-    """Fold one outcome into the host's history and run the rules on it. Never raises: a
-    document that breaks a rule is that host's `probe` error (the traceback in the error log),
-    reported beside every other host as usual."""
-    try:
-        return _judge(history, outcome)
-    except Exception as exc:
-        failed = internal_failure(outcome.host, outcome.started_at, exc, "judging",
-                                  outcome.poll_s)
-    try:  # the failure itself is judged as any failed poll is (the last good data kept, stale)
-        return _judge(history, failed)
-    except Exception:
-        return HostReport(failed)
-
-
-def _judge(history: HostHistory, outcome: PollOutcome) -> HostReport:
-    if outcome.snapshot is not None:
-        history.record(outcome.snapshot, outcome.ended_at)
-    else:
-        history.record_failure(PollFailure(outcome.error_kind or "probe",
-                                           outcome.error_message or "", outcome.ended_at))
-    findings = evaluate(history)
-    zombies = {z.pid: z.reason for z in history.zombies or () if z.pid is not None}
-    return HostReport(outcome, findings, runs=runs_json(history, outcome.host), zombies=zombies)
-
-
-def runs_json(history: HostHistory, host: HostConfig) -> list[dict[str, Any]]:
-    """The configured runs as the schema's run objects (a run never seen yet is `unknown`),
-    then the discovered ones (issue 8), by name; not a discovered "run" that is only what a
-    dead run left behind holding VRAM (its processes say `zombie`, gpu.vram_zombie what to
-    do): the schema's statuses have no word for it, and "running" would be false."""
-    now = history.snapshots[-1].taken_at if history.snapshots else None
-    out = []
-    discovered = [n for n in discovered_names(history.runs, host)
-                  if n not in history.left_behind]
-    for name in [r.name for r in host.runs] + discovered:
-        series = history.runs.get(name, RunSeries(name))
-        doc = series.to_json(now)
-        death = history.deaths.get(name) if series.status == "dead" else None
-        doc["diagnosis"] = death.to_json() if death is not None else None  # U3
-        out.append(doc)
-    return out
-
-
-def resume(collector: Collector, store: Store, host: HostConfig) -> None:
-    """Give the collector what an earlier run's collector carried for the host (issue 3: a
-    cron `--once` polls like a steady poll, not like a first one)."""
-    state = store.host_state(host.name)
-    if state is not None:
-        collector.restore(host, state.counters.get("collector"))
-
-
-def remember(store: Store, outcome: PollOutcome, history: HostHistory | None = None,
-             collector: Collector | None = None, *, save_runs: bool = True) -> None:
-    """Save one judged outcome. `save_runs=False` leaves out what is costly to write (the runs'
-    series, findings, deaths: the TUI writes them at most once a minute)."""
-    full = history if save_runs else None
-    if full is not None and full.runs:
-        store.save_runs(outcome.host.name, {
-            name: (series.state(), series.points_state())
-            for name, series in full.runs.items()})
-    if full is not None:  # findings' first/last seen/cleared, and why dead runs died
-        store.update_findings(outcome.host.name, full.findings, outcome.ended_at,
-                              clear=outcome.snapshot is not None)
-        store.save_deaths(outcome.host.name,
-                          {n: d.state() for n, d in full.deaths.items()},
-                          {n: d.state() for n, d in full.rank_deaths.items()})
-    snap = outcome.snapshot
-    if snap is None:
-        store.record_poll(outcome.host.name, taken_at=outcome.ended_at, ok=False,
-                          error=outcome.error_json())
-        return
-    rows = [GpuRow(t=outcome.ended_at, gpu=g.index, util_pct=g.util_pct,
-                   sm_clock_mhz=g.sm_clock_mhz, sm_clock_max_mhz=g.sm_clock_max_mhz,
-                   power_w=g.power_w, power_limit_w=g.power_limit_w, temp_c=g.temp_c,
-                   mem_used_mib=g.mem_used_mib, throttle=tuple(g.throttle_reasons or ()))
-            for g in snap.gpus]
-    carried: dict[str, Any] = {}
-    if collector is not None:
-        carried["collector"] = collector.memory(outcome.host)
-    if history is not None and history.known_gpus:  # gpu.lost and gpu.query_failed, by cron
-        carried["known_gpus"] = history.known_gpus
-    store.record_poll(outcome.host.name, taken_at=outcome.ended_at, ok=True,
-                      boot_id=snap.boot_id, doc=outcome.doc, gpu_rows=rows,
-                      counters=carried or None)
-    record_launches(store, outcome.host.name, snap, outcome.ended_at)  # issue 8
-
-
-def opening_keys(host: HostConfig) -> list[str]:
-    """Limiter keys of a host's connection: its sshd, and its jump host when there is one.
-
-    Aliases of one sshd share a key: the ssh layer resolves them through the ssh config
-    (ssh.endpoint_keys)."""
-    from . import ssh
-
-    return ssh.endpoint_keys(host.ssh, ssh_config_file(host))
-
-
-@contextlib.asynccontextmanager
-async def opening(limiter: OpeningLimiter, host: HostConfig) -> AsyncIterator[None]:
-    """Hold the limiter's slots for a host's connection while it is being opened. The keys are
-    worked out in a thread: reading the ssh config costs milliseconds per host, and on the event
-    loop 50 hosts' readings ran one after another before the first connection could proceed."""
-    import asyncio
-
-    keys = await asyncio.to_thread(opening_keys, host)
-    async with limiter.opening(keys):
-        yield
 
 
 def run_once(config: Config, store: Store, *, accept_new_host_keys: bool = False,

@@ -607,8 +607,8 @@ def test_a_discovered_run_that_is_only_a_zombie_reads_left_behind(tmp_path: Path
     # process says why it holds VRAM.
     import jsonschema
     from gpuwatch.remote.collect import PollOutcome
-    from gpuwatch.remote.once import judge
     from gpuwatch.remote.report import host_json, load_schema
+    from gpuwatch.remote.watch import judge
 
     outcome = PollOutcome(w.host, time.time(), 0.1, w.snapshot(), b"{}")
     doc = host_json(judge(w.history, outcome))
@@ -631,9 +631,9 @@ def test_a_left_behind_run_is_gone_once_its_zombie_is_reaped(tmp_path: Path) -> 
     history and in a cron `--once` that rebuilds the history from the store alike."""
     from gpuwatch.remote.actions import mark_reaped, plan_reap
     from gpuwatch.remote.collect import PollOutcome
-    from gpuwatch.remote.once import judge
     from gpuwatch.remote.report import host_json
     from gpuwatch.remote.series import RunSeries
+    from gpuwatch.remote.watch import judge
 
     w = orphaned_rank(tmp_path)
     w.poll()

@@ -31,9 +31,9 @@ from gpuwatch.remote.collect import PollOutcome
 from gpuwatch.remote.config import parse_config
 from gpuwatch.remote.findings import HostHistory
 from gpuwatch.remote.model import ProbeError, parse_probe_output
-from gpuwatch.remote.once import history_from_store, judge, remember
 from gpuwatch.remote.report import document, prometheus_text, text_report, to_json_text
 from gpuwatch.remote.store import Store
+from gpuwatch.remote.watch import history_from_store, judge, remember
 from hostile_docs import CAPTURES, real_document
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

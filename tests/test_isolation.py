@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from gpuwatch.remote import once as once_module
+from gpuwatch.remote import watch as watch_module
 from gpuwatch.remote.collect import Collector
 from gpuwatch.remote.config import HostConfig, load_file
 from gpuwatch.remote.sim import Box, h100_sxm
@@ -128,14 +129,14 @@ def test_a_document_that_breaks_a_rule_is_that_hosts_error(
         f'[hosts.bad]\nssh = "local"\npython = "{hostile_python(tmp_path, "bad", doc)}"\n'
         f'[hosts.fine]\nssh = "local"\npython = "{hostile_python(tmp_path, "fine", doc)}"\n')
     config = load_file(config_path)
-    real_evaluate = once_module.evaluate
+    real_evaluate = watch_module.evaluate
 
     def evaluate(history: Any) -> Any:
         if history.name == "bad":
             raise OverflowError("int too large to convert to float")
         return real_evaluate(history)
 
-    monkeypatch.setattr(once_module, "evaluate", evaluate)
+    monkeypatch.setattr(watch_module, "evaluate", evaluate)
     with Store.open(tmp_path / "store.sqlite3") as store:
         result = once_module.run_once(config, store)
         state = store.host_state("bad")
@@ -302,14 +303,14 @@ async def test_the_tui_shows_a_document_that_breaks_a_rule_and_backs_off(
 
     cfg = fx.config()
     bad = cfg.hosts[0].name
-    real_evaluate = once_module.evaluate
+    real_evaluate = watch_module.evaluate
 
     def evaluate(history: Any) -> Any:
         if history.name == bad:
             raise OverflowError("int too large to convert to float")
         return real_evaluate(history)
 
-    monkeypatch.setattr(once_module, "evaluate", evaluate)
+    monkeypatch.setattr(watch_module, "evaluate", evaluate)
     collector = FakeCollector(fx.latest(cfg))
     app = make_app(cfg, poll=True, collector=collector)  # type: ignore[arg-type]
     async with app.run_test(size=(200, 50)) as pilot:

@@ -25,10 +25,10 @@ from gpuwatch.remote.collect import PollOutcome
 from gpuwatch.remote.config import parse_config
 from gpuwatch.remote.findings import HostHistory
 from gpuwatch.remote.model import ProbeError, parse_probe_output
-from gpuwatch.remote.once import judge
 from gpuwatch.remote.report import load_schema
 from gpuwatch.remote.series import RunSeries
 from gpuwatch.remote.sim import Box, h100_sxm
+from gpuwatch.remote.watch import judge
 from hostile_docs import big_number, deep, fake_python, real_document, zlib_bomb
 from test_once import box_env, gpuwatch
 
@@ -162,7 +162,7 @@ def judged(doc: dict[str, Any]) -> HostHistory:
     jsonschema.validate(json.loads(to_json_text(document([report], 1.0))), load_schema())
     text_report([report], 1.0)
     prometheus_text([report])
-    from gpuwatch.remote.once import remember
+    from gpuwatch.remote.watch import remember
 
     remember(Store.open(":memory:"), outcome, history)
     return history

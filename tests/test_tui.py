@@ -18,10 +18,10 @@ from gpuwatch.remote import actions
 from gpuwatch.remote.collect import Collector, PollOutcome
 from gpuwatch.remote.config import Config, HostConfig
 from gpuwatch.remote.findings import HostHistory
-from gpuwatch.remote.once import judge, remember
 from gpuwatch.remote.series import MAX_POINTS, MIN_POINTS, points_share
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.store import Store
+from gpuwatch.remote.watch import judge, remember
 from gpuwatch.tui.app import GpuwatchApp, build_app
 from gpuwatch.tui.messages import SnapshotReady
 from gpuwatch.tui.screens.confirm import ConfirmAction

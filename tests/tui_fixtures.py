@@ -28,8 +28,8 @@ from gpuwatch.remote.model import (
     RunSample,
     Scalars,
 )
-from gpuwatch.remote.once import judge, remember
 from gpuwatch.remote.store import Store
+from gpuwatch.remote.watch import judge, remember
 
 NOW = 1_784_100_000.0
 """The frozen clock of every TUI test (this machine's and the boxes' alike)."""

@@ -22,10 +22,10 @@ from typing import Any, ClassVar
 from gpuwatch.remote.collect import Collector, PollOutcome
 from gpuwatch.remote.config import Config, HostConfig
 from gpuwatch.remote.findings import evaluate
-from gpuwatch.remote.once import history_from_store, judge, remember, resume
 from gpuwatch.remote.series import FLEET_POINTS, apply_budget
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.textsafe import visible
+from gpuwatch.remote.watch import history_from_store, judge, remember, resume
 from gpuwatch.themes import BUILTIN, DEFAULT_THEME, SERIES_VARIABLES, load_user_themes
 from textual import work
 from textual.app import App

@@ -29,7 +29,7 @@ class PollFeed:
             needs_ssh = any(not h.is_local for h in config.hosts)
             opening = None
             if needs_ssh:
-                from gpuwatch.remote.once import opening_keys
+                from gpuwatch.remote.watch import opening_keys
 
                 def opening(h: HostConfig):  # type: ignore[no-untyped-def]
                     return limiter.opening(opening_keys(h))

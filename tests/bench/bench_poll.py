@@ -44,9 +44,9 @@ import tomli_w
 from gpuwatch.remote import collect, probe_bundle, ssh
 from gpuwatch.remote.collect import Collector, PollOutcome, build_request
 from gpuwatch.remote.config import HostConfig, RunConfig, SshSettings
-from gpuwatch.remote.once import opening_keys
 from gpuwatch.remote.poller import OpeningLimiter
 from gpuwatch.remote.sim import Box, h100_sxm
+from gpuwatch.remote.watch import opening_keys
 from harness.faults import silent_port
 from harness.sshd import SshdBox
 
@@ -57,6 +57,10 @@ ROOT = Path(__file__).resolve().parents[2]
 TCK = os.sysconf("SC_CLK_TCK")
 
 rows: list[tuple[str, str, str, str]] = []
+
+UP_BYTES = 20 * 1024
+UP_TARGET = "<= 20 KB"
+"""DESIGN §6: bytes up per steady poll of an 8-GPU box, the NVML reader included."""
 
 
 def row(what: str, figure: str, target: str = "", ok: bool | None = None) -> None:
@@ -270,15 +274,15 @@ def busy_box_figures(tmp_path: Path, sshd_factory: Callable[..., SshdBox],
     own, _ = self_cpu(["/bin/sh", "-c", probe_bundle.build_command("python3")], stdin, env, 30)
     row(f"a busy box: torchrun, {BUSY_RANKS} ranks, {BUSY_RANKS * BUSY_WORKERS} dataloader "
         "workers", "discovered run")
-    row("  probe process CPU, steady", ms(own), "<= 2x bare python", own <= 2 * bare_own)
+    row("  probe process CPU, steady", ms(own), "<= 3x bare python (busy)", own <= 3 * bare_own)
     row("  ratio to bare python (both schedstat)", f"{own / bare_own:.2f}x")
     sent = median([float(o.bytes_sent) for o in outcomes])
     received = median([float(o.bytes_received) for o in outcomes])
-    row("  bytes sent per poll, steady", f"{sent / 1024:.1f} KB", "<= 16 KB", sent <= 16 * 1024)
+    row("  bytes sent per poll, steady", f"{sent / 1024:.1f} KB", UP_TARGET, sent <= UP_BYTES)
     nvml = len(probe_bundle.build_command("python3")) + len(probe_bundle.build_stdin(
         {**steady, "pynvml": True, "want": {}}, trim=True))
     row("    the same where the box's python imports pynvml (the NVML reader goes)",
-        f"{nvml / 1024:.1f} KB", "<= 16 KB", nvml <= 16 * 1024)
+        f"{nvml / 1024:.1f} KB", UP_TARGET, nvml <= UP_BYTES)
     row("  bytes received per poll, steady", f"{received / 1024:.1f} KB", "<= 8 KB",
         received <= 8 * 1024)
 
@@ -349,8 +353,8 @@ def event_run_polls(tmp_path: Path, host: HostConfig) -> None:
     steady = shipped[2:]
     row(f"a run's event file growing {median([float(g) for g in growth]) / 1024:.1f} KB/poll",
         f"{EVENT_TAGS * EVENT_STEPS} records")
-    row("  bytes sent per poll, steady (records go raw)", f"{sent / 1024:.1f} KB", "<= 16 KB",
-        sent <= 16 * 1024)
+    row("  bytes sent per poll, steady (records go raw)", f"{sent / 1024:.1f} KB", UP_TARGET,
+        sent <= UP_BYTES)
     row("  bytes received per poll, steady", f"{received / 1024:.1f} KB", "<= 8 KB",
         received <= 8 * 1024)
     row("  polls that shipped the decoder (first two left out)",
@@ -431,8 +435,8 @@ def test_poll_figures(tmp_path: Path, box8: tuple[Box, SshdBox],
     # -- 4. bytes per poll, steady state ------------------------------------------------------
     sent = median([float(o.bytes_sent) for o in outcomes])
     received = median([float(o.bytes_received) for o in outcomes])
-    row("bytes sent per poll (command + stdin)", f"{sent / 1024:.1f} KB", "<= 16 KB",
-        sent <= 16 * 1024)
+    row("bytes sent per poll (command + stdin)", f"{sent / 1024:.1f} KB", UP_TARGET,
+        sent <= UP_BYTES)
     row("bytes received per poll (8 GPUs)", f"{received / 1024:.1f} KB", "<= 8 KB",
         received <= 8 * 1024)
 
@@ -463,9 +467,9 @@ def test_poll_figures(tmp_path: Path, box8: tuple[Box, SshdBox],
             before = up(nvml)
             request["runs"][0]["raw"] = True
         n, with_nvml = up(request), up(nvml)
-        row(f"  {what}", f"{n / 1024:.1f} KB", "<= 16 KB", n <= 16 * 1024)
+        row(f"  {what}", f"{n / 1024:.1f} KB", UP_TARGET, n <= UP_BYTES)
         row("    the same where the box's python imports pynvml (the NVML reader goes)",
-            f"{with_nvml / 1024:.1f} KB", "<= 16 KB", with_nvml <= 16 * 1024)
+            f"{with_nvml / 1024:.1f} KB", UP_TARGET, with_nvml <= UP_BYTES)
     row("    before: the event decoder shipped on every poll", f"{before / 1024:.1f} KB")
     event_run_polls(tmp_path, host)
 
