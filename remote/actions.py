@@ -495,13 +495,6 @@ def _ago(at: float) -> str:
     return f"{minutes // 60} h ago" if minutes < 48 * 60 else f"{minutes // 1440} days ago"
 
 
-RELAUNCH_BLOCKING_GPU_ERRORS = {
-    "driver_mismatch": "reboot the box (or reload the nvidia kernel modules) first",
-    "driver_not_loaded": "load the driver or reboot the box first",
-    "gpu_lost": "reboot the box first (a lost GPU comes back only with a reboot)",
-    "timeout": "the driver is hung: reboot the box first",
-}
-"""GPU query failures under which a relaunch is refused, and what to do instead."""
 
 
 def _relaunch_blocked(host: HostConfig, name: str, history: HostHistory,
@@ -515,11 +508,11 @@ def _relaunch_blocked(host: HostConfig, name: str, history: HostHistory,
     if snap is None:
         return None, why
     err = snap.gpu_error
-    if err is not None and err.kind in RELAUNCH_BLOCKING_GPU_ERRORS and not (
+    if err is not None and err.meaning.relaunch is not None and not (
             err.kind == "timeout" and slow_start_likely(history)):
         return None, (f"the GPUs of {host.name} cannot be used now ({err.summary}: "
                       f"{err.message}); a new CUDA process would fail at once — "
-                      f"{RELAUNCH_BLOCKING_GPU_ERRORS[err.kind]}")
+                      f"{err.meaning.relaunch}")
     series = history.runs.get(name)
     alive = sorted({p.pid for p in snap.processes if p.run == name and not p.zombie}
                    | set(series.pids if series else ()))

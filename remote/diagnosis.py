@@ -46,9 +46,6 @@ from .model import HostSnapshot, KernelEvent, ProcessInfo, same_gpu_ids
 
 CAUSES = ("reboot", "oom_cgroup", "oom_kernel", "xid", "gpu_lost", "exception", "sighup",
           "killed", "exited", "unknown")
-WEDGED = ("timeout", "driver_not_loaded")
-"""GPU query failures of the whole box that kill (or hang) what runs on its GPUs. A lost GPU
-(`gpu_lost`) is one GPU's: only the runs on it died of it."""
 DETACH_SERVERS = ("tmux", "screen", "SCREEN")
 
 # The most telling lines of a crash, most specific first; each is searched in the log's tail.
@@ -173,8 +170,9 @@ def gpu_loss(before: HostSnapshot, now: HostSnapshot,
         return None, False
     slow_start = err is not None and err.kind == "timeout" and any(
         g.persistence is False for g in before.gpus)
-    if err is not None and err.kind in WEDGED and not slow_start and (
-            before.gpu_error is None or before.gpu_error.kind not in WEDGED):
+    # model.GPU_ERRORS: a failure of the whole driver; a lost GPU is one GPU's (above)
+    if err is not None and err.meaning.wedged and not slow_start and (
+            before.gpu_error is None or not before.gpu_error.meaning.wedged):
         return {"gpu_error": err.kind, "message": err.message,
                 "gpus": sorted(gpus) if gpus else [g.index for g in before.gpus]}, False
     return None, False

@@ -22,7 +22,7 @@ from .diagnosis import (
     new_kernel_events,
     xid_gpu,
 )
-from .model import Scalars, same_gpu_ids
+from .model import GPU_ERRORS, Scalars, same_gpu_ids
 from .series import RunSeries
 
 if TYPE_CHECKING:
@@ -521,15 +521,6 @@ def same_gpu(known: Mapping[str, Any], gpu: Any) -> bool:
     return same_gpu_ids(known.get("uuid"), known.get("pci"), known.get("index"), gpu)
 
 
-GPU_QUERY_FIX = {
-    "timeout": "the driver is hung (often a GPU that fell off the bus, Xid 79): look for Xid "
-               "lines in `dmesg`; the box usually needs a reboot",
-    "driver_not_loaded": "CUDA cannot run there: load the driver (`sudo modprobe nvidia`) or "
-                         "reboot, and check that the driver package is installed",
-    "no_devices": "the driver sees no GPU: check `lspci | grep -i nvidia` and the box's "
-                  "GPU allocation",
-    "failed": "run `nvidia-smi` on the box to see why",
-}
 
 
 def _known_gpu_text(gpu: Mapping[str, Any]) -> str:
@@ -562,7 +553,7 @@ def gpu_query_failed(history: HostHistory) -> Iterable[Finding]:
     yield Finding(
         "gpu.query_failed", Severity.CRITICAL if had else Severity.WARNING,
         f"the GPUs of {history.name} could not be read: nvidia-smi {what}{took} "
-        f"({err.message}); {GPU_QUERY_FIX.get(err.kind, GPU_QUERY_FIX['failed'])}",
+        f"({err.message}); {err.meaning.fix or GPU_ERRORS['failed'].fix}",
         evidence={"kind": err.kind, "message": err.message, "query_s": err.query_s,
                   "had_gpus": len(history.known_gpus), "dev_nvidia": err.devices})
 

@@ -61,8 +61,43 @@ class ProbeError(Exception):
         self.host, self.where, self.problem = host, where, problem
 
 
-GPU_ERROR_KINDS = ("timeout", "driver_mismatch", "driver_not_loaded", "gpu_lost",
-                   "no_devices", "failed")
+@dataclass(frozen=True, slots=True)
+class GpuErrorKind:
+    """What one kind of GPU query failure means, in one place for every part that says it."""
+
+    summary: str
+    """A few words for a table cell, where the GPUs would be."""
+    fix: str | None
+    """What to do, for gpu.query_failed (None: another finding says it)."""
+    wedged: bool
+    """The whole driver stopped answering: what runs on the GPUs died or hangs with it."""
+    relaunch: str | None
+    """Why a relaunch is refused meanwhile, and what to do first (None: not refused)."""
+
+
+GPU_ERRORS: Mapping[str, GpuErrorKind] = MappingProxyType({
+    "timeout": GpuErrorKind(
+        "GPUs not answering", "the driver is hung (often a GPU that fell off the bus, Xid 79): "
+        "look for Xid lines in `dmesg`; the box usually needs a reboot", True,
+        "the driver is hung: reboot the box first"),
+    "driver_mismatch": GpuErrorKind(
+        "driver mismatch: reboot", None, False,
+        "reboot the box (or reload the nvidia kernel modules) first"),
+    "driver_not_loaded": GpuErrorKind(
+        "NVIDIA driver not loaded", "CUDA cannot run there: load the driver (`sudo modprobe "
+        "nvidia`) or reboot, and check that the driver package is installed", True,
+        "load the driver or reboot the box first"),
+    "gpu_lost": GpuErrorKind(
+        "GPU lost", None, False,
+        "reboot the box first (a lost GPU comes back only with a reboot)"),
+    "no_devices": GpuErrorKind(
+        "driver sees no GPU", "the driver sees no GPU: check `lspci | grep -i nvidia` and the "
+        "box's GPU allocation", False, None),
+    "failed": GpuErrorKind("GPUs unreadable", "run `nvidia-smi` on the box to see why", False,
+                           None),
+})
+"""Every kind of `gpu_error` (the JSON schema's enum) and what it means."""
+GPU_ERROR_KINDS = tuple(GPU_ERRORS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,14 +119,15 @@ class GpuError:
         return {"kind": self.kind, "message": self.message, "query_s": self.query_s}
 
     @property
+    def meaning(self) -> GpuErrorKind:
+        return GPU_ERRORS.get(self.kind, GPU_ERRORS["failed"])
+
+    @property
     def summary(self) -> str:
         """A few words for a table cell: where the GPUs would be, never "no GPU"."""
-        took = f" after {self.query_s:.0f} s" if self.query_s is not None else ""
-        return {"timeout": f"GPUs not answering{took}",
-                "driver_mismatch": "driver mismatch: reboot",
-                "driver_not_loaded": "NVIDIA driver not loaded",
-                "gpu_lost": "GPU lost",
-                "no_devices": "driver sees no GPU"}.get(self.kind, "GPUs unreadable")
+        took = (f" after {self.query_s:.0f} s" if self.kind == "timeout"
+                and self.query_s is not None else "")
+        return self.meaning.summary + took
 
 
 def classify_gpu_error(message: str, *, exit_status: int | None = None, timeout: bool = False,

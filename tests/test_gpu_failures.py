@@ -339,3 +339,12 @@ def test_gpus_the_probe_never_reached_are_not_a_failed_query() -> None:
                     "not_read": True}}
     snap = parse_probe_output(json.dumps(doc).encode(), "h")
     assert snap.gpu_error is None and snap.gpus == ()
+
+
+def test_every_kind_is_in_the_schema_and_has_its_words() -> None:
+    from gpuwatch.remote.model import GPU_ERRORS
+
+    props = load_schema()["$defs"]["host"]["properties"]["gpu_error"]["oneOf"][1]["properties"]
+    assert props["kind"]["enum"] == list(GPU_ERRORS)
+    for kind, meaning in GPU_ERRORS.items():
+        assert meaning.summary and (meaning.fix or kind in ("driver_mismatch", "gpu_lost"))
