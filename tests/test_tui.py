@@ -690,3 +690,66 @@ async def test_the_tui_judges_with_the_configs_thresholds() -> None:
         for data in app.hosts.values():
             assert data.history.thresholds.stalled_s == 60.0
             assert data.history.thresholds.sustain_polls == 3
+
+
+# ----------------------------------------------------------------------------- the log pane
+
+def log_lines(first: int, last: int) -> str:
+    return "".join(f"step {s} | loss {fx.loss_at(s):.4f}\n" for s in range(first, last + 1))
+
+
+def with_tail(outcome: PollOutcome, tail: str) -> PollOutcome:
+    """The outcome with its run's log tail replaced (the box's last lines at this poll)."""
+    snap = outcome.snapshot
+    assert snap is not None and snap.runs and snap.runs[0].log is not None
+    run = snap.runs[0]
+    run = replace(run, log=replace(run.log, tail=tail))
+    return replace(outcome, snapshot=replace(snap, runs=(run, *snap.runs[1:])))
+
+
+async def test_log_follows_the_tail_pauses_when_scrolled_up_and_end_or_G_follows_again(
+        ) -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        outcomes = fx.latest(app.config)
+        capped = next(o for o in outcomes if o.host.name == "gpu-capped")
+        await feed(pilot, [*outcomes, with_tail(capped, log_lines(1, 40))])
+        screen = await open_host(pilot, "gpu-capped")
+        log = screen.query_one(LogTail)
+        pane = screen.query_one("#pane-log")
+        await pilot.pause()
+        assert log.scroll_y == log.max_scroll_y > 0 and "step 40 |" in screen_text(app)
+        # The box's tail moves on (a window of its last lines): the pane shows the new end.
+        await feed(pilot, [with_tail(capped, log_lines(11, 50))])
+        await pilot.pause()
+        assert log.scroll_y == log.max_scroll_y and "step 50 |" in screen_text(app)
+        assert log.following and not str(pane.border_subtitle)
+
+        # Keyboard scrolling (7 focuses the log): up pauses the following...
+        await pilot.press("7")
+        assert app.focused is log
+        await pilot.press("pageup")
+        await pilot.pause(0.3)
+        assert not log.following and "paused" in str(pane.border_subtitle)
+        top = log.lines[round(log.scroll_y)]
+        # ...new lines then leave what is read where it is, and say how many came.
+        await feed(pilot, [with_tail(capped, log_lines(21, 60))])
+        await pilot.pause()
+        assert log.lines[round(log.scroll_y)] == top
+        assert "step 60 |" not in screen_text(app)
+        assert log.unseen == 10 and "↓ 10 new lines" in str(pane.border_subtitle)
+        # End follows again, at once and from then on.
+        await pilot.press("end")
+        await pilot.pause(0.5)
+        assert log.following and not str(pane.border_subtitle)
+        assert "step 60 |" in screen_text(app)
+        await feed(pilot, [with_tail(capped, log_lines(31, 70))])
+        await pilot.pause()
+        assert "step 70 |" in screen_text(app)
+        # So does G.
+        await pilot.press("up", "up")
+        await pilot.pause(0.3)
+        assert not log.following
+        await pilot.press("G")
+        await pilot.pause(0.3)
+        assert log.following and log.scroll_y == log.max_scroll_y

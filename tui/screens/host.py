@@ -220,6 +220,7 @@ class HostScreen(Screen[None]):
         names = self._tab_names
         if 0 <= index < len(names) and names[index] != self.selected_run:
             self.selected_run = names[index]
+            self.query_one(LogTail).action_follow()  # another run's log: from its end
             self.refresh_data()
 
     def on_process_selected(self, event: ProcessSelected) -> None:
