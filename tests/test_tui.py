@@ -249,7 +249,7 @@ async def test_k_is_greyed_until_a_process_is_selected_and_asks_with_cancel_defa
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await feed(pilot, fx.latest(app.config))
-        assert app.check_action("kill", ()) is None  # fleet view: no process selected
+        assert app.check_action("kill", ()) is False  # fleet view: a host-only key, hidden
         screen = await open_host(pilot, "gpu-healthy")
         assert screen.selected_pid is None  # the cursor is on the run's header row
         assert app.check_action("kill", ()) is None
@@ -690,3 +690,148 @@ async def test_the_tui_judges_with_the_configs_thresholds() -> None:
         for data in app.hosts.values():
             assert data.history.thresholds.stalled_s == 60.0
             assert data.history.thresholds.sustain_polls == 3
+
+
+# ----------------------------------------------------------------------------- the log pane
+
+def log_lines(first: int, last: int) -> str:
+    return "".join(f"step {s} | loss {fx.loss_at(s):.4f}\n" for s in range(first, last + 1))
+
+
+def with_tail(outcome: PollOutcome, tail: str) -> PollOutcome:
+    """The outcome with its run's log tail replaced (the box's last lines at this poll)."""
+    snap = outcome.snapshot
+    assert snap is not None and snap.runs and snap.runs[0].log is not None
+    run = snap.runs[0]
+    run = replace(run, log=replace(run.log, tail=tail))
+    return replace(outcome, snapshot=replace(snap, runs=(run, *snap.runs[1:])))
+
+
+async def test_log_follows_the_tail_pauses_when_scrolled_up_and_end_or_G_follows_again(
+        ) -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        outcomes = fx.latest(app.config)
+        capped = next(o for o in outcomes if o.host.name == "gpu-capped")
+        await feed(pilot, [*outcomes, with_tail(capped, log_lines(1, 40))])
+        screen = await open_host(pilot, "gpu-capped")
+        log = screen.query_one(LogTail)
+        pane = screen.query_one("#pane-log")
+        await pilot.pause()
+        assert log.scroll_y == log.max_scroll_y > 0 and "step 40 |" in screen_text(app)
+        # The box's tail moves on (a window of its last lines): the pane shows the new end.
+        await feed(pilot, [with_tail(capped, log_lines(11, 50))])
+        await pilot.pause()
+        assert log.scroll_y == log.max_scroll_y and "step 50 |" in screen_text(app)
+        assert log.following and not str(pane.border_subtitle)
+
+        # Keyboard scrolling (7 focuses the log): up pauses the following...
+        await pilot.press("7")
+        assert app.focused is log
+        await pilot.press("pageup")
+        await pilot.pause(0.3)
+        assert not log.following and "paused" in str(pane.border_subtitle)
+        top = log.lines[round(log.scroll_y)]
+        # ...new lines then leave what is read where it is, and say how many came.
+        await feed(pilot, [with_tail(capped, log_lines(21, 60))])
+        await pilot.pause()
+        assert log.lines[round(log.scroll_y)] == top
+        assert "step 60 |" not in screen_text(app)
+        assert log.unseen == 10 and "↓ 10 new lines" in str(pane.border_subtitle)
+        # End follows again, at once and from then on.
+        await pilot.press("end")
+        await pilot.pause(0.5)
+        assert log.following and not str(pane.border_subtitle)
+        assert "step 60 |" in screen_text(app)
+        await feed(pilot, [with_tail(capped, log_lines(31, 70))])
+        await pilot.pause()
+        assert "step 70 |" in screen_text(app)
+        # So does G.
+        await pilot.press("up", "up")
+        await pilot.pause(0.3)
+        assert not log.following
+        await pilot.press("G")
+        await pilot.pause(0.3)
+        assert log.following and log.scroll_y == log.max_scroll_y
+
+
+# ----------------------------------------------------------------------------- no silent keys
+
+def footer_keys(app: GpuwatchApp) -> set[str]:
+    return {key.key for key in app.screen.query(FooterKey)}
+
+
+async def toast_after(pilot: Pilot[Any], key: str) -> str:
+    """The one toast a key brings up (and that it brought one)."""
+    app = pilot.app
+    assert isinstance(app, GpuwatchApp)
+    before = len(app._notifications)
+    await pilot.press(key)
+    await pilot.pause()
+    said = notes(app)[before:]
+    assert len(said) == 1, (key, said)
+    return said[0]
+
+
+async def test_greyed_and_host_only_keys_say_why_in_a_toast(
+        fake_execute: list[tuple[str, Any]]) -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        await pilot.pause()
+        # The fleet view: k and r are host-only, so not in its footer; pressed, they say where
+        # they work. z acts on the highlighted host: gpu-healthy has nothing to reap.
+        assert isinstance(app.screen, FleetScreen)
+        shown = footer_keys(app)
+        assert "z" in shown and not {"k", "r"} & shown, shown
+        said = await toast_after(pilot, "r")
+        assert "open the host (Enter)" in said and "relaunch" in said
+        said = await toast_after(pilot, "k")
+        assert "open the host (Enter)" in said and "Processes (6)" in said
+        said = await toast_after(pilot, "z")
+        assert said.startswith("nothing to reap on gpu-healthy")
+        assert isinstance(app.screen, FleetScreen)
+
+        # The host view: the cursor is on the run's heading, the run is running, no zombie.
+        screen = await open_host(pilot, "gpu-healthy")
+        assert {"k", "z", "r"} <= footer_keys(app)  # shown, greyed out
+        assert screen.selected_pid is None
+        said = await toast_after(pilot, "k")
+        assert said.startswith("no process selected") and "Processes (6)" in said
+        said = await toast_after(pilot, "z")
+        assert said.startswith("nothing to reap on gpu-healthy")
+        said = await toast_after(pilot, "r")
+        assert said.startswith("llama-7b is running")
+        assert isinstance(app.screen, HostScreen) and fake_execute == []
+        await pilot.press("escape")  # back in the fleet view, its footer as it was
+        await pilot.pause()
+        assert isinstance(app.screen, FleetScreen) and not {"k", "r"} & footer_keys(app)
+
+
+async def test_readonly_keys_say_the_session_is_read_only(
+        fake_execute: list[tuple[str, Any]]) -> None:
+    app = make_app(readonly=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        await open_host(pilot, "gpu-zombie")
+        await pilot.press("down")
+        for key in ("k", "z", "r"):
+            assert "read-only" in await toast_after(pilot, key), key
+        assert isinstance(app.screen, HostScreen) and fake_execute == []
+
+
+async def test_R_while_paused_says_polling_is_paused_and_claims_no_poll() -> None:
+    cfg = fx.config()
+    collector = FakeCollector(fx.latest(cfg))
+    app = make_app(cfg, poll=True, collector=collector)  # type: ignore[arg-type]
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("p")
+        await pilot.pause(0.2)
+        calls = dict(collector.calls)
+        said = await toast_after(pilot, "R")
+        assert "polling is paused" in said and "p resumes" in said and "polling all" not in said
+        await open_host(pilot, "gpu-capped")
+        said = await toast_after(pilot, "R")
+        assert "paused" in said and "polling gpu-capped" not in said
+        await pilot.pause(0.2)
+        assert dict(collector.calls) == calls

@@ -102,18 +102,22 @@ class Tmux:
 
 
 @contextlib.contextmanager
-def demo_in_tmux(folder: Path, label: str = "test") -> Iterator[Tmux]:
-    """The real `gpuwatch --demo --interval 1` in a new 200×50 tmux session (its config and
+def demo_in_tmux(folder: Path, label: str = "test",
+                 size: tuple[int, int] = (200, 50)) -> Iterator[Tmux]:
+    """The real `gpuwatch --demo --interval 1` in a new tmux session of `size` (its config and
     state under folder); on exit it prints GPUWATCH-EXITED-<code>. Killed at the end."""
-    with gpuwatch_in_tmux(folder, ["--demo", "--interval", "1"], label=label) as tmux:
+    with gpuwatch_in_tmux(folder, ["--demo", "--interval", "1"], label=label,
+                          size=size) as tmux:
         yield tmux
 
 
 @contextlib.contextmanager
 def gpuwatch_in_tmux(folder: Path, args: list[str], env: dict[str, str] | None = None,
-                     label: str = "test", raw: Path | None = None) -> Iterator[Tmux]:
-    """The real `gpuwatch ARGS` in a new 200×50 tmux session (its config and state under
-    folder, `env` added to its environment); on exit it prints GPUWATCH-EXITED-<code>. With
+                     label: str = "test", raw: Path | None = None,
+                     size: tuple[int, int] = (200, 50)) -> Iterator[Tmux]:
+    """The real `gpuwatch ARGS` in a new tmux session of `size`, 200×50 unless said (its
+    config and state under folder, `env` added to its environment); on exit it prints
+    GPUWATCH-EXITED-<code>. With
     `raw`, every byte it writes to the terminal is copied there too (tmux pipe-pane), escape
     sequences and all. Killed at the end."""
     if shutil.which("tmux") is None:
@@ -130,7 +134,8 @@ def gpuwatch_in_tmux(folder: Path, args: list[str], env: dict[str, str] | None =
     ready = f"while [ ! -e {shlex.quote(str(raw))} ]; do sleep 0.05; done; " if raw else ""
     command = (f"{ready}env PYTHONFAULTHANDLER=1 {exports} {GPUWATCH} {go}; "
                "echo GPUWATCH-EXITED-$?; sleep 600")
-    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "200", "-y", "50", command],
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", str(size[0]), "-y",
+                    str(size[1]), command],
                    check=True, env={**os.environ, **env})
     if raw is not None:
         subprocess.run(["tmux", "pipe-pane", "-o", "-t", name,
@@ -215,6 +220,43 @@ def test_demo_in_tmux_relaunch_reap_and_quit(demo: Tmux) -> None:
                              f"{tmux.stacks()}") from None
     exited = time.monotonic() - start
     print(f"q: TUI gone after {gone:.2f} s, process exited after {exited:.2f} s")
+
+
+def test_80x24_reaches_every_pane_by_keys_and_cuts_no_fleet_column(tmp_path: Path) -> None:
+    """At 80×24 (a tmux split, a laptop terminal) the fleet view drops whole columns rather than
+    cutting run names and VRAM mid-word, and in the host view each pane's title comes on
+    screen by its number key, by Tab from the pane before it and by Shift+Tab from the one
+    after it."""
+    with demo_in_tmux(tmp_path, label="small", size=(80, 24)) as tmux:
+        fleet = tmux.wait(lambda s: s.count("● ok") >= 5, "five demo hosts polled ok", 90)
+        rows = [line for line in fleet.splitlines() if line.lstrip().startswith("demo-")]
+        assert len(rows) == 6, fleet
+        for line in rows:
+            assert len(line.rstrip()) <= 80
+            for run in ("llama-7b", "vit-huge", "bert-ddp", "gpt2-xl"):
+                if run[:3] in line:  # a run name is shown whole or not at all
+                    assert run in line, (run, line)
+            if "demo-healthy" in line:  # its VRAM whole: "N/M GiB"
+                assert re.search(r"\d+/\d+ GiB", line), line
+        assert "Kill" not in fleet and "Relaunch" not in fleet  # host-only keys
+
+        screen = open_host(tmux, "demo-healthy")
+        assert "─ GPUs ─" in screen
+        for n, title in enumerate(PANES, 1):
+            tmux.keys(str(n))
+            tmux.wait_for(f"─ {title} ─", 5)
+        tmux.keys("1")
+        tmux.wait_for("─ GPUs ─", 5)
+        for title in PANES[1:]:
+            tmux.keys("Tab")
+            tmux.wait_for(f"─ {title} ─", 5)
+        for title in reversed(PANES[:-1]):
+            tmux.keys("BTab")
+            tmux.wait_for(f"─ {title} ─", 5)
+        tmux.keys("Escape")
+        tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view", 10)
+        tmux.keys("q", pause=0)
+        tmux.wait_for("GPUWATCH-EXITED-0", 30)
 
 
 def test_box_text_reaches_the_terminal_inert(tmp_path: Path) -> None:

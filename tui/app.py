@@ -66,6 +66,11 @@ class GpuwatchApp(App[None]):
         Binding("k", "kill", "Kill"),
         Binding("z", "reap", "Reap"),
         Binding("r", "relaunch", "Relaunch"),
+        # When the action above is greyed out (or hidden), its key falls through to these: a
+        # toast says why nothing happened and what to do, instead of silence.
+        Binding("k", "cannot('kill')", show=False),
+        Binding("z", "cannot('reap')", show=False),
+        Binding("r", "cannot('relaunch')", show=False),
         Binding("p", "pause", "Pause"),
         Binding("R", "poll_now", "Poll now"),
         Binding("t", "cycle_theme", "Theme"),
@@ -281,11 +286,13 @@ class GpuwatchApp(App[None]):
         if self._active() is None:
             return False
         modal = isinstance(self.screen, ModalScreen)
+        if action == "cannot":
+            return not modal
         if action in ACTIONS:
             if modal:
                 return False
             if action in ("kill", "relaunch") and not isinstance(self.screen, HostScreen):
-                return None
+                return False  # host-only keys: not in the fleet view's footer
             if self.readonly or _actions() is None:
                 return None
             name = self.current_host()
@@ -308,6 +315,36 @@ class GpuwatchApp(App[None]):
             return None if alive else True
         # Inside a modal only its own keys (and quit) work.
         return not (modal and action in ("pause", "poll_now", "cycle_theme", "help"))
+
+    def action_cannot(self, action: str) -> None:
+        """k, z or r pressed while greyed out (or hidden): why, and what to do instead."""
+        title = {"kill": "Kill", "reap": "Reap", "relaunch": "Relaunch"}[action]
+        screen = self.screen
+        host = screen if isinstance(screen, HostScreen) else None
+        if self.readonly:
+            why = ("actions are off: this gpuwatch was started read-only (--readonly, or "
+                   "readonly in the config)")
+        elif _actions() is None:
+            why = "actions are not available in this build"
+        elif action == "kill":
+            why = ("no process selected: go to Processes (6), put the cursor on a process "
+                   "(not a run's heading), then press k" if host is not None else
+                   "k kills a process from a host's view: open the host (Enter), go to "
+                   "Processes (6), pick the process, then press k")
+        elif action == "relaunch":
+            if host is None:
+                why = ("r relaunches a run from a host's view: open the host (Enter), pick "
+                       "the run (n / N), then press r")
+            elif host.selected_run is None:
+                why = f"no run on {host.host} to relaunch: none is configured or discovered"
+            else:
+                why = (f"{host.selected_run} is running: r relaunches a run that has stopped "
+                       "(to restart it, end it first with k on its process)")
+        else:
+            name = self.current_host()
+            why = ("no host selected" if name is None else
+                   f"nothing to reap on {name}: no process holds VRAM without a live run")
+        self.notify(why, title=title, severity="warning")
 
     def action_kill(self) -> None:
         screen = self.screen
@@ -424,6 +461,7 @@ class GpuwatchApp(App[None]):
             return
         if self.feed.paused:
             self.feed.resume()
+            self.feed.poll_now()  # what is on screen went stale while paused
             self.notify("polling resumed")
         else:
             self.feed.pause()
@@ -433,6 +471,10 @@ class GpuwatchApp(App[None]):
     def action_poll_now(self) -> None:
         if self.feed is None:
             self.notify("polling is off in this session", severity="warning")
+            return
+        if self.feed.paused:  # the poller polls nothing while paused: say so, claim nothing
+            self.notify("polling is paused: nothing is polled now; p resumes polling and "
+                        "polls every host at once", severity="warning")
             return
         screen = self.screen
         if isinstance(screen, HostScreen):

@@ -1,8 +1,12 @@
 """HostScreen: one host in panes: GPUs, loss, checkpoints, disks, findings, processes, log.
 
 Wide terminals (120+ columns) get a grid where every pane is visible at once; narrow ones stack
-the panes in a scrolling column. The runs are tabs at the top: the selected run drives the loss,
-checkpoint and log panes and is what `r` relaunches; the highlighted process is what `k` kills.
+the panes in a scrolling column, each pane at most a screenful with its own scroll. Either way
+each pane is one focus stop: Tab / Shift+Tab go from pane to pane and the number keys 1-7 jump to
+one, and the focused pane is scrolled into view whole, its title included (lazygit's number keys;
+at 80×24 the GPU pane alone used to fill the screen and the panes below it were out of reach).
+The runs are tabs at the top (n / N, or a click): the selected run drives the loss, checkpoint and
+log panes and is what `r` relaunches; the highlighted process is what `k` kills.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ from gpuwatch.remote.discovered import Discovery
 from gpuwatch.remote.pin import pin_run
 from gpuwatch.remote.series import RunSeries
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.css.query import NoMatches
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Static, Tab, Tabs
 
 from ..colours import RUN_GLYPH
@@ -68,8 +74,17 @@ def found_text(d: Discovery) -> Text:
     return text
 
 
+WIDE = 120
+"""From this many columns on, every pane is on screen at once (the grid)."""
+
+
+class PaneColumn(VerticalScroll, can_focus=False):
+    """The panes: a grid when wide, a scrolling column when narrow. Not a focus stop itself:
+    Tab goes from pane to pane."""
+
+
 class HostScreen(Screen[None]):
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (120, "-wide")]
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (WIDE, "-wide")]
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "Back"),
         Binding("left_square_bracket", "tag(-1)", "Tag", show=False),
@@ -82,6 +97,9 @@ class HostScreen(Screen[None]):
         Binding("N", "next_run(-1)", "Run", show=False),
         Binding("P", "pin", "Pin run"),
     ]
+
+    BINDINGS += [Binding(str(n), f"pane({n - 1})", "Pane", key_display="1-7", show=n == 1)
+                 for n in range(1, len(PANES) + 1)]
 
     def __init__(self, host: str) -> None:
         super().__init__(classes="host-screen")
@@ -106,7 +124,7 @@ class HostScreen(Screen[None]):
                      for i, name in enumerate(self._tab_names)),
                    id="run-tabs")
         yield Static(id="run-found")
-        with VerticalScroll(id="panes"):
+        with PaneColumn(id="panes"):
             with VerticalScroll(id="pane-gpus", classes="pane"):
                 yield GpuPanel(id="gpus")
             with Vertical(id="pane-loss", classes="pane"):
@@ -127,10 +145,15 @@ class HostScreen(Screen[None]):
         for pane_id, title in PANES:
             self.query_one(f"#{pane_id}").border_title = title
         self.selected_run = self._tab_names[0] if self._tab_names else None
+        tabs = self.query_one("#run-tabs", Tabs)
+        tabs.can_focus = False  # n / N switch runs: Tab goes from pane to pane
         if not self._tab_names:
-            self.query_one("#run-tabs").display = False
+            tabs.display = False
         self.refresh_data()
-        self.query_one(ProcessTable).focus()
+        # Wide: every pane is on screen, and the process cursor is what k acts on. Narrow: the
+        # top pane, so that the focus is where the eye is.
+        first = ProcessTable if self.app.size.width >= WIDE else GpuPanel
+        self.pane_target(self.query_one(first)).focus(scroll_visible=False)
 
     def on_screen_resume(self) -> None:
         self.refresh_data()
@@ -197,11 +220,42 @@ class HostScreen(Screen[None]):
         names = self._tab_names
         if 0 <= index < len(names) and names[index] != self.selected_run:
             self.selected_run = names[index]
+            self.query_one(LogTail).action_follow()  # another run's log: from its end
             self.refresh_data()
 
     def on_process_selected(self, event: ProcessSelected) -> None:
         self.selected_pid = event.pid
         self.gw.refresh_bindings()
+
+    # -- panes -----------------------------------------------------------------------------
+    def pane_target(self, widget: Widget) -> Widget:
+        """What takes the focus for the pane that holds `widget`: the pane's own focusable
+        widget (the process table, the log, the loss pane) or the pane's scroll container."""
+        pane = self.pane_of(widget)
+        if pane is None:
+            return widget
+        for child in pane.query("*"):
+            if child.can_focus:
+                return child
+        return pane
+
+    @staticmethod
+    def pane_of(widget: Widget) -> Widget | None:
+        for node in (widget, *widget.ancestors):
+            if isinstance(node, Widget) and node.has_class("pane"):
+                return node
+        return None
+
+    def action_pane(self, index: int) -> None:
+        pane = self.query_one(f"#{PANES[index][0]}")
+        self.pane_target(pane).focus()
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        """The focused pane comes into view whole, title and all (Textual only centres the
+        focused widget, which can leave a pane's title above the top edge)."""
+        pane = self.pane_of(event.widget)
+        if pane is not None:
+            self.call_after_refresh(pane.scroll_visible, animate=False)
 
     # -- keys ------------------------------------------------------------------------------
     def action_back(self) -> None:

@@ -1,4 +1,5 @@
-"""FleetTable: every host in one table, one row each, at a glance.
+"""FleetTable: every host in one table, one row each, at a glance; the columns that do not fit
+the terminal's width go, least important first (Fit), rather than being cut mid-number.
 
 State (ok / stale for N s / unreachable and why), per-GPU util and SM clock as % of max (one
 block character per GPU, so 8 GPUs fit in 8 cells: U21 is visible as tall util beside short
@@ -8,8 +9,10 @@ clock), VRAM, runs with their status, findings by severity. Scrolls for 64+ host
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gpuwatch.remote.findings import Severity
+from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import DataTable
 
@@ -25,8 +28,36 @@ from ..format import level_char, pct, visible
 from ..state import HostData
 
 COLUMNS = (("host", "host"), ("state", "state"), ("util", "GPU util"),
-           ("clock", "SM clock"), ("findings", "findings"), ("runs", "runs"), ("vram", "VRAM"))
+           ("clock", "SM clock"), ("vram", "VRAM"), ("findings", "findings"), ("runs", "runs"))
 STATE_WIDTH = 28
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Which columns a width affords: the least important go first (runs shortened to their
+    glyphs, then dropped; the state and a GPU error cut shorter; findings, then VRAM dropped),
+    so that what is shown is never cut mid-number ("lla", "vit" at 80 columns)."""
+
+    state_width: int
+    runs: str  # "names", "glyphs" or "" (no column)
+    dropped: frozenset[str] = frozenset()
+    error_width: int | None = None
+    """A wedged driver's words in the GPU util column, cut to this width (None: whole)."""
+
+    @property
+    def columns(self) -> tuple[tuple[str, str], ...]:
+        return tuple((key, label) for key, label in COLUMNS
+                     if (key != "runs" or self.runs) and key not in self.dropped)
+
+
+FITS = (Fit(STATE_WIDTH, "names"), Fit(20, "names", error_width=16),
+        Fit(20, "glyphs", error_width=12), Fit(16, "glyphs", error_width=12),
+        Fit(16, "", error_width=12), Fit(14, "", frozenset({"findings"}), error_width=10),
+        Fit(12, "", frozenset({"findings", "vram"}), error_width=10))
+"""Widest first; the first that fits the table's width is used."""
+PADDING = 2
+"""A DataTable cell's padding, both sides together."""
+SCROLLBAR = 2
 
 
 class FleetTable(DataTable[Text]):
@@ -36,10 +67,60 @@ class FleetTable(DataTable[Text]):
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
         self._shown: list[str] = []
         self._states: dict[str, str] = {}
+        self._hosts: list[HostData] = []
+        self._when: tuple[float, float] = (0.0, 0.0)
+        self._widths: dict[str, dict[str, int]] = {}
+        """Each host's widest cells, for the fit: its name, runs (names, glyphs), findings..."""
+        self.fit = FITS[0]
 
     def on_mount(self) -> None:
-        for key, label in COLUMNS:
-            self.add_column(label, key=key, width=STATE_WIDTH if key == "state" else None)
+        self._add_columns()
+
+    def _add_columns(self) -> None:
+        for key, label in self.fit.columns:
+            self.add_column(label, key=key, width=self.fit.state_width if key == "state"
+                            else None)
+
+    def on_resize(self) -> None:
+        self._refit()
+
+    def choose_fit(self) -> Fit:
+        """The widest fit whose columns all fit the table's width."""
+        width = self.size.width - SCROLLBAR
+        widest: dict[str, int] = {key: cell_len(label) for key, label in COLUMNS}
+        widest["runs-glyphs"] = widest["error"] = 0
+        for cells in self._widths.values():
+            for key, w in cells.items():
+                widest[key] = max(widest[key], w)
+        for fit in FITS:
+            need = 0
+            for key, _ in fit.columns:
+                if key == "state":
+                    need += fit.state_width
+                elif key == "runs":
+                    need += max(widest["runs" if fit.runs == "names" else "runs-glyphs"],
+                                cell_len("runs"))
+                elif key == "util":
+                    error = widest["error"] if fit.error_width is None else min(
+                        widest["error"], fit.error_width)
+                    need += max(widest["util"], error)
+                else:
+                    need += widest[key]
+                need += PADDING
+            if need <= width:
+                return fit
+        return FITS[-1]
+
+    def _refit(self) -> None:
+        if not self.size.width:
+            return
+        fit = self.choose_fit()
+        if fit != self.fit:
+            self.fit = fit
+            self.clear(columns=True)
+            self._add_columns()
+            self._states.clear()
+            self._fill(self._hosts, *self._when)
 
     @property
     def selected_host(self) -> str | None:
@@ -49,6 +130,16 @@ class FleetTable(DataTable[Text]):
 
     def show(self, hosts: Sequence[HostData], now: float, interval: float) -> None:
         """Replace the rows (a new filter, a theme change); the cursor stays on its host."""
+        self._hosts, self._when = list(hosts), (now, interval)
+        self._widths = {h.name: self.measure(h) for h in hosts}
+        fit = self.choose_fit() if self.size.width else self.fit
+        if fit != self.fit:
+            self.fit = fit
+            self.clear(columns=True)
+            self._add_columns()
+        self._fill(hosts, now, interval)
+
+    def _fill(self, hosts: Sequence[HostData], now: float, interval: float) -> None:
         keep = self.selected_host
         self.clear()
         self._states.clear()
@@ -61,7 +152,16 @@ class FleetTable(DataTable[Text]):
     def update_host(self, data: HostData, now: float, interval: float) -> None:
         if data.name not in self._shown:
             return
-        for (key, _), cell in zip(COLUMNS, self.cells(data, now, interval), strict=True):
+        self._when = (now, interval)
+        widths = self.measure(data)
+        if widths != self._widths.get(data.name):
+            self._widths[data.name] = widths
+            fit = self.choose_fit()
+            if fit != self.fit:  # a wider cell than the columns afford: every row anew
+                self._refit()
+                return
+        for (key, _), cell in zip(self.fit.columns, self.cells(data, now, interval),
+                                  strict=True):
             self.update_cell(data.name, key, cell, update_width=True)
             if key == "state":
                 self._states[data.name] = cell.plain
@@ -79,23 +179,46 @@ class FleetTable(DataTable[Text]):
     # -- cells -------------------------------------------------------------------------------
     def cells(self, data: HostData, now: float, interval: float) -> list[Text]:
         util, clock, vram = self.gpu_cells(data)
-        return [Text(visible(data.name), style="bold"), self.state_cell(data, now, interval), util,
-                clock, self.findings_cell(data), self.runs_cell(data), vram]
+        cells = {"host": Text(visible(data.name), style="bold"),
+                 "state": self.state_cell(data, now, interval), "util": util, "clock": clock,
+                 "vram": vram, "findings": self.findings_cell(data),
+                 "runs": self.runs_cell(data, glyphs_only=self.fit.runs == "glyphs")}
+        return [cells[key] for key, _ in self.fit.columns]
+
+    def measure(self, data: HostData) -> dict[str, int]:
+        """The width each of this host's cells needs (the state is cut to fit instead)."""
+        util, clock, vram = self.gpu_cells(data)
+        snap = data.snapshot
+        error = snap is not None and snap.gpu_error is not None and not snap.gpus
+        said = cell_len(f"⚠ {snap.gpu_error.summary}") if (
+            snap is not None and snap.gpu_error is not None and error) else 0
+        return {"host": cell_len(visible(data.name)), "util": 0 if error else util.cell_len,
+                "error": said,
+                "clock": clock.cell_len, "vram": vram.cell_len,
+                "findings": self.findings_cell(data).cell_len,
+                "runs": self.runs_cell(data).cell_len,
+                "runs-glyphs": self.runs_cell(data, glyphs_only=True).cell_len}
 
     def state_cell(self, data: HostData, now: float, interval: float) -> Text:
         status = data.status(now, interval)
         glyph = {"ok": "●", "stale": "◌", "unreachable": "✗", "waiting": "…"}[status.kind]
         text = f"{glyph} {visible(status.text)}"  # an error's text may quote the box
-        if len(text) > STATE_WIDTH:
-            text = text[: STATE_WIDTH - 1] + "…"
+        width = self.fit.state_width
+        if len(text) > width:
+            text = text[: width - 1] + "…"
         return Text(text, style=colour(self.app, STATUS_VARIABLE[status.kind]))
 
     def gpu_cells(self, data: HostData) -> list[Text]:
         snap = data.snapshot
         if snap is not None and snap.gpu_error is not None and not snap.gpus:
-            # A wedged driver is not "no GPU": said where the GPUs would be.
-            return [Text(f"⚠ {snap.gpu_error.summary}", style=colour(self.app, "error")),
-                    Text(""), Text("")]
+            # A wedged driver is not "no GPU": said where the GPUs would be (words: they may
+            # be cut short to fit, the host view says them whole).
+            said = Text(f"⚠ {snap.gpu_error.summary}", style=colour(self.app, "error"))
+            width = self.fit.error_width
+            if width is not None and said.cell_len > width:
+                said.truncate(width - 1)
+                said.append("…")
+            return [said, Text(""), Text("")]
         if snap is None or not snap.gpus:
             muted = colour(self.app, "text-muted")
             none = "no GPU" if snap is not None else ""
@@ -111,13 +234,16 @@ class FleetTable(DataTable[Text]):
         vram = Text(f"{used / 1024:.0f}/{total / 1024:.0f} GiB" if total else "?")
         return [util, clock, vram]
 
-    def runs_cell(self, data: HostData) -> Text:
+    def runs_cell(self, data: HostData, glyphs_only: bool = False) -> Text:
+        """Each run's name and status glyph; narrow: the glyphs alone (the host view names
+        them)."""
         text = Text()
         for i, name in enumerate(data.run_names()):  # configured, then discovered (issue 8)
             status = data.run_status(name)
-            if i:
+            if i and not glyphs_only:
                 text.append(" ")
-            text.append(visible(name))  # a config's or the box's name: Text, never markup
+            if not glyphs_only:
+                text.append(visible(name))  # a config's or the box's name: Text, never markup
             text.append(RUN_GLYPH[status], style=colour(self.app, RUN_VARIABLE[status]))
         return text
 

@@ -43,7 +43,10 @@ class KeyFooter(Footer):
                      if binding.show)
 
     async def _recompose_if_changed(self) -> None:
-        if not self.is_attached:
+        # Only the top screen's footer: the app's check_action answers for the top screen, so
+        # a footer under it would show that screen's keys, and the key widgets it dropped would
+        # stay in its screen's last layout until it is shown again. It catches up on resume.
+        if not self.is_attached or not self.screen.is_active:
             return
         keys = self._keys()
         if keys == self._shown:

@@ -38,7 +38,7 @@ class LossSettings:
     wall: bool = False
 
 
-class LossPane(Vertical):
+class LossPane(Vertical, can_focus=True):
     """The tag line and the plot of the selected run."""
 
     def __init__(self, **kwargs: object) -> None:
