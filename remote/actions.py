@@ -297,7 +297,7 @@ def plan_kill(host: HostConfig, history: HostHistory, pid: int,
     if proc.zombie:
         return _refused("kill", host, (
             f"pid {pid} is defunct: it is already dead and no signal reaches it; its parent "
-            f"(pid {proc.ppid}) has to reap it (U11)"), signal=signal)
+            f"(pid {proc.ppid}) has to reap it"), signal=signal)
     notes = []
     if proc.run is not None:
         notes.append(f"pid {pid} belongs to run {proc.run}: this ends that run")
@@ -518,7 +518,7 @@ def _relaunch_blocked(host: HostConfig, name: str, history: HostHistory,
                    | set(series.pids if series else ()))
     if alive:
         return None, (f"run {name} is running (pid {', '.join(map(str, alive))}); kill it "
-                      "first — a kill and a relaunch are never one step (U4)")
+                      "first — a kill and a relaunch are never one step")
     for p in snap.processes:
         argv0 = os.path.basename(p.cmd.split(" ", 1)[0]) if p.cmd else ""
         if p.zombie or (p.comm not in SHELLS and argv0 not in SHELLS):
@@ -526,8 +526,8 @@ def _relaunch_blocked(host: HostConfig, name: str, history: HostHistory,
         hit = _runs_script(p, scripts, workdir)
         if hit is not None:
             return None, (f"{hit} is being executed by pid {p.pid} ({p.cmd}): a shell reads "
-                          "its script as it goes, so a second start now risks a duplicate run "
-                          "(U2); end it first")
+                          "its script as it goes, so a second start now risks a duplicate "
+                          "run; end it first")
     return snap, None
 
 
@@ -781,7 +781,7 @@ async def _signal(plan: ActionPlan, host: HostConfig, accept_new: bool,
     except _Lost as exc:  # U1: a kill may drop the connection; the poll decides
         doc, lost = None, True
         lines.append(f"the connection dropped after {plan.signal} was sent ({exc}); that is "
-                     "normal after a kill (U1)")
+                     "normal after a kill")
     if doc is not None and doc.get("refused"):
         return ActionOutcome(False, f"refused on {plan.host}: {doc['refused']}"), "refused"
     if doc is not None and doc.get("failed"):

@@ -118,8 +118,7 @@ class Diagnosis:
         if self.cause == "exception":
             return f"it crashed: {ev.get('line')!r}"
         if self.cause == "sighup":
-            return ("it died with its SSH session (tty-bound, not under tmux/nohup/setsid; "
-                    "seed 000)")
+            return "it died with its SSH session (tty-bound, not under tmux/nohup/setsid)"
         if self.cause == "killed" and ev.get("signal") is not None:
             why = ("; the kernel log or the cgroup counter could not be read, so an OOM kill "
                    "is not ruled out" if ev.get("unchecked") else

@@ -529,7 +529,7 @@ def relaunch_command(record: LaunchRecord, latest_checkpoint: str | Checkpoint |
             f"not passed: {', '.join(record.dropped_secret)} — set at launch but named like a "
             "secret, so gpuwatch never read, stored or sent its value (U34); put it on the box "
             "for the run (e.g. a ~/.netrc streamed over stdin), or a tracker that needs it "
-            "may run disabled (U35)")
+            "may run disabled")
     if record.dropped_session:
         notes.append("the old login's variables are not passed: "
                      + ", ".join(record.dropped_session))

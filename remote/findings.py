@@ -651,7 +651,7 @@ def gpu_util_without_clock(history: HostHistory) -> Iterable[Finding]:
             "gpu.util_without_clock", Severity.WARNING,
             f"GPU {gpu.index} reports {gpu.util_pct:.0f}% util but {what} over {len(snaps)} "
             f"polls ({_dur(span)}): it is underfed or throttled, not busy — check its throttle "
-            "reasons and the input pipeline (U21, U24)",
+            "reasons and the input pipeline",
             gpu=gpu.index,
             evidence={"polls": len(snaps), "span_s": span,
                       "util_pct": [_gpu(x, gpu.index).util_pct for x in snaps],
@@ -709,7 +709,7 @@ def gpu_throttled(history: HostHistory) -> Iterable[Finding]:
         yield Finding(
             "gpu.throttled", Severity.INFO if info else Severity.WARNING,
             f"GPU {gpu.index} is throttled ({', '.join(reasons)}{hot}{at}) over {len(snaps)} "
-            f"polls: {todo} (U23)",
+            f"polls: {todo}",
             gpu=gpu.index,
             evidence={"reasons": reasons, "polls": len(snaps), "temp_c": gpu.temp_c,
                       "sm_clock_mhz": gpu.sm_clock_mhz, "sm_clock_max_mhz": gpu.sm_clock_max_mhz,
@@ -774,7 +774,7 @@ def gpu_xid(history: HostHistory) -> Iterable[Finding]:
                 "check the run's log; repeated Xids on one GPU mean hardware")
         yield Finding(
             "gpu.xid", Severity.CRITICAL if dead else Severity.WARNING,
-            f"{where} logged Xid {', '.join(map(str, codes))} ({meaning}): {todo} (U22)",
+            f"{where} logged Xid {', '.join(map(str, codes))} ({meaning}): {todo}",
             gpu=gpu,
             evidence={"xids": codes, "count": len(found) + len(extra),
                       "pci": found[-1].pci if found else None,
@@ -831,7 +831,7 @@ def gpu_idle_while_running(history: HostHistory) -> Iterable[Finding]:
             stepping = any(r.new_points() for snap in idle[1:] for r in snap.runs
                            if r.name == sample.name)
             todo = ("its steps still advance, so it is starved by data loading: raise "
-                    "num_workers, pin_memory, prefetch (U38, U24)" if stepping else
+                    "num_workers, pin_memory, prefetch" if stepping else
                     "and no new steps: it is hung or waiting — check its log or py-spy dump")
             yield Finding(
                 "gpu.idle_while_running", Severity.WARNING,
@@ -892,7 +892,7 @@ def run_rank_dead(history: HostHistory) -> Iterable[Finding]:
             "run.rank_dead", Severity.CRITICAL,
             f"run {name}: rank pid {', '.join(map(str, d.pids))} died ({d.summary}) while "
             f"{len(survivors)} other rank(s) live on and will hang until the NCCL timeout — "
-            "kill the whole run and relaunch it from its latest checkpoint (seed 002)",
+            "kill the whole run and relaunch it from its latest checkpoint",
             run=name, evidence={"cause": d.cause, "diagnosis": d.to_json(), "died_at": d.at,
                                 "dead_pids": list(d.pids), "survivors": survivors})
 
@@ -914,7 +914,7 @@ def run_sighup_risk(history: HostHistory) -> Iterable[Finding]:
             "run.sighup_risk", Severity.WARNING,
             f"run {sample.name} (pid {exposed[0].pid}) is tied to a terminal without nohup, "
             "tmux or setsid: it dies when that SSH session drops — relaunch it detached "
-            "(tmux, or setsid nohup ... &) at its next checkpoint (seed 000)",
+            "(tmux, or setsid nohup ... &) at its next checkpoint",
             run=sample.name,
             evidence={"pids": [p.pid for p in exposed], "tty_nr": exposed[0].tty_nr,
                       "session": exposed[0].session, "ancestry": chain})
@@ -930,7 +930,7 @@ def host_kill_user_processes(history: HostHistory) -> Iterable[Finding]:
         "host.kill_user_processes", Severity.WARNING,
         f"{history.name} has logind KillUserProcesses=yes: logging out kills even tmux and "
         "nohup runs — start runs with `systemd-run --user --scope` after `loginctl "
-        "enable-linger`, or set KillUserProcesses=no (seed 000)",
+        "enable-linger`, or set KillUserProcesses=no",
         evidence={"kill_user_processes": True})
 
 
@@ -974,10 +974,10 @@ def run_progress(history: HostHistory) -> Iterable[Finding]:
             yield Finding(
                 "run.stalled", Severity.WARNING,
                 f"run {sample.name} is alive but has written nothing for {_dur(quiet)}"
-                + (" (only its log is watched: it may just be block-buffered, U43)"
+                + (" (only its log is watched: it may just be block-buffered)"
                    if only_log else "")
                 + " — it is likely hung (a dead rank leaves the others waiting in NCCL): "
-                "check its log and py-spy dump, then kill and relaunch (U43, seed 002)",
+                "check its log and py-spy dump, then kill and relaunch",
                 run=sample.name,
                 evidence={"quiet_s": quiet, "log_age_s": None if log_mtime is None
                           else at - log_mtime,
@@ -994,7 +994,7 @@ def run_progress(history: HostHistory) -> Iterable[Finding]:
                 f"run {sample.name}'s log has been silent for {_dur(log_age)} while its "
                 f"{newest_kind} was written {_dur(at - newest)} ago: stdout is "
                 "block-buffered, the run is fine — next time launch with python -u or "
-                "PYTHONUNBUFFERED=1 (U43)",
+                "PYTHONUNBUFFERED=1",
                 run=sample.name,
                 evidence={"log_age_s": log_age, "newest": newest_kind,
                           "newest_age_s": at - newest})
@@ -1023,7 +1023,7 @@ def run_events_empty(history: HostHistory) -> Iterable[Finding]:
             "run.events_empty", Severity.WARNING,
             f"run {sample.name} has run {_dur(at - started)} but {sample.events_path} "
             f"holds {what}{f' ({error})' if error else ''}: its writer logs elsewhere — check "
-            "SummaryWriter(log_dir=...) against the configured events path (U39)",
+            "SummaryWriter(log_dir=...) against the configured events path",
             run=sample.name,
             evidence={"events_path": sample.events_path, "files": len(sample.event_files),
                       "error": error, "uptime_s": at - started})
@@ -1048,7 +1048,7 @@ def ckpt_overdue(history: HostHistory) -> Iterable[Finding]:
             "ckpt.overdue", Severity.WARNING,
             f"run {sample.name} last checkpointed {_dur(age)} ago, {age / cadence:.1f}× its "
             f"usual {_dur(cadence)}: a crash now loses all of that — check it still makes "
-            "progress and that the checkpoint disk is not full (seed 001)",
+            "progress and that the checkpoint disk is not full",
             run=sample.name,
             evidence={"age_s": age, "cadence_s": cadence, "latest": latest.path,
                       "work_at_risk_s": series.work_at_risk_s(at)})
@@ -1073,7 +1073,7 @@ def ckpt_tmp_leftover(history: HostHistory) -> Iterable[Finding]:
             "ckpt.tmp_leftover", Severity.WARNING,
             f"run {sample.name} has {len(stale)} partial checkpoint(s) ({_gib(total)}, e.g. "
             f"{stale[0].path}) left by a failed save — check the disk is not full, then delete "
-            "them (U6)",
+            "them",
             run=sample.name,
             evidence={"paths": [c.path for c in stale], "bytes": total})
 
@@ -1121,7 +1121,7 @@ def disk_low(history: HostHistory) -> Iterable[Finding]:
                 yield Finding(
                     "disk.low", Severity.CRITICAL if critical else Severity.WARNING,
                     f"{fs} has {_gib(disk.bytes_free)} free ({pct:.1f}%){fits}: free space "
-                    "now — delete old checkpoints and *.tmp partials or move them off (U6)",
+                    "now — delete old checkpoints and *.tmp partials or move them off",
                     subject=fs,
                     evidence={"path": disk.path, "mount": disk.mount,
                               "bytes_free": disk.bytes_free, "bytes_total": disk.bytes_total,
@@ -1134,7 +1134,7 @@ def disk_low(history: HostHistory) -> Iterable[Finding]:
                     else Severity.WARNING,
                     f"{fs} has {disk.inodes_free:,} inodes free ({ipct:.1f}%): writes will fail "
                     "with 'No space left on device' whatever df -h says — delete or tar up "
-                    "small files (per-sample outputs, caches) (U7, U25)",
+                    "small files (per-sample outputs, caches)",
                     subject=fs,
                     evidence={"path": disk.path, "mount": disk.mount,
                               "inodes_free": disk.inodes_free,
@@ -1175,7 +1175,7 @@ def disk_full_soon(history: HostHistory) -> Iterable[Finding]:
             "disk.full_soon", Severity.CRITICAL if hours < 1 else Severity.WARNING,
             f"{fs} fills in about {hours:.1f} h at the last {_dur(span)}'s rate "
             f"({_gib(rate * 3600)}/h): free space or cap the checkpoints kept before "
-            "torch.save fails (U6)",
+            "torch.save fails",
             subject=fs,
             evidence={"path": disk.path, "mount": disk.mount, "bytes_free": disk.bytes_free,
                       "bytes_per_hour": rate * 3600, "hours_left": hours, "span_s": span})
@@ -1202,7 +1202,7 @@ def host_cgroup_oom(history: HostHistory) -> Iterable[Finding]:
         "host.cgroup_oom", Severity.CRITICAL,
         f"the memory cgroup OOM-killed {new - old} process(es) since the last poll{who}"
         + (f" at its {_gib(limit)} limit" if limit else "")
-        + ": lower num_workers or the per-worker footprint, or rent more memory (U9, U41)",
+        + ": lower num_workers or the per-worker footprint, or rent more memory",
         evidence={"oom_kill_before": old, "oom_kill_now": new, "cgroup": now.cgroup.path,
                   "memory_max_bytes": limit,
                   "memory_current_bytes": now.cgroup.memory_current_bytes,
@@ -1240,7 +1240,7 @@ def host_cpu_oversubscribed(history: HostHistory) -> Iterable[Finding]:
             f"run {sample.name} runs {n} threads on a {cpus:g}-vCPU cgroup quota "
             f"({n / cpus:.0f}×; the host shows {now.ncpu or '?'} cores): cap the pools — "
             f"export OMP_NUM_THREADS={max(1, int(cpus))} MKL_NUM_THREADS={max(1, int(cpus))} "
-            "before launch (U40)",
+            "before launch",
             run=sample.name,
             evidence={"threads": n, "cgroup_cpus": cpus, "host_cpus": now.ncpu,
                       "polls": len(snaps)})
@@ -1268,7 +1268,7 @@ def run_code_changed(history: HostHistory) -> Iterable[Finding]:
             "run.code_changed", Severity.WARNING,
             f"run {sample.name}: {p.script} changed on disk {_dur(late)}"
             f" after pid {p.pid} started — {effect}; version the file instead of overwriting "
-            "it, and restart the run if the change must apply (U2, U42)",
+            "it, and restart the run if the change must apply",
             run=sample.name,
             evidence={"pid": p.pid, "script": p.script, "script_mtime": p.script_mtime,
                       "started_at": p.started_at, "pids": [c.pid for c in changed]})

@@ -242,7 +242,7 @@ def zombie_holders(history: HostHistory) -> list[ZombieHolder]:
         out.append(ZombieHolder(
             proc.pid, proc.start_ticks, proc.user, proc.gpu_index, proc.gpu_mem_mib, proc.cmd,
             "defunct", False,
-            f"pid {proc.pid} is defunct yet holds GPU memory; {todo} (U11)",
+            f"pid {proc.pid} is defunct yet holds GPU memory; {todo}",
             parent_pid=reaper, run=configured_run(proc)))
 
     # orphaned: left behind by its parent or its run, on a GPU idle for several polls
@@ -262,7 +262,7 @@ def zombie_holders(history: HostHistory) -> list[ZombieHolder]:
                 proc.pid, proc.start_ticks, proc.user, gpu, proc.gpu_mem_mib, proc.cmd,
                 "orphaned", True,
                 f"pid {proc.pid}{run} holds GPU {gpu} memory, {why}, and the GPU has been idle "
-                f"for {len(window)} polls: kill it to free the memory (U11)", run=owner))
+                f"for {len(window)} polls: kill it to free the memory", run=owner))
 
     if not sustained or not _gpu_processes_ok(snap):
         return out
@@ -288,8 +288,7 @@ def zombie_holders(history: HostHistory) -> list[ZombieHolder]:
             app.pid, None, None, gpu, app.gpu_mem_mib, app.process_name or "?",
             "invisible", False,
             f"nvidia-smi lists pid {app.pid} on idle GPU {gpu} but /proc here cannot see it "
-            "(another PID namespace): restart the container that owns it, or reset the GPU "
-            "(U11)"))
+            "(another PID namespace): restart the container that owns it, or reset the GPU"))
 
     # unattributed: memory in use, no process anywhere
     for dev in snap.gpus:
@@ -308,7 +307,7 @@ def zombie_holders(history: HostHistory) -> list[ZombieHolder]:
             None, None, None, dev.index, used, "", "unattributed", False,
             f"GPU {dev.index} has {used} MiB in use but no process holds it{caveat}: a dead "
             "container or crashed run left a context — restart the container or reset the "
-            "GPU (U11)"))
+            "GPU"))
     return out
 
 

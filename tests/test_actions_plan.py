@@ -133,7 +133,7 @@ def test_relaunch_plan_refusals_and_describe() -> None:
     assert "is running (pid 10)" in (plan_relaunch(host, "llama", alive).refusal or "")
     shell = history(snapshot(proc(11, comm="bash", cmd="bash /data/llama/run.sh")))
     refusal = plan_relaunch(host, "llama", shell).refusal or ""
-    assert "run.sh is being executed by pid 11" in refusal and "U2" in refusal
+    assert "run.sh is being executed by pid 11" in refusal
     assert "no checkpoint" in (plan_relaunch(host, "llama", history(snapshot())).refusal or "")
     plan = plan_relaunch(host, "bare", history(snapshot()))
     assert plan.refusal is None and plan.command == "python x.py"

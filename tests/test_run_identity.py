@@ -265,7 +265,7 @@ def test_another_users_train_py_is_not_counted_nor_named_in_a_refusal(
         w.poll()
         refused = actions.plan_relaunch(host, "mine", w.history).refusal
         assert refused == (f"run mine is running (pid {again.pid}); kill it first — a kill and "
-                           "a relaunch are never one step (U4)")
+                           "a relaunch are never one step")
     finally:
         subprocess.run(["rm", "-rf", str(theirs)], check=False)
 

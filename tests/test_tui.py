@@ -835,3 +835,22 @@ async def test_R_while_paused_says_polling_is_paused_and_claims_no_poll() -> Non
         assert "paused" in said and "polling gpu-capped" not in said
         await pilot.pause(0.2)
         assert dict(collector.calls) == calls
+
+
+def test_user_text_says_things_in_words_not_gotcha_codes() -> None:
+    """Findings, death causes and help speak to a person: "(U21)" or "(seed 002)" mean nothing
+    to one (docs/findings.md explains the codes; code comments cite them)."""
+    import re
+
+    from gpuwatch.remote.diagnosis import CAUSES, Diagnosis
+    from gpuwatch.tui.screens.help import HelpScreen
+
+    code = re.compile(r"\bU\d+\b|\bseed 00\d\b")
+    cfg = fx.config()
+    store = fx.seeded_store(cfg)
+    messages = [f.message for h in cfg.hosts for f in store.findings(h.name)]
+    messages += [Diagnosis(cause, {"line": "x", "pids": [1]}).summary for cause in CAUSES]
+    assert messages and not [m for m in messages if code.search(m)]
+    import inspect
+
+    assert not code.search(inspect.getsource(HelpScreen).split('"""', 2)[-1])

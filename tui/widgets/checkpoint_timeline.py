@@ -59,7 +59,7 @@ class CheckpointTimeline(Static):
             text.append("\n")
             text.append("leftover ", style=colour(self.app, "warning"))
             text.append(_name(left.path))
-            text.append(f" {human_bytes(left.bytes)} (a save that never finished: U6)",
+            text.append(f" {human_bytes(left.bytes)} (a save that never finished)",
                         style=colour(self.app, "warning"))
         if not ckpts and not run.leftovers:
             text.append("\nno checkpoints found", style=muted)
