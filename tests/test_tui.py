@@ -17,7 +17,7 @@ import tui_fixtures as fx
 from gpuwatch.remote import actions
 from gpuwatch.remote.collect import Collector, PollOutcome
 from gpuwatch.remote.config import Config, HostConfig
-from gpuwatch.remote.findings import HostHistory
+from gpuwatch.remote.findings import HostHistory, Severity
 from gpuwatch.remote.series import MAX_POINTS, MIN_POINTS, points_share
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.store import Store
@@ -854,3 +854,32 @@ def test_user_text_says_things_in_words_not_gotcha_codes() -> None:
     import inspect
 
     assert not code.search(inspect.getsource(HelpScreen).split('"""', 2)[-1])
+
+
+async def test_the_state_column_names_the_worst_problem_not_ok() -> None:
+    """A host polled fine but with a dead run, a zombie or a wedged driver does not read
+    "● ok": its state cell names its worst finding in words, in that severity's colour, and
+    how many more there are (the findings column is the first to go on a narrow terminal)."""
+    from gpuwatch.tui.format import FINDING_WORDS
+
+    cfg = fx.config()
+    app = make_app(cfg)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await feed(pilot, fx.latest(cfg))
+        table = app.screen.query_one(FleetTable)
+        for name, data in app.hosts.items():
+            cell = table.state_cell(data, fx.NOW, 10.0).plain
+            serious = [f for f in data.findings if f.severity >= Severity.WARNING]
+            if data.status(fx.NOW, 10.0).kind != "ok":
+                continue
+            if not serious:
+                assert cell == "● ok", (name, cell)
+                continue
+            top = max(f.severity for f in serious)
+            words = [FINDING_WORDS[f.code] for f in serious if f.severity == top]
+            assert "ok" not in cell.split(), (name, cell)
+            # the most important of the worst severity (FINDING_WORDS' order), cut to fit
+            first = min(words, key=lambda w: list(FINDING_WORDS.values()).index(w))
+            assert cell[2:].rstrip("…") in first or first in cell, (name, cell, first)
+        assert any(not c.startswith("●") for c in (
+            table.state_cell(d, fx.NOW, 10.0).plain for d in app.hosts.values()))

@@ -32,6 +32,23 @@ THROTTLE_MEANING = {
 }
 
 
+FINDING_WORDS = {  # most important first: of two findings of one severity, the cell names it
+    "run.dead": "run died", "run.rank_dead": "a rank died", "gpu.lost": "GPU lost",
+    "gpu.query_failed": "GPUs unreadable", "gpu.driver_mismatch": "driver mismatch",
+    "host.unreachable": "unreachable", "host.cgroup_oom": "OOM-killed",
+    "gpu.xid": "GPU error (Xid)", "run.stalled": "stalled", "gpu.vram_zombie": "VRAM zombie",
+    "disk.full_soon": "disk full soon", "disk.low": "disk low", "disk.inodes_low": "inodes low",
+    "host.rebooted": "rebooted", "gpu.util_without_clock": "busy, low clock",
+    "gpu.throttled": "throttled", "gpu.idle_while_running": "GPU idle",
+    "run.sighup_risk": "dies at logout", "host.kill_user_processes": "logout kills runs",
+    "ckpt.overdue": "checkpoint overdue", "run.log_buffered": "log silent",
+    "ckpt.tmp_leftover": "partial checkpoint", "run.events_empty": "no events",
+    "run.code_changed": "code changed", "host.cpu_oversubscribed": "CPU oversubscribed",
+    "gpu.persistence_off": "persistence off",
+}
+"""A finding's code in a few words, for a cell that names a host's worst problem."""
+
+
 def human_bytes(n: float | None) -> str:
     if n is None:
         return "?"

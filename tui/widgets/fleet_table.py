@@ -24,7 +24,7 @@ from ..colours import (
     colour,
     severity_colour,
 )
-from ..format import level_char, pct, visible
+from ..format import FINDING_WORDS, level_char, pct, visible
 from ..state import HostData
 
 COLUMNS = (("host", "host"), ("state", "state"), ("util", "GPU util"),
@@ -200,13 +200,24 @@ class FleetTable(DataTable[Text]):
                 "runs-glyphs": self.runs_cell(data, glyphs_only=True).cell_len}
 
     def state_cell(self, data: HostData, now: float, interval: float) -> Text:
+        """The host's state, or, where it was polled fine, its worst problem in words: a
+        dead run or a wedged driver is not "● ok" (the findings column may not fit)."""
         status = data.status(now, interval)
         glyph = {"ok": "●", "stale": "◌", "unreachable": "✗", "waiting": "…"}[status.kind]
         text = f"{glyph} {visible(status.text)}"  # an error's text may quote the box
+        style = colour(self.app, STATUS_VARIABLE[status.kind])
+        rank = list(FINDING_WORDS)
+        worst = min(data.findings, default=None, key=lambda f: (
+            -f.severity, rank.index(f.code) if f.code in rank else len(rank)))
+        if status.kind == "ok" and worst is not None and worst.severity >= Severity.WARNING:
+            more = sum(f.severity >= Severity.WARNING for f in data.findings) - 1
+            words = FINDING_WORDS.get(worst.code, worst.code)
+            text = f"{SEVERITY_GLYPH[worst.severity]} {words}{f' +{more}' if more else ''}"
+            style = severity_colour(self.app, worst.severity)
         width = self.fit.state_width
         if len(text) > width:
             text = text[: width - 1] + "…"
-        return Text(text, style=colour(self.app, STATUS_VARIABLE[status.kind]))
+        return Text(text, style=style)
 
     def gpu_cells(self, data: HostData) -> list[Text]:
         snap = data.snapshot
