@@ -104,7 +104,8 @@ async def test_fleet_shows_every_host_state_gpus_runs_and_findings() -> None:
         assert table.row_count == len(fx.HOSTS)
         cell = lambda host, col: table.get_cell(host, col).plain  # noqa: E731
         assert cell("gpu-healthy", "state") == "● ok"
-        assert cell("gpu-down", "state").startswith("✗ unreachable (unreachable)")
+        # the kind in words first, then the reason (no "unreachable (unreachable)")
+        assert cell("gpu-down", "state").startswith("✗ unreachable: connect to")
         assert cell("gpu-new", "state") == "… waiting for the first poll"
         assert cell("gpu-healthy", "util").startswith("████")  # one cell per GPU
         assert cell("gpu-capped", "clock").endswith(" 37%")  # util 100 % at 37 % clock: U21
@@ -883,3 +884,31 @@ async def test_the_state_column_names_the_worst_problem_not_ok() -> None:
             assert cell[2:].rstrip("…") in first or first in cell, (name, cell, first)
         assert any(not c.startswith("●") for c in (
             table.state_cell(d, fx.NOW, 10.0).plain for d in app.hosts.values()))
+
+
+async def test_help_explains_every_glyph_the_screens_use() -> None:
+    """▶ ? ⊘ ✗ ▲ ● were never explained: the help lists each with its meaning in words."""
+    from gpuwatch.tui.colours import RUN_GLYPH, SEVERITY_GLYPH
+    from gpuwatch.tui.screens.help import GLYPHS
+
+    listed = " ".join(glyph for glyph, _ in GLYPHS)
+    for glyph in [*RUN_GLYPH.values(), *SEVERITY_GLYPH.values(), "◌", "…"]:
+        assert glyph in listed, glyph
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        text = screen_text(app)
+        assert "what the glyphs mean" in text and "left behind" in text
+
+
+async def test_a_timed_out_host_says_so_first() -> None:
+    from gpuwatch.remote.config import HostConfig as Host
+
+    cfg = fx.config()
+    app = make_app(cfg)
+    async with app.run_test(size=(80, 24)) as pilot:
+        host = cfg.hosts[0]
+        await feed(pilot, [fx.failed(host, fx.NOW, "timeout", "did not finish connecting")])
+        cell = app.screen.query_one(FleetTable).state_cell(app.hosts[host.name], fx.NOW, 10.0)
+        assert cell.plain.startswith("✗ timed out: did") and isinstance(host, Host)

@@ -28,6 +28,12 @@ FORECAST_WINDOW_S = 6 * 3600.0
 """The disk forecast fits the growth of at most the last 6 hours."""
 
 
+
+FAILURE_WORDS = {"unreachable": "unreachable", "timeout": "timed out", "auth": "login refused",
+                 "host_key": "host key refused", "probe": "probe failed",
+                 "config": "config error"}
+"""A failed poll's kind in words, first in the fleet's state cell (its reason may not fit)."""
+
 @dataclass(frozen=True, slots=True)
 class GpuPoint:
     t: float
@@ -200,8 +206,8 @@ class HostData:
         failure = self.history.failure
         if self.outcome is not None and failure is not None:
             where = f"; data {human_age(age)} old" if age is not None else ""
-            return HostStatus("unreachable", f"unreachable ({failure.kind}): "
-                              f"{failure.message}{where}", age)
+            said = FAILURE_WORDS.get(failure.kind, failure.kind)  # the kind first, in words
+            return HostStatus("unreachable", f"{said}: {failure.message}{where}", age)
         if self.outcome is None:
             if age is None:
                 return HostStatus("waiting", "waiting for the first poll", None)

@@ -39,6 +39,20 @@ KEYS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+GLYPHS: tuple[tuple[str, str], ...] = (
+    ("● ok", "the host was polled and nothing at warning or worse was found"),
+    ("◌ stale", "the last good poll is old; the data shown is that poll's"),
+    ("✗ (state)", "the host could not be polled: the reason follows"),
+    ("… waiting", "no poll has landed yet"),
+    ("✖  ▲  ●", "a critical finding, a warning, an info (in the state and findings columns)"),
+    ("▶  ✓  ✗", "a run running, finished, dead"),
+    ("⊘", "left behind: what a dead run left holding VRAM (z reaps it)"),
+    ("?", "a run not seen yet (a configured run with no process and no data)"),
+    ("▁▂▄█", "per GPU, util and SM clock as a share of their maximum"),
+)
+"""Every glyph the screens use, in words."""
+
+
 class HelpScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,question_mark,q", "close", "Close")]
 
@@ -49,8 +63,14 @@ class HelpScreen(ModalScreen[None]):
         table.add_column("where", no_wrap=True)
         for key, what, where in KEYS:
             table.add_row(Text(key), Text(what), Text(where))
+        glyphs = Table(title="what the glyphs mean", expand=True, box=None, padding=(0, 1))
+        glyphs.add_column("glyph", style="bold", no_wrap=True)
+        glyphs.add_column("means")
+        for glyph, means in GLYPHS:
+            glyphs.add_row(Text(glyph), Text(means))
         with VerticalScroll(id="help-box"):
             yield Static(table)
+            yield Static(glyphs)
             yield Static("Actions are greyed out when nothing is selected or with --readonly; "
                          "each asks first, with Cancel as the default.", id="help-note",
                          markup=False)
