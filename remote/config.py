@@ -25,6 +25,17 @@ LOCAL = "local"
 """The host name that means this machine: the probe runs as a subprocess, no SSH."""
 
 DETACH_MODES = ("tmux", "setsid")
+RESTART_MODES = ("never", "on-failure")
+RESTART_CAUSES = ("killed", "sighup", "reboot", "xid", "exception", "oom_cgroup", "oom_kernel",
+                  "gpu_lost", "exited", "unknown", "run.hung")
+"""What `restart_on` may name: a death's cause (remote.diagnosis.CAUSES), `xid:N` for one Xid,
+`exception:KIND` for one kind of crash line, or `run.hung` (the watchdog kills a hung run first)."""
+EXCEPTION_KINDS = ("cuda_oom", "nccl_timeout", "nccl_error", "cuda_error", "disk_full",
+                   "exception")
+DEFAULT_RESTART_ON = ("killed", "sighup", "reboot", "xid", "exception:nccl_timeout", "run.hung")
+"""Never OOM or CUDA OOM by default: the run would die again the same way. `xid` leaves out
+48 and 79 (the GPU itself is gone, U22) unless they are named (`xid:48`)."""
+SEVERITIES = ("info", "warning", "critical")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -105,6 +116,14 @@ class RunConfig:
     detach: str = "tmux"
     env: Mapping[str, str] = field(default_factory=dict)
     """Environment exported to a relaunched run."""
+    restart: str = "never"
+    """The watchdog's policy: "never", or "on-failure" (relaunch when it dies of a cause in
+    `restart_on`, at most `max_restarts` times per `restart_window_s`)."""
+    max_restarts: int = 3
+    restart_window_s: float = 6 * 3600.0
+    restart_delay_s: float = 60.0
+    """Wait after a death before restarting, doubled for each restart already in the window."""
+    restart_on: tuple[str, ...] = DEFAULT_RESTART_ON
 
     def resolve(self, path: str | None) -> str | None:
         """A run path made absolute against the workdir (relative paths are relative to it)."""
@@ -132,6 +151,29 @@ class HostConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class NotifyConfig:
+    """`[notify]`: where the watcher's messages go (Apprise URLs) and which ones."""
+
+    urls: tuple[str, ...] = ()
+    urls_env: str = "GPUWATCH_NOTIFY_URLS"
+    """An environment variable with more URLs (whitespace or comma separated): tokens stay out
+    of the config file."""
+    min_severity: str = "warning"
+    """Findings below it are not sent (restarts and give-ups always are)."""
+    mute: tuple[str, ...] = ()
+    """Finding codes never sent: `run.plateau`, or a prefix with `*` (`gpu.*`)."""
+    quiet_hours: str | None = None
+    """"HH:MM-HH:MM" in this machine's local time: only critical findings and give-ups are
+    sent then."""
+    batch_s: float = 5.0
+    """A host's messages within this many seconds go out as one."""
+    timeout_s: float = 10.0
+    """Bound of one send to one target."""
+    retries: int = 3
+    """Further tries of a failed send, 2 s, 4 s, 8 s... apart."""
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole fleet, as loaded (or built from command-line hosts)."""
 
@@ -146,6 +188,7 @@ class Config:
     thresholds: Thresholds | None = None
     """The `[thresholds]` table: what the findings compare against (None: the defaults of
     remote.findings.Thresholds, where every key is documented)."""
+    notify: NotifyConfig = NotifyConfig()
 
     def host(self, name: str) -> HostConfig | None:
         return next((h for h in self.hosts if h.name == name), None)
@@ -276,6 +319,28 @@ SSH_RANGES: Mapping[str, NumberRange] = {
 the probe's own deadline sits a little under it, and a kill waits on the box inside it."""
 
 
+RESTART_RANGES: Mapping[str, NumberRange] = {
+    "max_restarts": NumberRange(0, 1000, integer=True),
+    "restart_window_s": NumberRange(0, 30 * _DAY_S, above=True),
+    "restart_delay_s": NumberRange(0, _DAY_S),
+}
+NOTIFY_RANGES: Mapping[str, NumberRange] = {
+    "batch_s": NumberRange(0, 3600), "timeout_s": NumberRange(0, 300, above=True),
+    "retries": NumberRange(0, 20, integer=True),
+}
+
+
+def quiet_span(text: str) -> tuple[int, int] | None:
+    """"22:00-07:00" as minutes of the day (start, end); None when it is not one."""
+    m = re.fullmatch(r"\s*(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*", text)
+    if m is None:
+        return None
+    h1, m1, h2, m2 = (int(g) for g in m.groups())
+    if h1 > 23 or h2 > 23 or m1 > 59 or m2 > 59:
+        return None
+    return h1 * 60 + m1, h2 * 60 + m2
+
+
 def threshold_ranges() -> dict[str, NumberRange]:
     """`[thresholds]` numbers (the fields of remote.findings.Thresholds; for a list of integers,
     the range of each item). A test holds every numeric field to having one."""
@@ -300,7 +365,7 @@ def threshold_ranges() -> dict[str, NumberRange]:
 # --- validation ------------------------------------------------------------------------------
 
 _SSH_KEYS = {f.name for f in fields(SshSettings)}
-_TOP_KEYS = {"interval", "readonly", "theme", "ssh", "hosts", "thresholds"}
+_TOP_KEYS = {"interval", "readonly", "theme", "ssh", "hosts", "thresholds", "notify"}
 _HOST_KEYS = {"ssh", "python", "disks", "runs"} | _SSH_KEYS
 _RUN_KEYS = {f.name for f in fields(RunConfig)} - {"name"}
 _RUN_STRINGS = ("process", "workdir", "log", "events", "checkpoints", "done", "relaunch")
@@ -402,10 +467,11 @@ class _Validator:
         hosts = [self.host(name, table, ssh)
                  for name, table in self.get(data, "hosts", (), self.table, {}).items()]
         thresholds = self.get(data, "thresholds", (), self.thresholds, None)
+        notify = self.get(data, "notify", (), self.notify, NotifyConfig())
         if self.errors:
             raise ConfigError.of(self.errors)
         return Config(path=self.path, interval=interval, readonly=readonly, theme=theme, ssh=ssh,
-                      hosts=tuple(hosts), thresholds=thresholds)
+                      hosts=tuple(hosts), thresholds=thresholds, notify=notify)
 
     def ssh(self, table: Mapping[str, Any], where: Key, base: SshSettings) -> SshSettings:
         changes: dict[str, Any] = {}
@@ -481,7 +547,63 @@ class _Validator:
         values["metrics"] = self.get(table, "metrics", key, self.strings, ())
         values["detach"] = self.get(table, "detach", key, self.detach, "tmux")
         values["env"] = self.get(table, "env", key, self.env, {})
+        values.update(self.restart_policy(table, key))
         return RunConfig(name=name, **values)
+
+    def restart_policy(self, table: Mapping[str, Any], key: Key) -> dict[str, Any]:
+        """The watchdog's keys of a run (remote/restart.py)."""
+        out: dict[str, Any] = {}
+        out["restart"] = self.get(table, "restart", key, self.choice(RESTART_MODES), "never")
+        for name, default in (("max_restarts", 3), ("restart_window_s", 6 * 3600.0),
+                              ("restart_delay_s", 60.0)):
+            out[name] = self.get(table, name, key, self.number(RESTART_RANGES[name]), default)
+        out["restart_on"] = self.get(table, "restart_on", key, self.causes, DEFAULT_RESTART_ON)
+        return out
+
+    def choice(self, allowed: Sequence[str]) -> Callable[[Any, Key], str]:
+        def parse(value: Any, key: Key) -> str:
+            text = self.string(value, key)
+            if text not in allowed:
+                raise self.fail(key, f"expected one of {', '.join(allowed)}, got {text!r}")
+            return text
+        return parse
+
+    def causes(self, value: Any, key: Key) -> tuple[str, ...]:
+        causes = self.reasons(value, key)
+        for cause in causes:
+            kind, _, detail = cause.partition(":")
+            ok = (cause in RESTART_CAUSES if not detail else
+                  (kind == "xid" and detail.isdigit() and len(detail) <= 5)
+                  or (kind == "exception" and detail in EXCEPTION_KINDS))
+            if not ok:
+                raise self.fail(key, f"{cause!r} is no cause of death: expected "
+                                     f"{', '.join(RESTART_CAUSES)}, xid:N or exception:KIND "
+                                     f"(KIND one of {', '.join(EXCEPTION_KINDS)})")
+        return causes
+
+    def notify(self, value: Any, key: Key) -> NotifyConfig:
+        table = self.table(value, key)
+        self.unknown(table, {f.name for f in fields(NotifyConfig)}, key)
+        d = NotifyConfig()
+        return NotifyConfig(
+            urls=self.get(table, "urls", key, self.reasons, d.urls),
+            urls_env=self.get(table, "urls_env", key, self.string, d.urls_env),
+            min_severity=self.get(table, "min_severity", key, self.choice(SEVERITIES),
+                                  d.min_severity),
+            mute=self.get(table, "mute", key, self.reasons, d.mute),
+            quiet_hours=self.get(table, "quiet_hours", key, self.hours, d.quiet_hours),
+            batch_s=self.get(table, "batch_s", key, self.number(NOTIFY_RANGES["batch_s"]),
+                             d.batch_s),
+            timeout_s=self.get(table, "timeout_s", key, self.number(NOTIFY_RANGES["timeout_s"]),
+                               d.timeout_s),
+            retries=self.get(table, "retries", key, self.number(NOTIFY_RANGES["retries"]),
+                             d.retries))
+
+    def hours(self, value: Any, key: Key) -> str:
+        text = self.string(value, key)
+        if quiet_span(text) is None:
+            raise self.fail(key, f"expected \"HH:MM-HH:MM\" (local time), got {text!r}")
+        return text
 
     def detach(self, value: Any, key: Key) -> str:
         detach = self.string(value, key)

@@ -21,7 +21,7 @@ EXIT_SOFTWARE = 70  # sysexits EX_SOFTWARE: an internal error (a bug), never a f
 EXIT_CANTCREAT = 73
 EXIT_USAGE, EXIT_CONFIG = 64, 78
 
-VERBS = ("init", "check", "kill", "reap", "relaunch", "scalars")
+VERBS = ("init", "check", "kill", "reap", "relaunch", "scalars", "watch", "notify")
 # Common options that take a value, so the verb scan does not mistake the value for a verb.
 _VALUED = {"--config", "--interval", "--theme", "--fail-on"}
 
@@ -39,6 +39,9 @@ gpuwatch reap HOST [--yes]            end the processes that hold VRAM as zombie
 gpuwatch relaunch HOST RUN [--yes]    start a dead run again from its latest checkpoint
 gpuwatch scalars PATH ... [--tag T] [--json]
                                       print the scalars of TensorBoard event files
+gpuwatch watch [--once] [--install-service]
+                                      headless watcher: restart policies, notifications
+gpuwatch notify --test                send a test message to each [notify] target
 
 exit codes of --once: 0 healthy; 1 a finding at or above --fail-on; 2 a host could not be
 polled; 64 usage error; 70 internal error (traceback in the error log); 78 config error"""
@@ -158,6 +161,10 @@ def build_parser(verb: str | None) -> argparse.ArgumentParser:
         parser.add_argument("--tag", action="append", metavar="T",
                             help="only this tag (repeatable)")
         parser.add_argument("--json", action="store_true", help="one JSON object")
+    elif verb in ("watch", "notify"):
+        from .cli_watch import add_arguments
+
+        add_arguments(parser, verb)
     _common(parser)
     return parser
 
@@ -218,6 +225,10 @@ def run(argv: Sequence[str]) -> int:
             return _reap(args)
         if verb == "relaunch":
             return _relaunch(args)
+        if verb in ("watch", "notify"):
+            from .cli_watch import run_verb
+
+            return run_verb(verb, args, _load)
         if verb is None and (args.json or args.prometheus) and not args.once:
             build_parser(None).error("--json and --prometheus go with --once")
         if verb is None and args.once:

@@ -1,0 +1,158 @@
+"""The headless watcher: the pipeline of remote/watch.py with the watchdog and notifications.
+
+Each round of a host: poll -> judge (with run.restart_limit from the store) -> remember ->
+the watchdog acts (restart.Watchdog, under the run's lease) -> the finding transitions and the
+watchdog's events are logged and handed to the notifier (never waited on). `gpuwatch watch`
+runs rounds until stopped; `gpuwatch watch --once` runs one round of every host. The TUI can use
+`Watcher.after_judge` on its own polls. Nothing here imports Textual or prints: lines go to the
+`log` callable given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+
+from .collect import Collector
+from .config import Config, HostConfig
+from .findings import HostHistory
+from .notify import Notifier, event_line, remember_sent, target_urls, transitions
+from .report import HostReport
+from .restart import Watchdog, WatchEvent, limit_findings, new_holder, with_limit_findings
+from .store import Store
+from .textsafe import visible
+from .watch import history_from_store, judge, opening, remember, resume
+
+Log = Callable[[str], None]
+NOTIFY_LEASE = ""
+"""The lease name of a host's notifications (one actor sends them)."""
+
+
+def lease_seconds(config: Config) -> float:
+    """A lease outlives a few missed rounds of its holder, not much more: a watcher that died
+    hands its runs over within about a minute."""
+    return max(3 * config.interval + 30.0, 60.0)
+
+
+class Watcher:
+    """Rounds of polls with the watchdog and notifications, for `watch` and the TUI."""
+
+    def __init__(self, config: Config, store: Store, log: Log, *, kind: str = "watch",
+                 accept_new_host_keys: bool = False, notifier: Notifier | None = None,
+                 verify_s: float | None = None) -> None:
+        self.config, self.store, self.log = config, store, log
+        self.holder = new_holder(kind)
+        self.lease_s = lease_seconds(config)
+        self.watchdog = Watchdog(
+            store, self.holder, lease_s=self.lease_s, readonly=config.readonly,
+            accept_new_host_keys=accept_new_host_keys,
+            verify_s=verify_s if verify_s is not None else max(3 * config.interval + 20, 30.0))
+        urls = target_urls(config.notify)
+        self.notifier = notifier if notifier is not None else (
+            Notifier(config.notify, urls, log) if urls else None)
+        self.collector = Collector(accept_new_host_keys=accept_new_host_keys)
+        self.histories: dict[str, HostHistory] = {}
+        self._limiter = None
+
+    def history(self, host: HostConfig) -> HostHistory:
+        if host.name not in self.histories:
+            self.histories[host.name] = history_from_store(self.store, host,
+                                                           self.config.thresholds)
+            resume(self.collector, self.store, host)
+        return self.histories[host.name]
+
+    async def round(self, host: HostConfig) -> HostReport:
+        """One poll of a host, judged, remembered, acted on, notified."""
+        history = self.history(host)
+        outcome = await self.collector.poll(host, history.runs)
+        report = judge(history, outcome)
+        return await self.after_judge(host, history, report)
+
+    async def after_judge(self, host: HostConfig, history: HostHistory,
+                          report: HostReport, *, save: bool = True) -> HostReport:
+        """What the watcher adds to a judged poll. `save=False`: the caller remembers."""
+        now = time.time()
+        report = with_limit_findings(report, history,
+                                     limit_findings(self.store, host, history, now))
+        if save:
+            remember(self.store, report.outcome, history, self.collector)
+        if not report.outcome.ok:
+            self.log(f"{host.name}: poll failed: {report.outcome.error_kind}: "
+                     f"{visible(report.outcome.error_message or '')[:300]}")
+        lines = []
+        if self.store.take_lease(host.name, NOTIFY_LEASE, self.holder, self.lease_s, now):
+            lines = transitions(self.store, self.config.notify, host.name, report.findings,
+                                polled=report.outcome.ok, now=now)
+        for _, line in lines:
+            self.log(f"{host.name}: {line}")
+        try:
+            events = await self.watchdog.act(host, history)
+        except Exception as exc:  # one run's trouble must not end the watch
+            from . import errorlog
+
+            where = errorlog.record(exc, f"watchdog on {host.name}")
+            events = [WatchEvent(host.name, "?", "failed",
+                                 f"the watchdog failed ({errorlog.summary(exc)}); traceback "
+                                 f"in {where}")]
+        for e in events:
+            self.log(f"{host.name}: {event_line(e.kind, e.message)}")
+            if e.kind in ("restart", "verified", "failed", "gave_up"):
+                lines.append((e.severity, event_line(e.kind, f"{e.run}: {e.message}")))
+        if self.notifier is not None:
+            self.notifier.post(host.name, lines)
+            self.save_sent()
+        return report
+
+    def save_sent(self) -> None:
+        if self.notifier is not None:
+            remember_sent(self.store, self.notifier.results())
+
+    async def once(self, hosts: Sequence[HostConfig]) -> list[HostReport]:
+        from .poller import OpeningLimiter
+
+        limiter = OpeningLimiter()
+        self.collector = Collector(accept_new_host_keys=self.watchdog.accept_new,
+                                   opening=lambda h: opening(limiter, h))
+        return list(await asyncio.gather(*(self.round(h) for h in hosts)))
+
+    async def run(self, hosts: Sequence[HostConfig], stop: asyncio.Event) -> None:
+        """Rounds of every host, each host on its own interval, until `stop` is set."""
+        from .poller import OpeningLimiter
+
+        limiter = OpeningLimiter()
+        self.collector = Collector(accept_new_host_keys=self.watchdog.accept_new,
+                                   opening=lambda h: opening(limiter, h))
+        tasks = [asyncio.create_task(self._host_loop(h, stop)) for h in hosts]
+        try:
+            await stop.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+
+    async def _host_loop(self, host: HostConfig, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                await self.round(host)
+            except Exception as exc:  # a bug of ours: logged, the watch goes on
+                from . import errorlog
+
+                where = errorlog.record(exc, f"watching {host.name}")
+                self.log(f"{host.name}: internal error ({errorlog.summary(exc)}); traceback "
+                         f"in {where}")
+            wait = max(0.0, self.config.interval - (time.monotonic() - started))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), wait)
+
+    def close(self, flush_s: float = 10.0) -> None:
+        """Hand the leases back and send what is batched (bounded)."""
+        with contextlib.suppress(Exception):
+            self.watchdog.release()
+        if self.notifier is not None:
+            self.notifier.close(flush_s)
+            self.save_sent()

@@ -1,0 +1,196 @@
+"""`gpuwatch watch [--once] [--install-service]` and `gpuwatch notify --test` (DESIGN §3).
+
+`watch` is the TUI's pipeline without a screen (remote/watcher.py): it restarts dead runs within
+their policy and sends notifications, one line per event on stderr (plain text, no colour, so
+journald and a cron log keep it as it is). It runs until SIGINT or SIGTERM; `--once` does one
+round of every host and exits with the code of `--once`. `--install-service` writes a systemd
+user unit and says how to enable it (it never enables anything itself), and prints the cron
+line that does the same with `--once`. No Textual here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+UNIT_NAME = "gpuwatch-watch.service"
+EXIT_OK, EXIT_FAILED, EXIT_CANTCREAT = 0, 1, 73
+_print_lock = threading.Lock()
+
+
+def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
+    if verb == "watch":
+        parser.description = ("Watch the config's hosts without a screen: restart dead runs "
+                              "within their restart policy, send notifications, log one line "
+                              "per event on stderr.")
+        parser.add_argument("hosts", nargs="*", metavar="HOST")
+        parser.add_argument("--once", action="store_true",
+                            help="one round of every host (for cron), exit with the code of "
+                                 "--once")
+        parser.add_argument("--fail-on", choices=("info", "warning", "critical"),
+                            default="critical", help="with --once: the lowest severity that "
+                                                     "exits 1 (default critical)")
+        parser.add_argument("--install-service", action="store_true",
+                            help="write a systemd user unit running `gpuwatch watch` (enables "
+                                 "nothing) and print the cron alternative")
+        parser.add_argument("--force", action="store_true",
+                            help="with --install-service: overwrite an existing unit")
+    else:
+        parser.description = "Send a test message to each [notify] target, report each result."
+        parser.set_defaults(hosts=[])
+        parser.add_argument("--test", action="store_true", required=True,
+                            help="send a test message to each target")
+
+
+def log_line(text: str) -> None:
+    """One event, one line on stderr; a time stamp unless journald adds its own."""
+    from gpuwatch.remote.textsafe import visible
+
+    stamp = "" if os.environ.get("JOURNAL_STREAM") else (
+        datetime.now().astimezone().isoformat(timespec="seconds") + " ")
+    with _print_lock:
+        print(f"{stamp}{visible(text)}", file=sys.stderr, flush=True)
+
+
+def run_verb(verb: str, args: argparse.Namespace, config_loader) -> int:  # type: ignore[no-untyped-def]
+    if verb == "notify":
+        return notify_test(config_loader(args))
+    if args.install_service:
+        return install_service(args)
+    return watch(config_loader(args), args)
+
+
+def watch(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    import asyncio
+    import signal
+
+    from gpuwatch.remote.findings import Severity
+    from gpuwatch.remote.report import exit_code
+    from gpuwatch.remote.store import Store
+    from gpuwatch.remote.watcher import Watcher
+
+    if not all(h.is_local for h in config.hosts):
+        import gpuwatch.remote.ssh  # noqa: F401
+    with Store.open() as store:
+        if store.warning:
+            log_line(f"gpuwatch: {store.warning}")
+        watcher = Watcher(config, store, log_line, kind="cron" if args.once else "watch",
+                          accept_new_host_keys=args.accept_new_host_keys)
+        targets = len(watcher.notifier.targets) if watcher.notifier else 0
+        try:
+            if args.once:
+                reports = asyncio.run(watcher.once(config.hosts))
+                return exit_code(reports, Severity.parse(args.fail_on))
+            log_line(f"watching {len(config.hosts)} host{'s' * (len(config.hosts) != 1)} every "
+                     f"{config.interval:g} s; {_policies(config)}; {targets} notification "
+                     f"target{'s' * (targets != 1)}")
+
+            async def main() -> None:
+                stop = asyncio.Event()
+                loop = asyncio.get_running_loop()
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.add_signal_handler(sig, stop.set)
+                await watcher.run(config.hosts, stop)
+
+            asyncio.run(main())
+            log_line("stopped")
+            return EXIT_OK
+        finally:
+            watcher.close(flush_s=15.0)
+
+
+def _policies(config) -> str:  # type: ignore[no-untyped-def]
+    runs = [f"{h.name}/{r.name}" for h in config.hosts for r in h.runs
+            if r.restart == "on-failure"]
+    return (f"restart on failure: {', '.join(runs)}" if runs else
+            "no run has restart = \"on-failure\"")
+
+
+def notify_test(config) -> int:  # type: ignore[no-untyped-def]
+    from gpuwatch.remote.findings import Severity
+    from gpuwatch.remote.notify import mask, send_one, target_urls
+
+    urls = target_urls(config.notify)
+    if not urls:
+        print(f"gpuwatch: no notification target: set [notify] urls in the config, or "
+              f"${config.notify.urls_env}", file=sys.stderr)
+        return EXIT_FAILED
+    failed = 0
+    for url in urls:
+        started = time.monotonic()
+        error = send_one(url, "gpuwatch: test message",
+                         "gpuwatch notify --test: if you read this, this target works.",
+                         Severity.INFO, config.notify.timeout_s)
+        took = time.monotonic() - started
+        if error is None:
+            print(f"ok      {mask(url)} ({took:.1f} s)")
+        else:
+            failed += 1
+            print(f"FAILED  {mask(url)} ({took:.1f} s): {error}")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _gpuwatch_command() -> str:
+    argv0 = Path(sys.argv[0])
+    if argv0.name == "gpuwatch" and argv0.exists():
+        return shlex.quote(str(argv0.resolve()))
+    found = shutil.which("gpuwatch")
+    if found:
+        return found
+    return f"{shlex.quote(sys.executable)} -c 'from gpuwatch.tui.cli import main; main()'"
+
+
+def unit_text(command: str, config_path: Path | None) -> str:
+    conf = f" --config {shlex.quote(str(config_path))}" if config_path else ""
+    return f"""[Unit]
+Description=gpuwatch watch: restart dead training runs within their policy, send notifications
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=simple
+ExecStart={command} watch{conf}
+# Tokens of notification URLs: GPUWATCH_NOTIFY_URLS=... in this file, kept out of the config
+EnvironmentFile=-%h/.config/gpuwatch/notify.env
+Environment=PYTHONUNBUFFERED=1
+Restart=on-failure
+RestartSec=30
+
+[Install]
+WantedBy=default.target
+"""
+
+
+def install_service(args: argparse.Namespace) -> int:
+    from gpuwatch.remote.config import find_config
+
+    config_path, _ = find_config(args.config)
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    unit = Path(base) / "systemd" / "user" / UNIT_NAME
+    command = _gpuwatch_command()
+    if unit.exists() and not args.force:
+        print(f"gpuwatch: {unit} exists; pass --force to overwrite it", file=sys.stderr)
+        return EXIT_CANTCREAT
+    try:
+        unit.parent.mkdir(parents=True, exist_ok=True)
+        unit.write_text(unit_text(command, config_path.resolve()))
+    except OSError as exc:
+        print(f"gpuwatch: cannot write {unit}: {exc}", file=sys.stderr)
+        return EXIT_CANTCREAT
+    conf = f" --config {shlex.quote(str(config_path.resolve()))}"
+    print(f"""wrote {unit} (nothing was enabled). To start it now and at every boot:
+  systemctl --user daemon-reload
+  systemctl --user enable --now {UNIT_NAME}
+  loginctl enable-linger "$USER"     # keep it running while you are logged out
+Its log:  journalctl --user -u {UNIT_NAME} -f
+
+Or, without systemd, one round every 5 minutes from cron (crontab -e):
+  */5 * * * * {command} watch --once{conf} >> ~/.local/state/gpuwatch/watch.log 2>&1""")
+    return EXIT_OK
