@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -49,18 +50,21 @@ def target_urls(cfg: NotifyConfig, env: Mapping[str, str] | None = None) -> list
 
 
 def mask(url: str) -> str:
-    """A URL as it may be shown: Apprise's own privacy form (tokens and passwords elided), or
-    its scheme alone when Apprise cannot read it."""
-    try:
-        import apprise
+    """A URL as it may be shown: its scheme, and its host where that is a host name or an
+    address (ntfy.sh, 127.0.0.1:8080); a login, a token in the host's place (Telegram, Slack,
+    Discord put theirs there) and the whole path are elided. Apprise's own privacy form was
+    not enough: it shows ntfy's token, which sits where a user name would."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "***"
+    authority, slash, _path = rest.partition("/")
+    _login, at, hostport = authority.rpartition("@")
+    shown = hostport if _HOSTLIKE.fullmatch(hostport) and (
+        "." in hostport or hostport.split(":")[0] == "localhost") else "***"
+    return visible(f"{scheme[:20]}://{'***@' if at else ''}{shown[:100]}{'/…' if slash else ''}")
 
-        plugin = apprise.Apprise.instantiate(url)
-        if plugin is not None:
-            return str(plugin.url(privacy=True))
-    except Exception:  # a URL Apprise rejects is shown by its scheme only
-        plugin = None
-    scheme = url.split("://", 1)[0] if "://" in url else "?"
-    return f"{visible(scheme[:20])}://***"
+
+_HOSTLIKE = re.compile(r"[A-Za-z0-9.-]+(?::\d{1,5})?")
 
 
 def finding_key(f: Finding) -> str:

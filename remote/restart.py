@@ -224,15 +224,15 @@ class Watchdog:
         if not allowed(run, death):
             return events + self._once(
                 host.name, run.name, key, "cause",
-                f"{run.name} died ({death.summary}); not restarted: "
+                f"died ({death.summary}); not restarted: "
                 f"{cause_names(death)[0]} is not in its restart_on", Severity.WARNING)
         full = _checkpoint_disk_full(run, history)
         if full:
             return events + self._once(host.name, run.name, key, "disk",
-                                       f"{run.name} is not restarted: {full}", Severity.WARNING)
+                                       f"not restarted: {full}", Severity.WARNING)
         used = [r for r in records if r.outcome in COUNTED]
         if len(used) >= run.max_restarts:
-            msg = (f"{run.name} died again ({death.summary}); {len(used)} restarts in "
+            msg = (f"died again ({death.summary}); {len(used)} restarts in "
                    f"{_span(run.restart_window_s)} used: giving up")
             self.store.record_restart(host.name, run.name, death=key, holder=self.holder,
                                       outcome="gave_up", message=msg, at=now)
@@ -255,10 +255,10 @@ class Watchdog:
         plan = actions.plan_relaunch(host, run.name, history)
         if plan.refusal is not None:
             return self._once(host.name, run.name, key, "refused",
-                              f"{run.name} is not restarted: {plan.refusal}", Severity.WARNING)
+                              f"not restarted: {plan.refusal}", Severity.WARNING)
         if self.readonly:
             return self._once(host.name, run.name, key, "readonly",
-                              f"{run.name} would be restarted, but gpuwatch is read-only")
+                              "would be restarted, but gpuwatch is read-only")
         attempt = f"restart {used + 1} of {run.max_restarts} in {_span(run.restart_window_s)}"
         rid = self.store.record_restart(host.name, run.name, death=key, holder=self.holder,
                                         outcome="sent", message=attempt, at=now)
@@ -266,12 +266,12 @@ class Watchdog:
                                         accept_new_host_keys=self.accept_new)
         latest = next((n for n in plan.notes if n.startswith("resumes from")), "from scratch")
         if outcome.ok is False:
-            msg = f"{run.name}: {attempt} failed: {outcome.message}"
+            msg = f"{attempt} failed: {outcome.message}"
             self.store.settle_restart(rid, "failed", msg)
             return [WatchEvent(host.name, run.name, "failed", msg, Severity.CRITICAL)]
         self._plans[rid] = plan
         return [WatchEvent(host.name, run.name, "restart",
-                           f"{run.name} died ({history.deaths[run.name].summary}); {attempt}, "
+                           f"died ({history.deaths[run.name].summary}); {attempt}, "
                            f"{latest}", Severity.WARNING)]
 
     def _settle(self, host: HostConfig, run: RunConfig, history: HostHistory,
@@ -296,13 +296,13 @@ class Watchdog:
                         targets=[{"run": run.name}], command=plan.command, outcome="verified",
                         ok=True, message=verdict.message if verdict else "running again")
                 pids = ", ".join(map(str, series.pids)) or "?"
-                msg = f"{run.name} is running again (pid {pids}) after {r.message}"
+                msg = f"running again (pid {pids}) after {r.message}"
                 self.store.settle_restart(r.id, "verified", msg)
                 events.append(WatchEvent(host.name, run.name, "verified", msg, Severity.INFO))
             elif now - r.at > self.verify_s:
                 tail = (series.tail or "").strip().splitlines()[-2:]
                 said = f"; its log ends: {' | '.join(tail)}" if tail else ""
-                msg = (f"{run.name}: {r.message} did not come up within "
+                msg = (f"{r.message} did not come up within "
                        f"{_span(self.verify_s)}{said}")
                 self.store.settle_restart(r.id, "failed", msg[:2000])
                 events.append(WatchEvent(host.name, run.name, "failed", msg, Severity.CRITICAL))

@@ -97,9 +97,10 @@ class Watcher:
                                  f"the watchdog failed ({errorlog.summary(exc)}); traceback "
                                  f"in {where}")]
         for e in events:
-            self.log(f"{host.name}: {event_line(e.kind, e.message)}")
+            line = event_line(e.kind, f"{e.run}: {e.message}")
+            self.log(f"{host.name}: {line}")
             if e.kind in ("restart", "verified", "failed", "gave_up"):
-                lines.append((e.severity, event_line(e.kind, f"{e.run}: {e.message}")))
+                lines.append((e.severity, line))
         if self.notifier is not None:
             self.notifier.post(host.name, lines)
             self.save_sent()
