@@ -215,13 +215,15 @@ class Watchdog:
         death = history.deaths.get(run.name) if series.status == "dead" else None
         key = death_key(death) if death is not None else None
         events = self._settle(host, run, history, records, key, now)
+        if series.status == "running" and "run.hung" in run.restart_on:
+            return events + await self._kill_hung(host, run, history, records)
         if death is None or key is None:
             return events
         records = _window(self.store, host.name, run, now)
         if any(r.death == key and r.outcome in ("sent", "verified", "gave_up")
                for r in records):
             return events  # this death is answered (by us or another watcher)
-        if not allowed(run, death):
+        if not allowed(run, death) and not any(r.death == f"hung:{key}" for r in records):
             return events + self._once(
                 host.name, run.name, key, "cause",
                 f"died ({death.summary}); not restarted: "
@@ -242,6 +244,40 @@ class Watchdog:
         if now < due:
             return events
         return events + await self._restart(host, run, history, key, len(used), now)
+
+    async def _kill_hung(self, host: HostConfig, run: RunConfig, history: HostHistory,
+                         records: Sequence[RestartRecord]) -> list[WatchEvent]:
+        """A run the `run.hung` finding names (all processes alive, no step for far longer
+        than its own step interval, seed 002) is killed whole, TERM then KILL, each process
+        by its identity; the next polls see it dead and the policy restarts it. Not when the
+        window's restarts are used: a hung run is worth more than a dead one."""
+        hung = next((f for f in history.findings
+                     if f.code == "run.hung" and f.run == run.name), None)
+        snap = history.current
+        if hung is None or snap is None:
+            return []
+        mine = {p.pid: p for p in snap.processes if p.run == run.name and not p.zombie}
+        key = f"hung:{','.join(map(str, sorted(mine)))}"
+        if not mine or any(r.death == key for r in records):
+            return []
+        if sum(r.outcome in COUNTED for r in records) >= run.max_restarts:
+            return self._once(host.name, run.name, key, "hung",
+                              f"hung ({hung.message}); not killed: its restarts in the window "
+                              "are used", Severity.WARNING)
+        if self.readonly:
+            return self._once(host.name, run.name, key, "readonly",
+                              "hung; would be killed and restarted, but gpuwatch is read-only")
+        self.store.record_restart(host.name, run.name, death=key, holder=self.holder,
+                                  outcome="hung_killed", message=hung.message[:500])
+        said = []
+        for root in (p for p in mine.values() if p.ppid not in mine):
+            plan = actions.plan_kill(host, history, root.pid, "TERM")
+            outcome = await actions.execute(plan, host, store=self.store, readonly=False,
+                                            accept_new_host_keys=self.accept_new)
+            said.append(f"pid {root.pid}: {outcome.message}")
+        return [WatchEvent(host.name, run.name, "restart",
+                           f"hung ({hung.message}); killed the whole run to restart it: "
+                           + "; ".join(said), Severity.WARNING)]
 
     def _died_at(self, host: str, run: str, now: float) -> float:
         """When run.dead was first seen (the store's findings: any watcher's)."""

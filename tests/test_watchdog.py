@@ -268,3 +268,30 @@ def test_policy_keys_are_validated_with_their_line(tmp_path: Path) -> None:
     assert (r.max_restarts, r.restart_window_s, r.restart_delay_s) == (3, 21600, 60)
     assert "exception:cuda_oom" not in r.restart_on and "killed" in r.restart_on
     assert replace(r, restart="never").restart == "never"
+
+
+async def test_a_hung_run_is_killed_whole_then_restarted(rig: Rig) -> None:
+    """run.hung (a curve finding: all alive, no step for far longer than its step interval)
+    is stood in for here, as the rules would put it in the history; the kill, the death it
+    makes and the restart are real. Only `run.hung` is in restart_on: a plain kill is not."""
+    from gpuwatch.remote.findings import Finding, Severity
+
+    run, work = trainer(rig, restart_on=("run.hung",))
+    host = rig.host(run)
+    log: list[str] = []
+    watcher = Watcher(Config(interval=1.0, hosts=(host,)), rig.store, log.append)
+    pid = await first_launch(rig, host, run, work, rig.store)
+    history = watcher.history(host)
+    await rounds_until(watcher, host, lambda: history.runs["llama"].status == "running")
+    history.findings = [Finding("run.hung", Severity.CRITICAL, "no step for 40 min",
+                                run="llama", evidence={"idle_s": 2400})]
+    events = await watcher.watchdog.act(host, history)
+    assert [e.kind for e in events] == ["restart"] and "killed the whole run" in events[0].message
+    wait_for(lambda: not alive(pid), what="the hung run's end")
+    await rounds_until(watcher, host, lambda: len(launches(work)) == 2)
+    assert launches(work)[-1]["resume"] is not None
+    assert [r.outcome for r in rig.store.restarts("box1", "llama")][:2] == [
+        "hung_killed", "sent"]
+    kills = [e.outcome for e in rig.store.audit_log("box1") if e.action == "kill"]
+    assert kills and kills[0] == "sent"
+    watcher.close(0)
