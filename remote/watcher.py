@@ -18,9 +18,16 @@ from collections.abc import Callable, Sequence
 from .collect import Collector
 from .config import Config, HostConfig
 from .findings import HostHistory
-from .notify import Notifier, event_line, remember_sent, target_urls, transitions
+from .notify import Notifier, event_line, last_sent, remember_sent, target_urls, transitions
 from .report import HostReport
-from .restart import Watchdog, WatchEvent, limit_findings, new_holder, with_limit_findings
+from .restart import (
+    Watchdog,
+    WatchEvent,
+    limit_findings,
+    new_holder,
+    status,
+    with_limit_findings,
+)
 from .store import Store
 from .textsafe import visible
 from .watch import history_from_store, judge, opening, remember, resume
@@ -54,7 +61,7 @@ class Watcher:
             Notifier(config.notify, urls, log) if urls else None)
         self.collector = Collector(accept_new_host_keys=accept_new_host_keys)
         self.histories: dict[str, HostHistory] = {}
-        self._limiter = None
+        self.log_failed_polls = True
 
     def history(self, host: HostConfig) -> HostHistory:
         if host.name not in self.histories:
@@ -71,18 +78,29 @@ class Watcher:
         return await self.after_judge(host, history, report)
 
     async def after_judge(self, host: HostConfig, history: HostHistory,
-                          report: HostReport, *, save: bool = True) -> HostReport:
-        """What the watcher adds to a judged poll. `save=False`: the caller remembers."""
+                          report: HostReport) -> HostReport:
+        """What the watcher adds to a judged poll: its findings, then remember, then act."""
+        report = self.add_findings(host, history, report)
+        remember(self.store, report.outcome, history, self.collector)
+        await self.act(host, history, report)
+        return report
+
+    def add_findings(self, host: HostConfig, history: HostHistory,
+                     report: HostReport) -> HostReport:
+        """run.restart_limit where the watchdog gave up (from the store: any watcher's)."""
+        return with_limit_findings(report, history, limit_findings(self.store, host, history))
+
+    async def act(self, host: HostConfig, history: HostHistory,
+                  report: HostReport) -> list[WatchEvent]:
+        """After the poll is remembered: notify its transitions, let the watchdog act, notify
+        what it did. Returns the watchdog's events (the TUI toasts them)."""
         now = time.time()
-        report = with_limit_findings(report, history,
-                                     limit_findings(self.store, host, history, now))
-        if save:
-            remember(self.store, report.outcome, history, self.collector)
-        if not report.outcome.ok:
+        if not report.outcome.ok and self.log_failed_polls:
             self.log(f"{host.name}: poll failed: {report.outcome.error_kind}: "
                      f"{visible(report.outcome.error_message or '')[:300]}")
         lines = []
-        if self.store.take_lease(host.name, NOTIFY_LEASE, self.holder, self.lease_s, now):
+        if self.notifier is not None and self.store.take_lease(
+                host.name, NOTIFY_LEASE, self.holder, self.lease_s, now):
             lines = transitions(self.store, self.config.notify, host.name, report.findings,
                                 polled=report.outcome.ok, now=now)
         for _, line in lines:
@@ -104,7 +122,7 @@ class Watcher:
         if self.notifier is not None:
             self.notifier.post(host.name, lines)
             self.save_sent()
-        return report
+        return events
 
     def save_sent(self) -> None:
         if self.notifier is not None:
@@ -157,3 +175,48 @@ class Watcher:
         if self.notifier is not None:
             self.notifier.close(flush_s)
             self.save_sent()
+
+
+def wants_watcher(config: Config) -> bool:
+    """Whether a watcher has anything to do: a run with a policy, or a notification target."""
+    return bool(target_urls(config.notify)) or any(
+        r.restart == "on-failure" for h in config.hosts for r in h.runs)
+
+
+def watch_lines(store: Store, host: HostConfig, history: HostHistory,
+                now: float | None = None) -> dict[str, str]:
+    """Per run, one line for the TUI: the policy, restarts used in the window, the next allowed
+    restart, who acts, and the last message sent about the host. Runs without a policy and a
+    host without messages get none."""
+    now = time.time() if now is None else now
+    sent = last_sent(store, host.name)
+    out = {}
+    for run in host.runs:
+        if run.restart != "on-failure" and sent is None:
+            continue
+        parts = []
+        if run.restart == "on-failure":
+            died_at = None
+            series = history.runs.get(run.name)
+            if series is not None and series.status == "dead":
+                died_at = next((f.first_seen for f in store.findings(host.name, active=True)
+                                if f.code == "run.dead" and f.run == run.name), now)
+            st = status(store, host.name, run, now=now, died_at=died_at)
+            parts.append(f"{st.policy} · used {st.used} of {st.limit}")
+            if st.gave_up:
+                parts.append("gave up: restart it by hand")
+            elif st.next_at is not None:
+                parts.append("next restart " + ("now" if st.next_at <= now else
+                                                _clock(st.next_at)))
+            if st.actor:
+                parts.append(f"acting: {st.actor.split('@')[0]}")
+        if sent is not None:
+            parts.append(f"last message {_clock(sent[1])}: {sent[0]}")
+        out[run.name] = visible(" · ".join(parts))
+    return out
+
+
+def _clock(at: float) -> str:
+    from datetime import datetime
+
+    return datetime.fromtimestamp(at).astimezone().strftime("%H:%M:%S")

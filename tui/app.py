@@ -40,6 +40,7 @@ from .screens.fleet import FleetScreen
 from .screens.help import HelpScreen
 from .screens.host import HostScreen
 from .state import HostData
+from .watching import Watching
 
 OVERNIGHT_S = 12 * 3600.0
 """How far back the GPU plots reach into the store's history at start."""
@@ -98,6 +99,7 @@ class GpuwatchApp(App[None]):
         self._store_failed = False
         self._runs_saved: dict[str, float] = {}
         self.points_budget = FLEET_POINTS
+        self.watching = Watching.for_app(self)
         """Points kept over every tag of every host's runs (series.apply_budget)."""
         self.hosts: dict[str, HostData] = {h.name: self._restore(h) for h in config.hosts}
 
@@ -158,6 +160,8 @@ class GpuwatchApp(App[None]):
     async def on_unmount(self) -> None:
         if self.feed is not None:
             await self.feed.stop()
+        if self.watching is not None:
+            self.watching.close()
         self._save_all_runs()
 
     def _save_all_runs(self) -> None:
@@ -207,6 +211,8 @@ class GpuwatchApp(App[None]):
                 self._store_failed = True
                 self.notify(f"history is not being saved: {exc}", title="Store",
                             severity="warning", markup=False)
+        if self.watching is not None:  # restart policies, notifications (tui/watching.py)
+            report = self.watching.judged(data, report)
         data.apply(outcome, report.findings)
         # Every host's runs share one budget of points (a sweep of 64 runs would otherwise keep
         # up to 2.4 MB a tag): a new tag anywhere shrinks every tag's share.

@@ -103,6 +103,8 @@ class HostData:
     """The pids a reap would hit now (from the actions' own plan: one source of truth)."""
     version: int = 0
     """Bumped on every change, so widgets can skip work when nothing changed."""
+    watchdog: dict[str, str] = field(default_factory=dict)
+    """Per run: its restart policy, restarts used, next restart, last message (watcher)."""
 
     @property
     def name(self) -> str:

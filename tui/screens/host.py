@@ -201,9 +201,12 @@ class HostScreen(Screen[None]):
         """For a discovered run: what was found, and where (box text: never markup)."""
         found = self.query_one("#run-found", Static)
         d = self.data.discovery(self.selected_run)
-        found.display = d is not None
+        watch = self.data.watchdog.get(self.selected_run or "")  # the watchdog's line
+        found.display = d is not None or bool(watch)
         if d is not None:
             found.update(found_text(d))
+        elif watch:
+            found.update(Text(watch))
 
     def tick(self) -> None:
         gw = self.gw
