@@ -21,6 +21,7 @@ the poll loop.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import re
@@ -163,15 +164,38 @@ def send_one(url: str, title: str, body: str, severity: Severity, timeout_s: flo
     for attr in ("socket_read_timeout", "socket_connect_timeout"):  # HTTP-based plugins
         if hasattr(plugin, attr):
             setattr(plugin, attr, min(float(getattr(plugin, attr) or timeout_s), timeout_s))
+    said: list[str] = []
+
+    def heard(entry: Any, _plugin: Any = None) -> None:  # Apprise >= 2: this call's own log
+        said.append(str(getattr(entry, "message", "")))  # warnings and worse (log_level)
+
     kind = {Severity.CRITICAL: apprise.NotifyType.FAILURE,
             Severity.WARNING: apprise.NotifyType.WARNING}.get(severity, apprise.NotifyType.INFO)
     obj = apprise.Apprise()
     obj.add(plugin)
     try:
-        ok = bool(obj.notify(body=body, title=title, notify_type=kind))
+        try:
+            result = obj.notify(body=body, title=title, notify_type=kind, log_callback=heard,
+                                log_level=logging.WARNING)
+        except TypeError:  # an Apprise before 2.0: no per-call log
+            result = obj.notify(body=body, title=title, notify_type=kind)
+        ok = bool(result)
     except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"[:300]
-    return None if ok else "the target refused it or did not answer in time"
+        return scrub(f"{type(exc).__name__}: {exc}", url)[:300]
+    if ok:
+        return None
+    return (scrub(said[-1], url)[:300] if said
+            else "the target refused it or did not answer in time")
+
+
+def scrub(text: str, url: str) -> str:
+    """Text about a URL with the URL's secret parts (what mask() elides) made ***."""
+    shown = mask(url)
+    for part in sorted(set(re.split(r"[:/@?&=,#;]+", url.partition("://")[2])), key=len,
+                       reverse=True):
+        if len(part) >= 3 and part not in shown:
+            text = text.replace(part, "***")
+    return visible(text)
 
 
 class _Target(threading.Thread):

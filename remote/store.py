@@ -425,7 +425,12 @@ class Store:
         has not expired. One IMMEDIATE transaction: two processes never both get it."""
         now = time.time() if now is None else now
         conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
+        if conn.in_transaction:
+            conn.commit()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:  # locked past the busy timeout: not ours this time
+            return False
         try:
             row = conn.execute("SELECT holder, expires_at FROM leases WHERE host = ? AND "
                                "run = ?", (host, run)).fetchone()

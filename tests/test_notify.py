@@ -17,7 +17,14 @@ import pytest
 import test_actions
 from gpuwatch.remote.config import Config, HostConfig, NotifyConfig
 from gpuwatch.remote.findings import Finding, Severity
-from gpuwatch.remote.notify import Notifier, last_sent, mask, target_urls, transitions
+from gpuwatch.remote.notify import (
+    Notifier,
+    last_sent,
+    mask,
+    scrub,
+    target_urls,
+    transitions,
+)
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.watcher import Watcher
 from test_actions import Rig, alive, wait_for
@@ -130,6 +137,9 @@ def test_urls_from_the_environment_and_masked() -> None:
     assert [mask(u) for u in urls] == ["json://127.0.0.1:1/…", "ntfy://***@ntfy.sh/…",
                                        "tgram://***/…"]
     assert mask("mailto://me:pw@example.com") == "mailto://***@example.com"
+    said = scrub("failed: https://api.telegram.org/bot123456789:ABCdefSecretToken/sendMessage",
+                 urls[2])
+    assert "Secret" not in said and "api.telegram.org" in said
 
 
 async def test_one_line_per_transition_and_restart_in_order(rig: Rig,
@@ -189,6 +199,7 @@ async def test_a_failing_receiver_delays_no_poll_and_is_said(tmp_path: Path, rec
         failed = [x for x in log if "notify:" in x]
         assert "sending failed" in failed[0] and "try 2 of 2" in failed[0]
         assert "127.0.0.1" in failed[-1] and "NOT delivered after 2 tries" in failed[-1]
+        assert ("error=500" if mode == "500" else "Connection error") in failed[-1]
         watcher.save_sent()
         last = last_sent(store, "me")
         assert last is not None and "FAILED" in last[0]
