@@ -1,8 +1,9 @@
 """The app's side of polling: one Poller for the fleet, run in the app's event loop.
 
 The Poller (remote/wire/poller.py) is asyncio-native: one loop per host, each awaiting its poll
-before arming the next, so polls never overlap (U16, U17) and a slow host only delays itself. Results
-are handed to `on_result` (the app posts a SnapshotReady message); nothing here touches a widget.
+before arming the next, so polls never overlap (U16, U17) and a slow host only delays itself.
+Results are handed to `on_result` (the app posts a SnapshotReady message); nothing here touches
+a widget.
 """
 
 from __future__ import annotations
