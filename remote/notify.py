@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .config import NotifyConfig, quiet_span
-from .findings import Finding, Severity
+from .config.schema import NotifyConfig, quiet_span
+from .findings.rules import Finding, Severity
 from .store import Store
 from .textsafe import visible
 

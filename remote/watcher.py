@@ -15,12 +15,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 
-from .collect import Collector
-from .config import Config, HostConfig
-from .findings import HostHistory
-from .notify import Notifier, event_line, last_sent, remember_sent, target_urls, transitions
-from .report import HostReport
-from .restart import (
+from .actions.restart import (
     Watchdog,
     WatchEvent,
     limit_findings,
@@ -28,9 +23,14 @@ from .restart import (
     status,
     with_limit_findings,
 )
+from .config.schema import Config, HostConfig
+from .findings.rules import HostHistory
+from .notify import Notifier, event_line, last_sent, remember_sent, target_urls, transitions
+from .report import HostReport
 from .store import Store
 from .textsafe import visible
 from .watch import history_from_store, judge, opening, remember, resume
+from .wire.collect import Collector
 
 Log = Callable[[str], None]
 NOTIFY_LEASE = ""
@@ -129,7 +129,7 @@ class Watcher:
             remember_sent(self.store, self.notifier.results())
 
     async def once(self, hosts: Sequence[HostConfig]) -> list[HostReport]:
-        from .poller import OpeningLimiter
+        from .wire.poller import OpeningLimiter
 
         limiter = OpeningLimiter()
         self.collector = Collector(accept_new_host_keys=self.watchdog.accept_new,
@@ -138,7 +138,7 @@ class Watcher:
 
     async def run(self, hosts: Sequence[HostConfig], stop: asyncio.Event) -> None:
         """Rounds of every host, each host on its own interval, until `stop` is set."""
-        from .poller import OpeningLimiter
+        from .wire.poller import OpeningLimiter
 
         limiter = OpeningLimiter()
         self.collector = Collector(accept_new_host_keys=self.watchdog.accept_new,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import test_actions
-from gpuwatch.remote.config import Config, HostConfig, NotifyConfig
-from gpuwatch.remote.findings import Finding, Severity
+from gpuwatch.remote.config.schema import Config, HostConfig, NotifyConfig
+from gpuwatch.remote.findings.rules import Finding, Severity
 from gpuwatch.remote.notify import (
     Notifier,
     last_sent,

@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 
 import tui_fixtures as fx
-from gpuwatch.remote.config import Config
+from gpuwatch.remote.config.schema import Config
 from gpuwatch.tui.app import GpuwatchApp, build_app
 from gpuwatch.tui.messages import SnapshotReady
 from gpuwatch.tui.screens.host import HostScreen

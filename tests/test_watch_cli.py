@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 CODE = """import sys
-from gpuwatch.tui.cli import run
+from gpuwatch.tui.cli.command import run
 code = run(sys.argv[1:])
 assert not any(m == "textual" or m.startswith("textual.") for m in sys.modules), "textual"
 sys.exit(code)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import test_actions
-from gpuwatch.remote import actions
-from gpuwatch.remote.config import Config, HostConfig, RunConfig
-from gpuwatch.remote.findings import HostHistory
+from gpuwatch.remote.actions import plan as actions
+from gpuwatch.remote.config.schema import Config, HostConfig, RunConfig
+from gpuwatch.remote.findings.rules import HostHistory
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.watcher import Watcher
 from test_actions import PY, TRAIN, TRAINER, Rig, alive, poll, wait_for
@@ -206,8 +206,11 @@ def test_two_watchers_on_one_store_restart_each_death_once(rig: Rig) -> None:
         def seen(text: str) -> int:
             return sum(p.read_text().count(text) for p in logs)
 
-        wait_for(lambda: all("watching 1 host" in p.read_text() for p in logs), timeout=30,
-                 what="both watchers")
+        try:
+            wait_for(lambda: all("watching 1 host" in p.read_text() for p in logs),
+                     timeout=30, what="both watchers")
+        except AssertionError:
+            raise AssertionError([p.read_text()[-2000:] for p in logs]) from None
         time.sleep(3)  # both have polled the run alive
         for death in (1, 2):
             os.kill(pid, signal.SIGKILL)
@@ -251,7 +254,7 @@ def test_a_lease_has_one_holder_until_it_expires(tmp_path: Path) -> None:
 
 
 def test_policy_keys_are_validated_with_their_line(tmp_path: Path) -> None:
-    from gpuwatch.remote.config import ConfigError, load_file
+    from gpuwatch.remote.config.schema import ConfigError, load_file
 
     path = tmp_path / "c.toml"
     path.write_text('[hosts.a.runs.r]\nrestart = "always"\nmax_restarts = 1.5\n'
@@ -274,7 +277,7 @@ async def test_a_hung_run_is_killed_whole_then_restarted(rig: Rig) -> None:
     """run.hung (a curve finding: all alive, no step for far longer than its step interval)
     is stood in for here, as the rules would put it in the history; the kill, the death it
     makes and the restart are real. Only `run.hung` is in restart_on: a plain kill is not."""
-    from gpuwatch.remote.findings import Finding, Severity
+    from gpuwatch.remote.findings.rules import Finding, Severity
 
     run, work = trainer(rig, restart_on=("run.hung",))
     host = rig.host(run)

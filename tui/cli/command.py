@@ -162,7 +162,7 @@ def build_parser(verb: str | None) -> argparse.ArgumentParser:
                             help="only this tag (repeatable)")
         parser.add_argument("--json", action="store_true", help="one JSON object")
     elif verb in ("watch", "notify"):
-        from .cli_watch import add_arguments
+        from gpuwatch.tui.cli.watch import add_arguments
 
         add_arguments(parser, verb)
     _common(parser)
@@ -226,7 +226,7 @@ def run(argv: Sequence[str]) -> int:
         if verb == "relaunch":
             return _relaunch(args)
         if verb in ("watch", "notify"):
-            from .cli_watch import run_verb
+            from gpuwatch.tui.cli.watch import run_verb
 
             return run_verb(verb, args, _load)
         if verb is None and (args.json or args.prometheus) and not args.once:

@@ -71,13 +71,13 @@ def watch(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-d
     import asyncio
     import signal
 
-    from gpuwatch.remote.findings import Severity
+    from gpuwatch.remote.findings.rules import Severity
     from gpuwatch.remote.report import exit_code
     from gpuwatch.remote.store import Store
     from gpuwatch.remote.watcher import Watcher
 
     if not all(h.is_local for h in config.hosts):
-        import gpuwatch.remote.ssh  # noqa: F401
+        import gpuwatch.remote.wire.ssh  # noqa: F401
     with Store.open() as store:
         if store.warning:
             log_line(f"gpuwatch: {store.warning}")
@@ -114,7 +114,7 @@ def _policies(config) -> str:  # type: ignore[no-untyped-def]
 
 
 def notify_test(config) -> int:  # type: ignore[no-untyped-def]
-    from gpuwatch.remote.findings import Severity
+    from gpuwatch.remote.findings.rules import Severity
     from gpuwatch.remote.notify import mask, send_one, target_urls
 
     urls = target_urls(config.notify)
@@ -169,7 +169,7 @@ WantedBy=default.target
 
 
 def install_service(args: argparse.Namespace) -> int:
-    from gpuwatch.remote.config import find_config
+    from gpuwatch.remote.config.schema import find_config
 
     config_path, _ = find_config(args.config)
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")

@@ -23,12 +23,12 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from . import actions
-from .config import HostConfig, RunConfig
-from .diagnosis import DEAD_GPU_XIDS, Diagnosis
-from .findings import Finding, HostHistory, Severity
-from .report import HostReport
-from .store import RestartRecord, Store
+from ..config.schema import HostConfig, RunConfig
+from ..findings.diagnosis import DEAD_GPU_XIDS, Diagnosis
+from ..findings.rules import Finding, HostHistory, Severity
+from ..report import HostReport
+from ..store import RestartRecord, Store
+from . import plan as actions
 
 COUNTED = ("sent", "verified", "failed")
 """Outcomes that use one of the window's restarts: a restart that never came up counts too."""
