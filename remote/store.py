@@ -83,7 +83,7 @@ CREATE TABLE IF NOT EXISTS launches (   -- issue 8: how a discovered run was sta
     launch TEXT NOT NULL,                -- JSON: cwd, argv, env, dropped names (no secret, U34)
     PRIMARY KEY (host, run)
 );
-CREATE TABLE IF NOT EXISTS leases (     -- one actor per run (remote/restart.py): who, until when
+CREATE TABLE IF NOT EXISTS leases (     -- one actor per run (actions/restart.py): who, until
     host TEXT NOT NULL, run TEXT NOT NULL,   -- run '': the host's notifications
     holder TEXT NOT NULL, expires_at REAL NOT NULL,
     PRIMARY KEY (host, run)
@@ -418,7 +418,7 @@ class Store:
                 out[run] = value
         return out
 
-    # --- the watchdog: leases, restarts, notified findings (remote/restart.py, notify.py) ---
+    # --- the watchdog: leases, restarts, notified findings (actions/restart.py, notify.py) --
     def take_lease(self, host: str, run: str, holder: str, ttl_s: float,
                    now: float | None = None) -> bool:
         """Take or renew the lease on (host, run) for ttl_s; False while another holder's lease

@@ -1,7 +1,7 @@
 """The headless watcher: the pipeline of remote/watch.py with the watchdog and notifications.
 
 Each round of a host: poll -> judge (with run.restart_limit from the store) -> remember ->
-the watchdog acts (restart.Watchdog, under the run's lease) -> the finding transitions and the
+the watchdog acts (actions/restart.py, under the run's lease) -> the finding transitions and the
 watchdog's events are logged and handed to the notifier (never waited on). `gpuwatch watch`
 runs rounds until stopped; `gpuwatch watch --once` runs one round of every host. The TUI can use
 `Watcher.after_judge` on its own polls. Nothing here imports Textual or prints: lines go to the

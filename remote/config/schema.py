@@ -551,7 +551,7 @@ class _Validator:
         return RunConfig(name=name, **values)
 
     def restart_policy(self, table: Mapping[str, Any], key: Key) -> dict[str, Any]:
-        """The watchdog's keys of a run (remote/restart.py)."""
+        """The watchdog's keys of a run (remote/actions/restart.py)."""
         out: dict[str, Any] = {}
         out["restart"] = self.get(table, "restart", key, self.choice(RESTART_MODES), "never")
         for name, default in (("max_restarts", 3), ("restart_window_s", 6 * 3600.0),
