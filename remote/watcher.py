@@ -3,15 +3,16 @@
 Each round of a host: poll -> judge (with run.restart_limit from the store) -> remember ->
 the watchdog acts (actions/restart.py, under the run's lease) -> the finding transitions and the
 watchdog's events are logged and handed to the notifier (never waited on). `gpuwatch watch`
-runs rounds until stopped; `gpuwatch watch --once` runs one round of every host. The TUI can use
-`Watcher.after_judge` on its own polls. Nothing here imports Textual or prints: lines go to the
-`log` callable given.
+runs rounds until stopped; `gpuwatch watch --once` runs one round of every host. The TUI calls
+`add_findings` and `act` on its own polls (tui/watching.py). Nothing here imports Textual or
+prints: lines go to the `log` callable given.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import time
 from collections.abc import Callable, Sequence
 
@@ -33,6 +34,8 @@ from .watch import history_from_store, judge, opening, remember, resume
 from .wire.collect import Collector
 
 Log = Callable[[str], None]
+STOP_GRACE_S = 60.0
+"""How long a stopped watcher lets its rounds in flight finish."""
 NOTIFY_LEASE = ""
 """The lease name of a host's notifications (one actor sends them)."""
 
@@ -81,7 +84,10 @@ class Watcher:
                           report: HostReport) -> HostReport:
         """What the watcher adds to a judged poll: its findings, then remember, then act."""
         report = self.add_findings(host, history, report)
-        remember(self.store, report.outcome, history, self.collector)
+        try:
+            remember(self.store, report.outcome, history, self.collector)
+        except sqlite3.OperationalError as exc:  # locked or full: this poll is not kept
+            self.log(f"{host.name}: this poll was not saved ({exc}); acting on it anyway")
         await self.act(host, history, report)
         return report
 
@@ -146,6 +152,9 @@ class Watcher:
         tasks = [asyncio.create_task(self._host_loop(h, stop)) for h in hosts]
         try:
             await stop.wait()
+            # A round in flight ends first (a relaunch is not cut mid-way), within bounds: each
+            # SSH call has its own deadline.
+            await asyncio.wait(tasks, timeout=STOP_GRACE_S)
         finally:
             for t in tasks:
                 t.cancel()
