@@ -298,3 +298,28 @@ async def test_a_hung_run_is_killed_whole_then_restarted(rig: Rig) -> None:
     kills = [e.outcome for e in rig.store.audit_log("box1") if e.action == "kill"]
     assert kills and kills[0] == "sent"
     watcher.close(0)
+
+
+async def test_cron_rounds_each_a_new_watcher_restart_once_and_verify(rig: Rig) -> None:
+    """`watch --once` from cron: every round a new watcher (its own lease holder, its history
+    from the store), so the death, the restart and its verification are carried by the store."""
+    run, work = trainer(rig)
+    host = rig.host(run)
+    log: list[str] = []
+    cfg = Config(interval=300.0, hosts=(host,))
+
+    async def cron_round() -> None:
+        watcher = Watcher(cfg, rig.store, log.append, kind="cron")
+        await watcher.once([host])
+        watcher.close(0)
+
+    pid = await first_launch(rig, host, run, work, rig.store)
+    await cron_round()
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not alive(pid), what="the kill")
+    for _ in range(4):
+        await cron_round()
+    assert len(launches(work)) == 2
+    assert [r.outcome for r in rig.store.restarts("box1", "llama")] == ["verified"]
+    assert sum("↻" in x for x in log) == 1 and sum("running again" in x for x in log) == 1
+    assert rig.store.lease("box1", "llama") is None  # each round handed its lease back
