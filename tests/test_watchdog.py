@@ -323,3 +323,22 @@ async def test_cron_rounds_each_a_new_watcher_restart_once_and_verify(rig: Rig) 
     assert [r.outcome for r in rig.store.restarts("box1", "llama")] == ["verified"]
     assert sum("↻" in x for x in log) == 1 and sum("running again" in x for x in log) == 1
     assert rig.store.lease("box1", "llama") is None  # each round handed its lease back
+
+
+def test_the_disk_the_checkpoints_live_on_is_what_counts() -> None:
+    """U6: a full disk under the checkpoints holds the restart back; a full other disk does
+    not (the longest mount that holds the checkpoint path is theirs)."""
+    import tui_fixtures as fx
+    from gpuwatch.remote.actions.restart import _checkpoint_disk_full
+
+    run = RunConfig("r", workdir="/data/run", checkpoints="ckpt/step-*")
+    tib = 2**40
+    for disks, full in (([fx.disk("/", tib, tib // 2), fx.disk("/data", tib, 2**20)], True),
+                        ([fx.disk("/", tib, 2**20), fx.disk("/data", tib, tib // 2)], False),
+                        ([fx.disk("/", tib, 2**20)], True)):
+        history = HostHistory("h")
+        history.record(fx.snapshot("h", t=fx.NOW, gpus=[], disks=disks), fx.NOW)
+        why = _checkpoint_disk_full(run, history)
+        assert (why is not None) is full, (disks, why)
+        if why:
+            assert "free space first" in why
