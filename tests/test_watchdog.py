@@ -342,3 +342,24 @@ def test_the_disk_the_checkpoints_live_on_is_what_counts() -> None:
         assert (why is not None) is full, (disks, why)
         if why:
             assert "free space first" in why
+
+
+def test_which_deaths_the_default_policy_restarts() -> None:
+    from gpuwatch.remote.actions.restart import allowed
+    from gpuwatch.remote.findings.diagnosis import Diagnosis
+
+    run = RunConfig("r", restart="on-failure")
+    yes = [Diagnosis("killed"), Diagnosis("sighup"), Diagnosis("reboot"),
+           Diagnosis("xid", {"xid": 31}), Diagnosis("exception", {"kind": "nccl_timeout"})]
+    no = [Diagnosis("oom_cgroup"), Diagnosis("oom_kernel"), Diagnosis("xid", {"xid": 79}),
+          Diagnosis("xid", {"xid": 48}), Diagnosis("exception", {"kind": "cuda_oom"}),
+          Diagnosis("exception", {"kind": "exception"}), Diagnosis("unknown"),
+          Diagnosis("gpu_lost"), Diagnosis("exited")]
+    assert all(allowed(run, d) for d in yes) and not any(allowed(run, d) for d in no)
+    wide = replace(run, restart_on=("exception", "xid:79"))
+    assert allowed(wide, Diagnosis("exception", {"kind": "cuda_error"}))
+    assert not allowed(wide, Diagnosis("exception", {"kind": "cuda_oom"}))  # named only
+    assert allowed(wide, Diagnosis("xid", {"xid": 79}))
+    assert not allowed(wide, Diagnosis("xid", {"xid": 31}))
+    assert allowed(replace(run, restart_on=("exception:cuda_oom",)),
+                   Diagnosis("exception", {"kind": "cuda_oom"}))
