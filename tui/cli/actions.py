@@ -13,6 +13,7 @@ cannot redraw the lines that say what will be hit (STYLE 14).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
 from collections.abc import Callable
@@ -28,6 +29,14 @@ from gpuwatch.remote.wire.collect import Collector
 
 EXIT_OK, EXIT_FAILED, EXIT_UNPOLLED = 0, 1, 2
 VERIFY_POLLS, VERIFY_PAUSE_S = actions.VERIFY_POLLS, actions.VERIFY_PAUSE_S
+
+
+def run_verb(kind: str, args: argparse.Namespace) -> int:
+    """`gpuwatch kill HOST PID`, `reap HOST`, `relaunch HOST RUN` from their parsed arguments."""
+    return run_action(kind, host_name=args.host, config_path=args.config,
+                      pid=getattr(args, "pid", None), signal=getattr(args, "signal", "TERM"),
+                      run=getattr(args, "run", None), yes=args.yes, readonly=args.readonly,
+                      accept_new_host_keys=args.accept_new_host_keys)
 
 
 def run_action(kind: str, *, host_name: str, config_path: str | None = None,

@@ -14,17 +14,42 @@ beside the probe's own run time. No Textual; asyncssh is imported only when a ho
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwatch.remote.config.schema import HostConfig
+from gpuwatch.remote.config.schema import HostConfig, load_config, select_hosts
 from gpuwatch.remote.model.snapshot import HostSnapshot, ProbeError, load_document
+from gpuwatch.remote.textsafe import visible
 from gpuwatch.remote.wire.collect import Collector, PollOutcome, ssh_files
 from gpuwatch.remote.wire.poller import OpeningLimiter, poll_all_once
 
+from .common import EXIT_OK, EXIT_UNPOLLED
+
 STARTUP_WARN_S = 0.05
 """A bare command that takes longer than this after the connection is up is worth a warning."""
+
+
+def run_verb(args: argparse.Namespace) -> int:
+    """Validate the config, poll each host once, explain each failure (exit 0 / 2 / 78)."""
+    config = select_hosts(load_config(args.config), list(args.hosts))
+    where = str(config.path) if config.path else "no config file (defaults)"
+    print(f"config OK: {where}")
+    for host in config.hosts:
+        runs = ", ".join(r.name for r in host.runs) or "no runs"
+        print(f"  {host.name}: ssh {host.ssh}, python {host.python}, disks "
+              f"{' '.join(host.disks)}; {runs}")
+    sys.stdout.flush()  # the polls take a while: show what is being checked first
+    checks = asyncio.run(check_hosts(config.hosts,
+                                     accept_new_host_keys=args.accept_new_host_keys))
+    for check in checks:
+        for line in [*check.lines, *check.warnings]:
+            print(visible(line, multiline=True))  # a poll's error may quote the box
+    print(summary(checks))
+    return EXIT_OK if all(c.ok for c in checks) else EXIT_UNPOLLED
 
 
 @dataclass(frozen=True, slots=True)

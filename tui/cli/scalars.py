@@ -23,6 +23,7 @@ PATHs are still printed).
 
 from __future__ import annotations
 
+import argparse
 import fnmatch
 import json
 import math
@@ -130,6 +131,10 @@ def collect(paths: list[str], tags: list[str] | None, err: TextIO
                     into.values.extend(s.values)
                     into.wall_times.extend(s.wall_times)
     return runs, errors, ok
+
+
+def run_verb(args: argparse.Namespace) -> int:
+    return run_scalars(list(args.paths), args.tag, args.json)
 
 
 def run_scalars(paths: list[str], tags: list[str] | None, as_json: bool,
