@@ -83,8 +83,15 @@ async def _run(kind: str, host: HostConfig, store: Store, *, pid: int | None, si
         # A run that is not configured was discovered: the store has how it was started.
         launch = None if configured else recorded_launch(store, host.name, name)
         plan = actions.plan_relaunch(host, name, history, launch)
+    if plan.refusal is not None:  # said once: not "no process to signal / cannot / refused"
+        say("\n".join([*(f"note: {note}" for note in plan.notes),
+                       f"cannot {plan.kind} on {host.name}: {plan.refusal}"]))
+        # execute() refuses it without touching the box; it is called for the audit log
+        await actions.execute(plan, host, store=store, readonly=readonly,
+                              accept_new_host_keys=accept_new)
+        return EXIT_FAILED
     say(plan.describe())
-    if plan.refusal is None and not readonly and not yes:
+    if not readonly and not yes:
         if not sys.stdin.isatty():
             print("gpuwatch: not confirmed: pass --yes (there is no terminal to ask on)",
                   file=sys.stderr)
