@@ -171,3 +171,17 @@ log = "missing.log"
     assert f"no process matches `edgetrain_nosuch.py` in {work}" in gone
     assert "log not found" in gone and f"{work}/missing.log" in gone
     assert os.path.basename(str(work)) in gone
+
+
+# ---------------------------------------------------------------- one module per verb
+
+
+def test_no_verb_module_but_launch_imports_textual() -> None:
+    """Each verb's module imported alone (as its verb imports it) leaves Textual out."""
+    code = ("import sys\n"
+            "from gpuwatch.tui.cli import actions, check, command, common, init, once, scalars\n"
+            "print([m for m in sys.modules if m.split('.')[0] in ('textual', 'plotext', "
+            "'textual_plotext')])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
