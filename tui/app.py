@@ -51,11 +51,8 @@ RUNS_SAVE_S = 60.0
 
 
 def _actions() -> Any:
-    """remote/actions, or None while this build has none (actions are then greyed out)."""
-    try:
-        from gpuwatch.remote.actions import plan as actions
-    except ImportError:
-        return None
+    """remote/actions' plan module, imported when an action is first looked at."""
+    from gpuwatch.remote.actions import plan as actions
     return actions
 
 
@@ -280,8 +277,6 @@ class GpuwatchApp(App[None]):
     # -- actions: k z r ----------------------------------------------------------------------
     def _reap_targets(self, data: HostData) -> frozenset[int]:
         actions = _actions()
-        if actions is None:
-            return frozenset()
         try:
             plan = actions.plan_reap(data.config, data.history)
         except Exception:  # a plan that cannot be made is no target
@@ -299,7 +294,7 @@ class GpuwatchApp(App[None]):
                 return False
             if action in ("kill", "relaunch") and not isinstance(self.screen, HostScreen):
                 return False  # host-only keys: not in the fleet view's footer
-            if self.readonly or _actions() is None:
+            if self.readonly:
                 return None
             name = self.current_host()
             if name is None:
@@ -330,8 +325,6 @@ class GpuwatchApp(App[None]):
         if self.readonly:
             why = ("actions are off: this gpuwatch was started read-only (--readonly, or "
                    "readonly in the config)")
-        elif _actions() is None:
-            why = "actions are not available in this build"
         elif action == "kill":
             why = ("no process selected: go to Processes (6), put the cursor on a process "
                    "(not a run's heading), then press k" if host is not None else
@@ -392,9 +385,8 @@ class GpuwatchApp(App[None]):
     def _confirm(self, kind: str, host: str, make_plan: Callable[[Any, HostData], Any],
                  title: str, verb: str) -> None:
         actions = _actions()
-        if actions is None or self.readonly:
-            self.notify("actions are off (--readonly)" if self.readonly else
-                        "actions are not available in this build", severity="warning")
+        if self.readonly:
+            self.notify("actions are off (--readonly)", severity="warning")
             return
         data = self.hosts[host]
         try:

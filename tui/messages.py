@@ -22,21 +22,7 @@ class SnapshotReady(Message):
 
 
 @dataclass
-class HostSelected(Message):
-    """The person opened a host (Enter or a click in the fleet table)."""
-
-    host: str
-
-
-@dataclass
 class ProcessSelected(Message):
     """The highlighted process changed (None: a run header or nothing)."""
 
     pid: int | None
-
-
-@dataclass
-class RunSelected(Message):
-    """The run the host view follows changed."""
-
-    run: str | None

@@ -230,9 +230,9 @@ class HostData:
         if not ring:
             return None
         newest = ring[-1].t
-        pts = [(p.t, float(p.inodes_free if inodes else p.bytes_free)) for p in ring
-               if newest - p.t <= FORECAST_WINDOW_S
-               and (p.inodes_free if inodes else p.bytes_free) is not None]
+        recent = [(p.t, p.inodes_free if inodes else p.bytes_free) for p in ring
+                  if newest - p.t <= FORECAST_WINDOW_S]
+        pts = [(t, float(free)) for t, free in recent if free is not None]
         return time_to_full(pts)
 
     def box_now(self, now: float) -> float | None:

@@ -7,6 +7,7 @@ written loads back exactly as the data it was made from.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ _COMMENTS: dict[tuple[str, str], str] = {
 
 _RUN_EXAMPLE = """\
 # A training run on {host} (uncomment and edit):
-# [hosts.{host}.runs.llama]
+# [hosts.{key}.runs.llama]
 # process = "train.py"                       # an argument of its command line (or /train.py)
 # workdir = "/data/llama"                    # its processes work here (and their children)
 # log = "train.log"                          # relative paths are relative to workdir
@@ -77,6 +78,12 @@ def starter_data(targets: list[str]) -> dict[str, Any]:
     }
 
 
+def _toml_key(name: str) -> str:
+    """A host name as a TOML key: bare where TOML allows it, else quoted (a dotted name would
+    otherwise be nested tables: `[hosts.gpu1.lab.runs.x]`)."""
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else tomli_w.dumps({name: 0})[:-5]
+
+
 def starter_text(targets: list[str]) -> str:
     """The starter config as commented TOML."""
     data = starter_data(targets)
@@ -92,7 +99,7 @@ def starter_text(targets: list[str]) -> str:
         out.append(line)
     first_host = next(iter(data["hosts"]))
     out.append("")
-    out.append(_RUN_EXAMPLE.format(host=first_host).rstrip())
+    out.append(_RUN_EXAMPLE.format(host=first_host, key=_toml_key(first_host)).rstrip())
     return "\n".join(out) + "\n"
 
 

@@ -309,12 +309,6 @@ class Box:
         self.state["compute_apps"] = [a for a in self.state["compute_apps"] if a["pid"] != pid]
         self._write_gpus()
 
-    def set_driver(self, driver_version: str, cuda_version: str | None = None) -> None:
-        self.state["driver_version"] = driver_version
-        if cuda_version is not None:
-            self.state["cuda_version"] = cuda_version
-        self._write_gpus()
-
     def set_faults(self, *, hang: bool | None = None, fail: bool | str | None = None,
                    delay_s: float | None = None, dmesg_denied: bool | None = None,
                    invalid_fields: Iterable[str] | None = None, driver: str | None = None,

@@ -13,6 +13,7 @@ cannot redraw the lines that say what will be hit (STYLE 14).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
 from collections.abc import Callable
@@ -28,6 +29,14 @@ from gpuwatch.remote.wire.collect import Collector
 
 EXIT_OK, EXIT_FAILED, EXIT_UNPOLLED = 0, 1, 2
 VERIFY_POLLS, VERIFY_PAUSE_S = actions.VERIFY_POLLS, actions.VERIFY_PAUSE_S
+
+
+def run_verb(kind: str, args: argparse.Namespace) -> int:
+    """`gpuwatch kill HOST PID`, `reap HOST`, `relaunch HOST RUN` from their parsed arguments."""
+    return run_action(kind, host_name=args.host, config_path=args.config,
+                      pid=getattr(args, "pid", None), signal=getattr(args, "signal", "TERM"),
+                      run=getattr(args, "run", None), yes=args.yes, readonly=args.readonly,
+                      accept_new_host_keys=args.accept_new_host_keys)
 
 
 def run_action(kind: str, *, host_name: str, config_path: str | None = None,
@@ -74,8 +83,15 @@ async def _run(kind: str, host: HostConfig, store: Store, *, pid: int | None, si
         # A run that is not configured was discovered: the store has how it was started.
         launch = None if configured else recorded_launch(store, host.name, name)
         plan = actions.plan_relaunch(host, name, history, launch)
+    if plan.refusal is not None:  # said once: not "no process to signal / cannot / refused"
+        say("\n".join([*(f"note: {note}" for note in plan.notes),
+                       f"cannot {plan.kind} on {host.name}: {plan.refusal}"]))
+        # execute() refuses it without touching the box; it is called for the audit log
+        await actions.execute(plan, host, store=store, readonly=readonly,
+                              accept_new_host_keys=accept_new)
+        return EXIT_FAILED
     say(plan.describe())
-    if plan.refusal is None and not readonly and not yes:
+    if not readonly and not yes:
         if not sys.stdin.isatty():
             print("gpuwatch: not confirmed: pass --yes (there is no terminal to ask on)",
                   file=sys.stderr)

@@ -14,17 +14,43 @@ beside the probe's own run time. No Textual; asyncssh is imported only when a ho
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import argparse
+import asyncio
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from gpuwatch.remote.config.schema import HostConfig
+from gpuwatch.remote.config.schema import HostConfig, load_config, select_hosts
 from gpuwatch.remote.model.snapshot import HostSnapshot, ProbeError, load_document
+from gpuwatch.remote.textsafe import visible
 from gpuwatch.remote.wire.collect import Collector, PollOutcome, ssh_files
 from gpuwatch.remote.wire.poller import OpeningLimiter, poll_all_once
 
+from .common import EXIT_OK, EXIT_UNPOLLED
+
 STARTUP_WARN_S = 0.05
 """A bare command that takes longer than this after the connection is up is worth a warning."""
+
+
+def run_verb(args: argparse.Namespace) -> int:
+    """Validate the config, poll each host once, explain each failure (exit 0 / 2 / 78)."""
+    config = select_hosts(load_config(args.config), list(args.hosts))
+    where = str(config.path) if config.path else "no config file (defaults)"
+    print(f"config OK: {where}")
+    for host in config.hosts:
+        runs = ", ".join(r.name for r in host.runs) or "no runs"
+        print(f"  {host.name}: ssh {host.ssh}, python {host.python}, disks "
+              f"{' '.join(host.disks)}; {runs}")
+    sys.stdout.flush()  # the polls take a while: show what is being checked first
+    checks = asyncio.run(check_hosts(config.hosts,
+                                     accept_new_host_keys=args.accept_new_host_keys))
+    for check in checks:
+        for line in [*check.lines, *check.warnings]:
+            print(visible(line, multiline=True))  # a poll's error may quote the box
+    print(summary(checks))
+    return EXIT_OK if all(c.ok for c in checks) else EXIT_UNPOLLED
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +113,7 @@ def healthy(outcome: PollOutcome, startup_s: float | None = None,
     for section, error in sorted(snap.section_errors.items()):
         what = "the GPUs" if section.startswith("gpus") else f"its {section} section"
         warnings.append(f"{host.name}: the probe could not read {what}: {_sentence(error)}")
+    lines += run_lines(host, snap)
     warnings += loose_runs(host, snap)
     if startup_s is not None and startup_s > STARTUP_WARN_S:
         warnings.append(
@@ -98,6 +125,50 @@ def healthy(outcome: PollOutcome, startup_s: float | None = None,
         warnings.append(f"{host.name}: a second connection (a bare `true`, to time the shell "
                         f"startup) failed: {_sentence(startup_error)}")
     return HostCheck(host, True, lines, warnings, outcome, startup_s)
+
+
+def _not_found(errors: Mapping[str, str], what: str, key: str, path: str | None) -> str:
+    """What the probe said about a run's file that was not read, else where it looked."""
+    why = errors.get(key)
+    return f"{what} not found ({why})" if why else f"{what} not found at {path}"
+
+
+def run_lines(host: HostConfig, snap: HostSnapshot) -> list[str]:
+    """For each configured run, one sentence: whether its process and each of its files (log,
+    event files, metrics, checkpoints) were found, and where it looked when not."""
+    samples = {r.name: r for r in snap.runs if r.discovered is None}
+    out = []
+    for run in host.runs:
+        sample = samples.get(run.name)
+        if sample is None:
+            out.append(f"{host.name}: run {run.name}: the probe did not report it.")
+            continue
+        where = f" in {run.workdir}" if run.workdir else ""
+        n = len(sample.pids)
+        parts = [f"process running ({n} pid{'s' * (n != 1)}: "
+                 f"{', '.join(map(str, sample.pids[:4]))}{', ...' if n > 4 else ''})" if n
+                 else f"no process matches `{run.process}`{where}" if run.process
+                 else "no `process` configured"]
+        missing = partial(_not_found, sample.errors)
+        if run.log:
+            parts.append(f"log found ({sample.log.path})" if sample.log is not None
+                         else missing("log", "log", run.resolve(run.log)))
+        if run.events:
+            files = len(sample.event_files)
+            parts.append(f"events: {files} file{'s' * (files != 1)}" if files
+                         else missing("event files", "events", run.resolve(run.events)))
+        for i, path in enumerate(run.metrics):
+            read = [m for m in sample.metrics if m.path in (path, run.resolve(path)) and m.file]
+            parts.append(f"metrics found ({read[0].file})" if read
+                         else missing("metrics", f"metrics[{i}]", run.resolve(path)))
+        if run.checkpoints:
+            total = sample.checkpoints_total
+            newest = sample.latest_checkpoint
+            parts.append(f"checkpoints: {total}" + (f" (newest {newest.path})" if newest else "")
+                         if total else missing("checkpoints", "checkpoints",
+                                               run.resolve(run.checkpoints)))
+        out.append(f"{host.name}: run {run.name}: {'; '.join(parts)}.")
+    return out
 
 
 def loose_runs(host: HostConfig, snap: HostSnapshot) -> list[str]:

@@ -1,4 +1,4 @@
-"""The `gpuwatch` command: parse the command line, then hand over to the right part.
+"""The `gpuwatch` command: parse the command line, then hand over to the verb's module.
 
 This module stays light: `--once`, `check`, `init` and the action verbs must not import Textual
 (a cron job pays for every import), so the TUI is imported only when it is about to run.
@@ -10,16 +10,23 @@ import argparse
 import gc
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
-if TYPE_CHECKING:
-    from gpuwatch.remote.config.schema import Config
+from .common import (  # re-exported: the exit codes are the command's contract
+    EXIT_CANTCREAT,
+    EXIT_CONFIG,
+    EXIT_FINDING,
+    EXIT_OK,
+    EXIT_SOFTWARE,
+    EXIT_UNPOLLED,
+    EXIT_USAGE,
+    internal_error,
+    started,
+)
 
-EXIT_OK, EXIT_FINDING, EXIT_UNPOLLED = 0, 1, 2
-EXIT_SOFTWARE = 70  # sysexits EX_SOFTWARE: an internal error (a bug), never a finding
-EXIT_CANTCREAT = 73
-EXIT_USAGE, EXIT_CONFIG = 64, 78
+__all__ = ["EXIT_CANTCREAT", "EXIT_CONFIG", "EXIT_FINDING", "EXIT_OK", "EXIT_SOFTWARE",
+           "EXIT_UNPOLLED", "EXIT_USAGE", "VERBS", "build_parser", "internal_error", "main",
+           "run", "split_verb"]
 
 VERBS = ("init", "check", "kill", "reap", "relaunch", "scalars", "watch", "notify")
 # Common options that take a value, so the verb scan does not mistake the value for a verb.
@@ -190,54 +197,23 @@ def split_verb(argv: Sequence[str]) -> tuple[str | None, list[str]]:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     # The command's imports build tens of thousands of objects and no garbage; the cyclic
     # collector's passes over them took ~20 ms of a `--once` here (issue 3). Each command turns
-    # it back on where its real work starts (_started).
+    # it back on where its real work starts (common.started).
     gc.disable()
     sys.exit(run(sys.argv[1:] if argv is None else argv))
 
 
-def _started() -> None:
-    """Start-up is over: what it built stays out of every later collection (gc.freeze), and
-    the collector runs again. Nothing to do where main() did not turn it off (tests)."""
-    if not gc.isenabled():
-        gc.freeze()
-        gc.enable()
-
-
 def run(argv: Sequence[str]) -> int:
+    """Parse, then hand over to the verb's module (each imports what it needs, when run)."""
     verb, rest = split_verb(argv)
     args = build_parser(verb).parse_args(rest)
     if verb is not None:  # the TUI and `--once` turn the collector on after their imports
-        _started()
+        started()
+    elif (args.json or args.prometheus) and not args.once:
+        build_parser(None).error("--json and --prometheus go with --once")
     from gpuwatch.remote.config.schema import ConfigError
 
     try:
-        if verb == "init":
-            return _init(args)
-        if verb == "check":
-            return _check(args)
-        if verb == "scalars":
-            from gpuwatch.tui.cli.scalars import run_scalars
-
-            return run_scalars(list(args.paths), args.tag, args.json)
-        if verb == "kill":
-            return _kill(args)
-        if verb == "reap":
-            return _reap(args)
-        if verb == "relaunch":
-            return _relaunch(args)
-        if verb in ("watch", "notify"):
-            from gpuwatch.tui.cli.watch import run_verb
-
-            return run_verb(verb, args, _load)
-        if verb is None and (args.json or args.prometheus) and not args.once:
-            build_parser(None).error("--json and --prometheus go with --once")
-        if verb is None and args.once:
-            return _once(args)
-        if verb is None and args.demo:
-            return _demo(args)
-        if verb is None:
-            return _tui(args)
-        raise AssertionError(f"the verb {verb!r} has no handler")  # a bug: exit 70, logged
+        return _dispatch(verb, args)
     except ConfigError as exc:
         for line in exc.lines:  # every error of the file, one line each
             print(f"gpuwatch: config error: {line}", file=sys.stderr)
@@ -247,178 +223,37 @@ def run(argv: Sequence[str]) -> int:
                                             "the TUI"))
 
 
-def internal_error(exc: BaseException, doing: str) -> int:
-    """One line on stderr naming where the traceback went, and EX_SOFTWARE (70)."""
-    from gpuwatch.remote import errorlog
-    from gpuwatch.remote.textsafe import visible
+def _dispatch(verb: str | None, args: argparse.Namespace) -> int:
+    if verb == "init":
+        from . import init
 
-    where = errorlog.record(exc, f"gpuwatch {doing}")
-    told = (f"the traceback is in {where}" if where is not None
-            else "the error log could not be written")
-    print(f"gpuwatch: internal error in {doing}: {visible(errorlog.summary(exc))}; {told}; please "
-          f"report it", file=sys.stderr)
-    return EXIT_SOFTWARE
+        return init.run_verb(args)
+    if verb == "check":
+        from . import check
 
+        return check.run_verb(args)
+    if verb == "scalars":
+        from . import scalars
 
-def _kill(args: argparse.Namespace) -> int:
-    return _act("kill", args, pid=args.pid, signal=args.signal)
+        return scalars.run_verb(args)
+    if verb in ("kill", "reap", "relaunch"):
+        from . import actions
 
+        return actions.run_verb(verb, args)
+    if verb in ("watch", "notify"):
+        from . import watch
+        from .common import load
 
-def _reap(args: argparse.Namespace) -> int:
-    return _act("reap", args)
+        return watch.run_verb(verb, args, load)
+    if verb is None and args.once:
+        from . import once
 
+        return once.run_verb(args)
+    if verb is None:
+        from . import launch
 
-def _relaunch(args: argparse.Namespace) -> int:
-    return _act("relaunch", args, run=args.run)
-
-
-def _act(kind: str, args: argparse.Namespace, **what: object) -> int:
-    """kill / reap / relaunch: poll, plan, confirm, execute, verify (tui/cli/actions.py)."""
-    from gpuwatch.tui.cli.actions import run_action
-
-    return run_action(kind, host_name=args.host, config_path=args.config, yes=args.yes,
-                      readonly=args.readonly, accept_new_host_keys=args.accept_new_host_keys,
-                      **what)
-
-
-def _init(args: argparse.Namespace) -> int:
-    from gpuwatch.remote.config.schema import find_config, load_file
-    from gpuwatch.remote.config.starter import write_starter
-
-    path, _ = find_config(args.config)
-    try:
-        write_starter(path, list(args.hosts), force=args.force)
-    except FileExistsError as exc:
-        print(f"gpuwatch: {exc}", file=sys.stderr)
-        return EXIT_CANTCREAT
-    except OSError as exc:
-        print(f"gpuwatch: cannot write {path}: {exc}", file=sys.stderr)
-        return EXIT_CANTCREAT
-    config = load_file(path)  # what we wrote must load back: fail loudly here if not
-    print(f"wrote {path} ({len(config.hosts)} host{'s' * (len(config.hosts) != 1)}); "
-          f"edit it, then run `gpuwatch check`")
-    return EXIT_OK
-
-
-def _load(args: argparse.Namespace) -> Config:
-    """The config with the command line applied: hosts named, --interval, --readonly."""
-    from gpuwatch.remote.config.schema import load_config, select_hosts
-
-    config = select_hosts(load_config(args.config), list(args.hosts))
-    if args.interval:
-        config = replace(config, interval=args.interval)
-    if args.readonly:
-        config = replace(config, readonly=True)
-    return config
-
-
-def _once(args: argparse.Namespace) -> int:
-    from gpuwatch.remote.findings.rules import Severity
-    from gpuwatch.remote.report import (
-        document,
-        exit_code,
-        prometheus_text,
-        text_report,
-        to_json_text,
-    )
-    from gpuwatch.remote.store import Store
-    from gpuwatch.tui.cli.once import run_once
-
-    config = _load(args)
-    if not all(h.is_local for h in config.hosts):
-        import gpuwatch.remote.wire.ssh  # noqa: F401  asyncssh (~0.2 s), imported with gc off too
-    _started()
-    with Store.open() as store:
-        if store.warning:
-            print(f"gpuwatch: {store.warning}", file=sys.stderr)
-        result = run_once(config, store, accept_new_host_keys=args.accept_new_host_keys)
-    if result.store_warning:  # the report still goes out: the store is a convenience
-        print(f"gpuwatch: {result.store_warning}", file=sys.stderr)
-    if args.json:
-        sys.stdout.write(to_json_text(document(result.reports)))
-    elif args.prometheus:
-        sys.stdout.write(prometheus_text(result.reports))
-    else:
-        sys.stdout.write(text_report(result.reports))
-    return exit_code(result.reports, Severity.parse(args.fail_on))
-
-
-def _tui(args: argparse.Namespace) -> int:
-    """The full-screen TUI on the config's (or the command line's) hosts."""
-    from gpuwatch.remote.store import Store
-    from gpuwatch.tui.app import build_app
-
-    config = _load(args)
-    _started()
-    with Store.open() as store:
-        if store.warning:
-            print(f"gpuwatch: {store.warning}", file=sys.stderr)
-        app = build_app(config, store=store, readonly=args.readonly, theme=args.theme,
-                        accept_new_host_keys=args.accept_new_host_keys)
-        app.run()
-    return _app_exit(app)
-
-
-def _app_exit(app: object) -> int:
-    """The TUI's exit status: 0, or 70 where Textual ended it on an exception of ours (Textual
-    has printed it; the error log keeps it too)."""
-    if not getattr(app, "return_code", 0):
-        return EXIT_OK
-    error = getattr(app, "_exception", None)  # Textual keeps the first unhandled exception
-    return internal_error(error if error is not None else RuntimeError("the TUI failed"),
-                          "the TUI")
-
-
-def _demo(args: argparse.Namespace) -> int:
-    """The TUI on the demo fleet: simulated boxes behind real SSH servers on loopback, reached
-    through exactly the pipeline real hosts go through (host-key checking included). Its store
-    lives with the fleet's files, so a demo never mixes into the person's own history."""
-    import asyncio
-
-    from gpuwatch.remote.config.schema import load_file
-    from gpuwatch.remote.sim.fleet import DemoFleet
-    from gpuwatch.remote.store import Store
-    from gpuwatch.tui.app import build_app
-
-    _started()
-
-    async def main() -> object:
-        async with DemoFleet.start() as fleet:
-            config = load_file(fleet.config_path)
-            if args.interval:
-                config = replace(config, interval=args.interval)
-            with Store.open(fleet.root / "gpuwatch-demo.sqlite3") as store:
-                app = build_app(config, store=store, readonly=args.readonly, theme=args.theme,
-                                accept_new_host_keys=args.accept_new_host_keys)
-                await app.run_async()
-                return app
-
-    return _app_exit(asyncio.run(main()))
-
-
-def _check(args: argparse.Namespace) -> int:
-    """Validate the config, poll each host once, explain each failure (exit 0 / 2 / 78)."""
-    import asyncio
-
-    from gpuwatch.remote.config.schema import load_config, select_hosts
-    from gpuwatch.remote.textsafe import visible
-    from gpuwatch.tui.cli.check import check_hosts, summary
-
-    config = select_hosts(load_config(args.config), list(args.hosts))
-    where = str(config.path) if config.path else "no config file (defaults)"
-    print(f"config OK: {where}")
-    for host in config.hosts:
-        runs = ", ".join(r.name for r in host.runs) or "no runs"
-        print(f"  {host.name}: ssh {host.ssh}, python {host.python}, disks "
-              f"{' '.join(host.disks)}; {runs}")
-    sys.stdout.flush()  # the polls take a while: show what is being checked first
-    checks = asyncio.run(check_hosts(config.hosts,
-                                     accept_new_host_keys=args.accept_new_host_keys))
-    for check in checks:
-        for line in [*check.lines, *check.warnings]:
-            print(visible(line, multiline=True))  # a poll's error may quote the box
-    print(summary(checks))
-    return EXIT_OK if all(c.ok for c in checks) else EXIT_UNPOLLED
+        return launch.run_demo(args) if args.demo else launch.run_tui(args)
+    raise AssertionError(f"the verb {verb!r} has no handler")  # a bug: exit 70, logged
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""`gpuwatch --once`: poll every host once, judge, remember, report (the pipeline of
-remote/watch.py, once).
+"""`gpuwatch --once [--json|--prometheus]`: poll every host once, judge, remember, report (the
+pipeline of remote/watch.py, once), and exit with the health code.
 
 The store carries state between runs, so a cron job is stateful: the previous run's snapshot is
 the history a rule compares against (a boot id that changed, a run that was alive and is gone).
@@ -8,17 +8,48 @@ Nothing here imports Textual, and asyncssh only loads when a host needs SSH.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import sqlite3
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuwatch.remote.config.schema import Config, HostConfig
-from gpuwatch.remote.findings.rules import HostHistory
-from gpuwatch.remote.report import HostReport
+from gpuwatch.remote.findings.rules import HostHistory, Severity
+from gpuwatch.remote.report import (
+    HostReport,
+    document,
+    exit_code,
+    prometheus_text,
+    text_report,
+    to_json_text,
+)
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.watch import history_from_store, judge, opening, remember, resume
 from gpuwatch.remote.wire.collect import Collector, PollOutcome
+
+from .common import load, started, warn_store
+
+
+def run_verb(args: argparse.Namespace) -> int:
+    """Poll, print the report (text, --json or --prometheus), return the health code."""
+    config = load(args)
+    if not all(h.is_local for h in config.hosts):
+        import gpuwatch.remote.wire.ssh  # noqa: F401  asyncssh (~0.2 s), imported with gc off too
+    started()
+    with Store.open() as store:
+        warn_store(store)
+        result = run_once(config, store, accept_new_host_keys=args.accept_new_host_keys)
+    if result.store_warning:  # the report still goes out: the store is a convenience
+        print(f"gpuwatch: {result.store_warning}", file=sys.stderr)
+    if args.json:
+        sys.stdout.write(to_json_text(document(result.reports)))
+    elif args.prometheus:
+        sys.stdout.write(prometheus_text(result.reports))
+    else:
+        sys.stdout.write(text_report(result.reports))
+    return exit_code(result.reports, Severity.parse(args.fail_on))
 
 
 @dataclass(frozen=True, slots=True)

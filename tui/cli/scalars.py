@@ -10,20 +10,23 @@ whose name contains ``tfevents`` (as TensorBoard does). Output (DESIGN §3):
   non-finite values as the strings "nan", "inf", "-inf".
 
 DIR is the event file's folder relative to PATH, ``.`` for PATH itself; for a file PATH it is
-``.`` (the file's own folder). With several PATHs, DIR is prefixed with the PATH as typed (for a
-file PATH, its folder) so that runs from different PATHs never share a key; the same folder
-reached twice is one run, its files read once.
+``.`` (the file's own folder). With several PATHs, DIR is prefixed with the PATH as typed (for
+a file PATH, its folder) so that runs from different PATHs never share a key; the same folder
+reached twice is one run, its files read once. In text, a lone run ``.`` is named by its
+folder (the PATH as typed; its absolute path for ``.``).
 
 ``--tag`` takes an exact tag or a shell-style pattern (``train/*``); it may be repeated.
 
 Exit status: 0 everything read; 1 some record was corrupt (all good data is still printed);
 66 (EX_NOINPUT) a PATH does not exist, cannot be read, or holds no event file (the other
-PATHs are still printed).
+PATHs are still printed), or a --tag matches no tag (the tags that exist are listed on stderr).
 """
 
 from __future__ import annotations
 
+import argparse
 import fnmatch
+import io
 import json
 import math
 import os
@@ -37,6 +40,7 @@ EXIT_OK = 0
 EXIT_CORRUPT = 1
 EXIT_NOINPUT = 66
 CHUNK_BYTES = 64 * 1024 * 1024  # memory bound per read: a 2 GB file is read in pieces
+MAX_TAGS_SHOWN = 40  # of the tags that exist, when a --tag matches none
 
 
 def is_event_file(name: str) -> bool:
@@ -132,6 +136,10 @@ def collect(paths: list[str], tags: list[str] | None, err: TextIO
     return runs, errors, ok
 
 
+def run_verb(args: argparse.Namespace) -> int:
+    return run_scalars(list(args.paths), args.tag, args.json)
+
+
 def run_scalars(paths: list[str], tags: list[str] | None, as_json: bool,
                 out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Print the scalars under ``paths`` (text or JSON); return the exit status."""
@@ -139,12 +147,40 @@ def run_scalars(paths: list[str], tags: list[str] | None, as_json: bool,
     if as_json:
         write_json(runs, errors, out)
     else:
-        write_text(runs, out)
+        write_text(runs, out, dot=folder_name(paths[0]) if len(paths) == 1 else ".")
         for e in errors:
             err.write(f"gpuwatch scalars: {e['file']}: offset {e['offset']}: {e['message']}\n")
-    if not ok:
+    missing = unmatched(runs, tags) if ok else []
+    if missing:
+        found = all_tags(paths)
+        shown = ", ".join(found[:MAX_TAGS_SHOWN]) + (
+            f", ... ({len(found) - MAX_TAGS_SHOWN} more)" if len(found) > MAX_TAGS_SHOWN else "")
+        err.write(f"gpuwatch scalars: no tag matches {', '.join(missing)}; the tags there: "
+                  f"{shown or 'none'}\n")
+    if not ok or missing:
         return EXIT_NOINPUT
     return EXIT_CORRUPT if errors else EXIT_OK
+
+
+def folder_name(path: str) -> str:
+    """What the run `.` (the PATH's own folder; a file PATH's folder) is called in text."""
+    folder = (os.path.dirname(path) or ".") if os.path.isfile(path) else path
+    folder = os.path.normpath(folder)
+    return os.path.abspath(folder) if folder in (".", "..") else folder
+
+
+def unmatched(runs: dict[str, dict[str, Series]], tags: list[str] | None) -> list[str]:
+    """The --tag values that match no tag of any run."""
+    seen = {tag for run in runs.values() for tag in run}
+    return [t for t in tags or () if not any(tag == t or fnmatch.fnmatchcase(tag, t)
+                                             for tag in seen)]
+
+
+def all_tags(paths: list[str]) -> list[str]:
+    """Every tag under the PATHs, sorted: read again without a filter, only when a --tag
+    matched nothing (the filtered read skips the other tags' values)."""
+    runs, _, _ = collect(paths, None, io.StringIO())
+    return sorted({tag for run in runs.values() for tag in run})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,10 +225,11 @@ def _fmt(v: float | None) -> str:
     return f"{v:.6g}"
 
 
-def write_text(runs: dict[str, dict[str, Series]], out: TextIO) -> None:
+def write_text(runs: dict[str, dict[str, Series]], out: TextIO, dot: str = ".") -> None:
+    """One table per run; `dot` names the run `.` when it is the only one (its folder)."""
     header = ("tag", "count", "first_step", "last_step", "last_value", "min", "max")
     for key, run in runs.items():
-        out.write(f"{key}\n")
+        out.write(f"{dot if key == '.' and len(runs) == 1 else key}\n")
         rows = []
         for tag, s in run.items():
             finite = [v for v in s.values if not math.isnan(v)]

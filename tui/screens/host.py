@@ -84,7 +84,8 @@ class PaneColumn(VerticalScroll, can_focus=False):
 
 
 class HostScreen(Screen[None]):
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (WIDE, "-wide")]
+    # Textual declares it `ClassVar[...] | None`, which mypy reads as an instance variable
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE, "-wide")]  # noqa: RUF012
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "Back"),
         Binding("left_square_bracket", "tag(-1)", "Tag", show=False),

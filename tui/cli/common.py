@@ -1,0 +1,58 @@
+"""What the verbs share: exit codes, the end of start-up, the internal-error line, the config
+with the command line applied. No Textual, nothing heavy imported at module level."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpuwatch.remote.config.schema import Config
+    from gpuwatch.remote.store import Store
+
+EXIT_OK, EXIT_FINDING, EXIT_UNPOLLED = 0, 1, 2
+EXIT_SOFTWARE = 70  # sysexits EX_SOFTWARE: an internal error (a bug), never a finding
+EXIT_CANTCREAT = 73
+EXIT_USAGE, EXIT_CONFIG = 64, 78
+
+
+def started() -> None:
+    """Start-up is over: what it built stays out of every later collection (gc.freeze), and
+    the collector runs again. Nothing to do where main() did not turn it off (tests)."""
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
+
+
+def internal_error(exc: BaseException, doing: str) -> int:
+    """One line on stderr naming where the traceback went, and EX_SOFTWARE (70)."""
+    from gpuwatch.remote import errorlog
+    from gpuwatch.remote.textsafe import visible
+
+    where = errorlog.record(exc, f"gpuwatch {doing}")
+    told = (f"the traceback is in {where}" if where is not None
+            else "the error log could not be written")
+    print(f"gpuwatch: internal error in {doing}: {visible(errorlog.summary(exc))}; {told}; please "
+          f"report it", file=sys.stderr)
+    return EXIT_SOFTWARE
+
+
+def load(args: argparse.Namespace) -> Config:
+    """The config with the command line applied: hosts named, --interval, --readonly."""
+    from gpuwatch.remote.config.schema import load_config, select_hosts
+
+    config = select_hosts(load_config(args.config), list(args.hosts))
+    if args.interval:
+        config = replace(config, interval=args.interval)
+    if args.readonly:
+        config = replace(config, readonly=True)
+    return config
+
+
+def warn_store(store: Store) -> None:
+    """What the store could not do on opening (it still works, read-only or in memory)."""
+    if store.warning:
+        print(f"gpuwatch: {store.warning}", file=sys.stderr)
