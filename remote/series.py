@@ -395,6 +395,9 @@ class RunSeries:
         """(status, when written) from the launch wrapper of a run gpuwatch relaunched."""
         self.log_end: tuple[str, float] | None = None
         """The framework's completion line at the log's end, and the log's mtime then."""
+        self.curves: Any = None
+        """Its curves' trackers (findings_run_curves.RunCurves), made by the first evaluate."""
+        self.curves_state: Any = None  # what the store kept of them, until then
         self.idle_at: float | None = None  # the box's clock at the latest poll without pids
         self.started_after: float | None = None
         """The latest poll without pids before the one that saw them: evidence of an end older
@@ -867,7 +870,8 @@ class RunSeries:
                 "last_seen_running_at": self.last_seen_running_at,
                 "checkpoint_times": self.checkpoint_times,
                 "discovery": self.discovery.to_state() if self.discovery else None,
-                "reaped": self.reaped, "end": self._end_state()}
+                "reaped": self.reaped, "end": self._end_state(),
+                "curves": self.curves.state() if self.curves is not None else self.curves_state}
 
     def _end_state(self) -> dict[str, Any]:
         return {"progress": self.progress, "marks": self.step_marks,
@@ -945,4 +949,5 @@ class RunSeries:
         run.discovery = Discovery.from_state(name, state.get("discovery"))
         run.reaped = state.get("reaped") is True
         run._restore_end(state.get("end"))
+        run.curves_state = state.get("curves")
         return run

@@ -1,0 +1,456 @@
+"""Is it learning, is it making progress? Findings from a run's curves, processes and GPUs.
+
+run.loss_nan, run.diverging, run.loss_spike, run.plateau and run.overfitting judge the curves
+(curves.CurveTracker, fed each poll only the points it brought); run.hung and run.slowed judge
+the run's step clock against its own pace, with what its processes and GPUs do. Every
+finding's evidence carries `step` (where it fired) and `tag`, for a marker on the loss plot.
+
+run.hung and run.stalled: run.stalled (a warning) is "nothing at all written for stalled_s",
+for any run, even one whose only artifact is its log. run.hung (critical) is narrower and comes
+sooner: the step counter of its events or metrics stopped for far longer than the run's own
+step interval while its processes live and neither a checkpoint nor its log is being written.
+When both would fire, only run.hung does (`one_alarm`): one silence, one alarm.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from .curves import CurveParams, CurveTracker, median
+from .findings import Finding, HostHistory, Severity, Thresholds, _dur, _gpus_of, _run_procs
+from .textsafe import visible
+
+if TYPE_CHECKING:
+    from .model import HostSnapshot, RunSample
+    from .series import RunSeries, TagSeries
+
+LOSS_NAMES = ("loss", "train/loss", "train_loss", "Loss/train", "loss/train", "train/loss_step",
+              "train_loss_step", "training_loss", "train/loss_epoch", "train_loss_epoch")
+"""The names trainers give their training loss (HF, Lightning, Keras, torch tutorials), in
+order of preference."""
+EVAL_NAMES = ("eval_loss", "eval/loss", "val_loss", "val/loss", "validation_loss",
+              "valid_loss", "Loss/val", "Loss/validation", "loss/val", "val_loss_epoch")
+HF_SUMMARY = frozenset({"train_loss", "train_runtime", "train_samples_per_second",
+                        "train_steps_per_second", "total_flos"})
+"""The keys of the summary Trainer.train() appends to trainer_state.json's log_history as it
+returns: the run's average train_loss is no point of its training curve."""
+MAX_WATCHED = 32
+"""Tags watched for NaN per run (every tag with "loss" in its name, the loss and eval tags)."""
+MAX_MARKS = 32
+
+
+def params(th: Thresholds) -> CurveParams:
+    return CurveParams(window=th.curve_window, spike_k=th.spike_k,
+                       spike_min_rel=th.spike_min_rel, diverge_k=th.diverge_k,
+                       diverge_critical_k=th.diverge_critical_k,
+                       diverge_min_rel=th.diverge_min_rel,
+                       diverge_sustain=th.diverge_sustain_points, plateau_k=th.plateau_k)
+
+
+def candidate_tags(run: RunSeries) -> dict[str, TagSeries]:
+    """Every tag of the run by its name, less HF's end-of-training summary keys."""
+    summary = {id(t) for path, streams in run.metric_series.items()
+               if os.path.basename(path) == "trainer_state.json"
+               for tag, t in streams.items() if tag in HF_SUMMARY}
+    return {name: t for name, t in run.series.items() if id(t) not in summary}
+
+
+def pick(tags: Mapping[str, Any], wanted: str | None, names: tuple[str, ...],
+         fallback: re.Pattern[str]) -> str | None:
+    """The configured tag when the run has it; else the first known name; else the one tag
+    that looks like it (two such tags: none, rather than a guess)."""
+    if wanted:
+        return wanted if wanted in tags else None
+    for name in names:
+        if name in tags:
+            return name
+    lowered = {n.lower(): n for n in names}
+    for tag in tags:
+        if tag.lower() in lowered:
+            return tag
+    found = [t for t in tags if fallback.search(t)]
+    return found[0] if len(found) == 1 else None
+
+
+_LOSSY = re.compile(r"loss", re.I)
+_TRAIN_FALLBACK = re.compile(r"^(?!.*(eval|val|valid|test|dev)).*loss", re.I)
+_EVAL_FALLBACK = re.compile(r"(eval|val|valid).*loss|loss.*(eval|val|valid)", re.I)
+
+
+class RunCurves:
+    """One run's trackers and step clock, kept on its RunSeries (and in the store)."""
+
+    def __init__(self, th: Thresholds) -> None:
+        self.p = params(th)
+        self.trackers: dict[str, CurveTracker] = {}
+        self.restarts = 0  # restart markers seen (a resume re-feeds the trackers)
+        self.clock: tuple[int, float] | None = None  # (newest step, when it was first seen)
+        self.marks: list[tuple[float, int]] = []  # (time, step) each time the clock moved
+
+    def feed(self, run: RunSeries, tags: Mapping[str, TagSeries], watch: list[str],
+             now: float | None) -> None:
+        restarted = len(run.restarts) != self.restarts and bool(run.restarts)
+        self.restarts = len(run.restarts)
+        for name in watch:
+            series = tags[name]
+            t = self.trackers.get(name)
+            last = series.last_step
+            if t is None or restarted or (last is not None and t.last_step is not None
+                                          and last < t.last_step):
+                t = self.trackers[name] = CurveTracker(self.p)  # a resume: judged anew
+                t.feed(series.points())
+            elif last is not None and (t.last_step is None or last > t.last_step):
+                t.feed(_after(series, t.last_step))
+        for name in list(self.trackers):
+            if name not in watch:
+                del self.trackers[name]
+        steps = [t.last_step for t in tags.values() if t.last_step is not None]
+        if not steps:
+            return
+        newest = max(steps)
+        if self.clock is None or newest != self.clock[0]:
+            walls = [t.last_wall for t in tags.values()
+                     if t.last_step == newest and math.isfinite(t.last_wall)]
+            when = max(walls) if walls else _artifact_time(run, now)
+            if when is None:
+                return
+            if self.clock is not None and newest < self.clock[0]:
+                self.marks = []  # resumed from an earlier step: another pace
+            self.clock = (newest, when)
+            self.marks = [*self.marks, (when, newest)][-MAX_MARKS:]
+
+    def state(self) -> dict[str, Any]:
+        return {"v": 1, "trackers": {k: t.state() for k, t in self.trackers.items()},
+                "restarts": self.restarts, "clock": list(self.clock) if self.clock else None,
+                "marks": [list(m) for m in self.marks]}
+
+    @classmethod
+    def from_state(cls, data: Any, th: Thresholds) -> RunCurves:
+        out = cls(th)
+        if not isinstance(data, dict) or data.get("v") != 1:
+            return out
+        for name, raw in (data.get("trackers") or {}).items():
+            t = CurveTracker.from_state(raw, out.p)
+            if t is not None and isinstance(name, str) and len(out.trackers) < MAX_WATCHED:
+                out.trackers[name] = t
+        try:
+            out.restarts = int(data.get("restarts") or 0)
+            clock = data.get("clock")
+            out.clock = None if clock is None else (int(clock[0]), float(clock[1]))
+            out.marks = [(float(t), int(s)) for t, s in data.get("marks") or ()][-MAX_MARKS:]
+        except (TypeError, ValueError, IndexError, OverflowError):
+            out.clock, out.marks = None, []
+        return out
+
+
+def _after(series: TagSeries, step: int | None) -> Iterator[tuple[int, float, float]]:
+    """The points after `step`: a binary search, then only the new points (the work of a
+    poll is what it brought, not the series' length)."""
+    from bisect import bisect_right
+
+    start = 0 if step is None else bisect_right(series.steps, step)
+    for i in range(start, len(series.steps)):
+        yield series.steps[i], series.values[i], series.walls[i]
+
+
+def _artifact_time(run: RunSeries, now: float | None) -> float | None:
+    """When the newest step was written, for sources without wall times: the newest events or
+    metrics file's mtime (the box's clock), else the poll's."""
+    sample = run.last_sample
+    times = [] if sample is None else (
+        [f.mtime for f in sample.event_files if f.error is None]
+        + [m.mtime for m in sample.metrics if m.mtime is not None and m.error is None])
+    return max(times) if times else now
+
+
+def tags_of(history: HostHistory, run: RunSeries) -> tuple[dict[str, TagSeries], str | None,
+                                                          str | None, list[str]]:
+    """The run's tags, its loss and eval tags, and the tags watched (for NaN at least)."""
+    tags = candidate_tags(run)
+    loss_cfg, eval_cfg = history.curve_tags.get(run.name, (None, None))
+    loss = pick(tags, loss_cfg, LOSS_NAMES, _TRAIN_FALLBACK)
+    ev = pick(tags, eval_cfg, EVAL_NAMES, _EVAL_FALLBACK)
+    watch = [t for t in (loss, ev) if t is not None]
+    watch += sorted(t for t in tags if _LOSSY.search(t) and t not in watch)
+    return tags, loss, ev, watch[:MAX_WATCHED]
+
+
+def curves_of(history: HostHistory, run: RunSeries) -> RunCurves:
+    held = run.curves
+    if not isinstance(held, RunCurves):
+        held = run.curves = RunCurves.from_state(run.curves_state, history.thresholds)
+    return held
+
+
+def _num(v: float | None) -> float | str | None:
+    if v is None or math.isfinite(v):
+        return v
+    return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+
+
+def _g(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def checkpoint_before(run: RunSeries, step: int, wall: float) -> str | None:
+    """The newest checkpoint written before `step`: by the step in its name, else by mtime."""
+    best: tuple[int, str] | None = None
+    for c in run.checkpoints:
+        digits = re.findall(r"\d+", os.path.basename(c.path.rstrip("/")))
+        named = int(digits[-1]) if digits else None
+        if named is not None and named < step and (best is None or named > best[0]):
+            best = (named, c.path)
+    if best is not None:
+        return best[1]
+    older = [c for c in run.checkpoints if math.isfinite(wall) and c.mtime <= wall]
+    return max(older, key=lambda c: c.mtime).path if older else None
+
+
+def run_curves(history: HostHistory) -> Iterable[Finding]:
+    """Feed every run's trackers what this poll brought; judge the running ones."""
+    now = history.current
+    if now is None:
+        return
+    live = {s.name: s for s in now.runs if s.pids}
+    for name, run in history.runs.items():
+        tags, loss, ev, watch = tags_of(history, run)
+        curves = curves_of(history, run)
+        curves.feed(run, tags, watch, now.taken_at)
+        sample = live.get(name)
+        if sample is None or name in history.left_behind:
+            continue
+        yield from _curve_findings(history, run, curves, loss, ev)
+        if now.taken_at is not None:
+            yield from _hung(history, now, sample, run, curves, loss)
+            yield from _slowed(history, now, sample, run, curves, loss)
+
+
+def _curve_findings(history: HostHistory, run: RunSeries, curves: RunCurves,
+                    loss: str | None, ev: str | None) -> Iterator[Finding]:
+    th, name = history.thresholds, run.name
+    for tag, t in curves.trackers.items():
+        if t.bad_step is None or t.since_bad >= th.curve_window:
+            continue
+        before = t.before_bad
+        ckpt = checkpoint_before(run, t.bad_step, t.bad_wall)
+        what = "NaN" if math.isnan(t.bad_value) else "infinite"
+        tail = (f"; the last finite value was {_g(before[1])} at step {before[0]}"
+                if before else "; it never had a finite value")
+        tail += f"; the latest checkpoint before it is {visible(ckpt)}" if ckpt else ""
+        recovered = f" (finite again for {t.since_bad} points)" if t.since_bad else ""
+        yield Finding(
+            "run.loss_nan", Severity.CRITICAL,
+            f"run {name}'s {visible(tag)} became {what} at step {t.bad_step}{recovered}{tail} "
+            "— the weights after it are likely garbage: stop it, lower the learning rate or "
+            "check the data and mixed precision, and relaunch from that checkpoint",
+            run=name, subject=tag,
+            evidence={"step": t.bad_step, "tag": tag, "value": _num(t.bad_value),
+                      "last_finite_step": before[0] if before else None,
+                      "last_finite_value": before[1] if before else None,
+                      "checkpoint_before": ckpt, "finite_since": t.since_bad})
+    lt = curves.trackers.get(loss) if loss else None
+    if lt is not None and loss is not None:
+        yield from _loss_findings(th, name, loss, lt)
+    e = curves.trackers.get(ev) if ev else None
+    if e is not None and ev is not None:
+        yield from _overfitting(th, name, ev, e, curves.trackers.get(loss) if loss else None,
+                                loss)
+
+
+def _loss_findings(th: Thresholds, name: str, tag: str, t: CurveTracker) -> Iterator[Finding]:
+    if t.diverging and t.last_step is not None:
+        k = t.rise_k()
+        severe = k >= th.diverge_critical_k
+        yield Finding(
+            "run.diverging", Severity.CRITICAL if severe else Severity.WARNING,
+            f"run {name}'s {visible(tag)} is diverging: its level (the median of the last "
+            f"{th.curve_window} points) is {_g(t.level)} at step {t.last_step}, up from its "
+            f"best {_g(t.best_level)} at step {t.best_step} — {k:.0f}× the noise there, "
+            f"rising since step {t.above_since}: lower the learning rate (or enable gradient "
+            "clipping) and resume from a checkpoint before it",
+            run=name,
+            evidence={"step": t.above_since, "tag": tag, "level": t.level,
+                      "best": t.best_level, "best_step": t.best_step, "noise": t.best_noise,
+                      "rise_noise": round(k, 2), "last_step": t.last_step})
+    spikes = t.recent_spikes(th.spike_recent_points)
+    if spikes:
+        step, value, med, noise, _ = spikes[-1]
+        many = len(spikes) >= th.spike_repeat
+        yield Finding(
+            "run.loss_spike", Severity.WARNING if many else Severity.INFO,
+            f"run {name}'s {visible(tag)} spiked to {_g(value)} at step {step}, against a "
+            f"recent median of {_g(med)} (±{_g(noise)})"
+            + (f"; {len(spikes)} spikes in its last {th.spike_recent_points} points: "
+               "the learning rate may be too high or a batch of the data bad"
+               if many else ": one bad batch is harmless, several are not"),
+            run=name,
+            evidence={"step": step, "tag": tag, "value": value, "median": med,
+                      "noise": noise, "spikes": [s[0] for s in spikes]})
+    yield from _plateau(th, name, tag, t)
+
+
+def _plateau(th: Thresholds, name: str, tag: str, t: CurveTracker) -> Iterator[Finding]:
+    if t.improved_step is None or t.first_step is None or t.last_step is None \
+            or t.finite < th.plateau_min_points or t.diverging:
+        return
+    span, total = t.last_step - t.improved_step, t.last_step - t.first_step
+    if total <= 0 or span < th.plateau_span_ratio * total:
+        return
+    timed = math.isfinite(t.improved_wall) and math.isfinite(t.last_wall)
+    if timed and t.last_wall - t.improved_wall < th.plateau_min_s:
+        return
+    took = f" ({_dur(t.last_wall - t.improved_wall)})" if timed else ""
+    yield Finding(
+        "run.plateau", Severity.INFO,
+        f"run {name}'s {visible(tag)} has not improved beyond its noise since step "
+        f"{t.improved_step}: {span} of its {total} steps{took}, level {_g(t.level)} — "
+        "if that is not the end of training, try another learning rate schedule or stop "
+        "it early",
+        run=name,
+        evidence={"step": t.improved_step, "tag": tag, "level": t.level, "span_steps": span,
+                  "span_s": t.last_wall - t.improved_wall if timed else None})
+
+
+def _overfitting(th: Thresholds, name: str, tag: str, e: CurveTracker, t: CurveTracker | None,
+                 loss: str | None) -> Iterator[Finding]:
+    if e.finite < th.overfit_min_evals or e.since_min < th.overfit_evals \
+            or e.min_step is None or t is None or t.best_step is None or t.diverging:
+        return
+    last = list(e.window)[-th.overfit_evals:]
+    rise = median(last) - e.min_value
+    if rise <= th.overfit_min_rel * abs(e.min_value) or min(last) <= e.min_value:
+        return
+    if t.best_step <= e.min_step:
+        return  # the train loss stopped improving too: not overfitting
+    yield Finding(
+        "run.overfitting", Severity.WARNING,
+        f"run {name} is overfitting: {visible(tag)} rose from its minimum {_g(e.min_value)} "
+        f"at step {e.min_step} to {_g(e.last_value or math.nan)} over {e.since_min} "
+        f"evaluations while {visible(loss or 'the train loss')} kept falling (to "
+        f"{_g(t.best_level)} at step {t.best_step}) — keep the checkpoint nearest step "
+        f"{e.min_step}, and stop early or regularise",
+        run=name,
+        evidence={"step": e.min_step, "tag": tag, "eval_min": e.min_value,
+                  "eval_last": e.last_value, "evals_since_min": e.since_min,
+                  "train_tag": loss, "train_best_step": t.best_step})
+
+
+def _interval(curves: RunCurves, loss: str | None) -> float | None:
+    """The run's own seconds between two logged steps: its loss points' wall times, else the
+    times the step clock moved."""
+    t = curves.trackers.get(loss) if loss else None
+    gap = t.point_interval_s() if t is not None else None
+    if gap is not None:
+        return gap
+    gaps = [b[0] - a[0] for a, b in zip(curves.marks, curves.marks[1:], strict=False)
+            if b[0] > a[0]]
+    return median(gaps) if gaps else None
+
+
+def _gpu_evidence(now: HostSnapshot, sample: RunSample) -> list[dict[str, Any]]:
+    gpus = _gpus_of(sample.pids, now)
+    return [{"gpu": g.index, "util_pct": g.util_pct, "power_w": g.power_w,
+             "power_limit_w": g.power_limit_w, "throttle": list(g.throttle_reasons or ())}
+            for g in now.gpus if g.index in gpus]
+
+
+def _hung(history: HostHistory, now: HostSnapshot, sample: RunSample, run: RunSeries,
+          curves: RunCurves, loss: str | None) -> Iterator[Finding]:
+    th, at = history.thresholds, now.taken_at
+    if curves.clock is None or at is None:
+        return
+    step, since = curves.clock
+    interval = _interval(curves, loss)
+    limit = max(th.hung_factor * interval if interval else 0.0, th.hung_min_s)
+    quiet = at - since
+    if quiet < limit:
+        return
+    procs = _run_procs(sample, now)
+    started = min((p.started_at for p in procs if p.started_at is not None), default=None)
+    if started is not None and at - started < limit:
+        return  # a relaunch that has not logged its first step yet
+    writing = [c for c in (*sample.checkpoints, *sample.leftovers) if at - c.mtime < limit]
+    if writing:
+        return  # saving a checkpoint (a long save keeps its file's mtime fresh)
+    if sample.log is not None and at - sample.log.mtime < limit and sample.log.mtime > since:
+        return  # its log still grows: an evaluation, a save, not a hang
+    gpus = _gpu_evidence(now, sample)
+    pattern = ", ".join(f"GPU {g['gpu']} {g['util_pct'] if g['util_pct'] is not None else '?'}%"
+                        + (f" at {g['power_w']:.0f} W" if g["power_w"] is not None else "")
+                        for g in gpus)
+    states = {p.pid: p.state for p in procs}
+    yield Finding(
+        "run.hung", Severity.CRITICAL,
+        f"run {run.name} is hung: every process is alive but its last step, {step}, came "
+        f"{_dur(quiet)} ago, against its usual {_dur(interval) if interval else 'pace'} "
+        f"between steps" + (f" ({pattern})" if pattern else "")
+        + " — a stuck collective or dataloader does not recover by itself: py-spy dump a "
+        "rank to see where, then kill the whole run and relaunch from its latest checkpoint",
+        run=run.name,
+        evidence={"step": step, "tag": loss, "last_step_at": since, "quiet_s": quiet,
+                  "interval_s": interval, "limit_s": limit, "gpus": gpus,
+                  "states": states})
+
+
+def _slowed(history: HostHistory, now: HostSnapshot, sample: RunSample, run: RunSeries,
+            curves: RunCurves, loss: str | None) -> Iterator[Finding]:
+    th = history.thresholds
+    t = curves.trackers.get(loss) if loss else None
+    if t is None or len(t.gaps) < 3 * th.slowed_points:
+        return
+    gaps = list(t.gaps)
+    rates = [dt / n for dt, n in gaps if n > 0]
+    base, noise = median(rates[:-th.slowed_points]), 0.0
+    noise = 1.4826 * median(abs(r - base) for r in rates[:-th.slowed_points])
+    recent = rates[-th.slowed_points:]
+    span = sum(dt for dt, _ in gaps[-th.slowed_points:])
+    slow = median(recent)
+    if base <= 0 or span < th.slowed_min_s or min(recent) <= base + th.slowed_k * noise \
+            or slow < th.slowed_ratio * base:
+        return
+    changed = _what_changed(history, now, sample)
+    yield Finding(
+        "run.slowed", Severity.WARNING,
+        f"run {run.name} slowed to {_g(slow)} s a step from its usual {_g(base)} "
+        f"({slow / base:.1f}× slower over its last {th.slowed_points} logged intervals, "
+        f"{_dur(span)})" + (f"; at the same time: {'; '.join(changed)}" if changed else "")
+        + " — find what competes with it (throttling, another process, starved dataloader)",
+        run=run.name,
+        evidence={"step": t.last_step, "tag": loss, "s_per_step": slow,
+                  "usual_s_per_step": base, "noise": noise, "changed": changed})
+
+
+def _what_changed(history: HostHistory, now: HostSnapshot, sample: RunSample) -> list[str]:
+    """What gpuwatch saw change on the run's GPUs and host between its oldest kept snapshot
+    and now: throttling, another process on its GPUs, CPU oversubscription."""
+    out: list[str] = []
+    gpus = _gpus_of(sample.pids, now)
+    before = history.snapshots[0] if len(history.snapshots) > 1 else None
+    for g in now.gpus:
+        if g.index not in gpus:
+            continue
+        reasons = set(g.throttle_reasons or ()) & set(history.thresholds.throttle_reasons)
+        old = next((o for o in before.gpus if o.index == g.index), None) if before else None
+        was = set(old.throttle_reasons or ()) if old is not None else set()
+        if reasons - was:
+            out.append(f"GPU {g.index} throttled ({', '.join(sorted(reasons - was))})")
+    run_pids = {p.pid for p in _run_procs(sample, now)}
+    old_pids = {p.pid for p in before.gpu_processes} if before else set()
+    others = [p for p in now.gpu_processes if p.gpu_index in gpus and p.pid not in run_pids
+              and p.pid not in old_pids]
+    for p in others[:3]:
+        out.append(f"another process on GPU {p.gpu_index} (pid {p.pid} "
+                   f"{visible(p.process_name or '?')[:40]})")
+    if now.loadavg and now.ncpu and now.loadavg[0] > 1.5 * now.ncpu:
+        out.append(f"load average {now.loadavg[0]:.0f} on {now.ncpu} CPUs")
+    return out
+
+
+def one_alarm(found: list[Finding]) -> list[Finding]:
+    """One silence, one alarm: run.stalled gives way to run.hung for the same run."""
+    hung = {f.run for f in found if f.code == "run.hung"}
+    return [f for f in found if not (f.code == "run.stalled" and f.run in hung)]
