@@ -309,7 +309,7 @@ def threshold_ranges() -> dict[str, NumberRange]:
         "diverge_sustain_points": NumberRange(1, 10**6, integer=True), "plateau_k": _K,
         "plateau_span_ratio": _SHARE, "plateau_min_points": NumberRange(1, 10**9, integer=True),
         "plateau_min_s": _DURATION_S, "overfit_min_evals": NumberRange(2, 1000, integer=True),
-        "overfit_evals": NumberRange(1, 1000, integer=True), "overfit_min_rel": _FACTOR_0,
+        "overfit_evals": NumberRange(1, 1000, integer=True), "overfit_min_rel": _FACTOR_0, "overfit_k": _K,
         "hung_factor": _FACTOR, "hung_min_s": _DURATION_S, "slowed_ratio": _FACTOR,
         "slowed_k": _K, "slowed_points": NumberRange(2, 20, integer=True),
         "slowed_min_s": _DURATION_S,

@@ -38,8 +38,8 @@ class CurveParams:
     window: int = 20
     spike_k: float = 8.0
     spike_min_rel: float = 0.25
-    diverge_k: float = 6.0
-    diverge_critical_k: float = 12.0
+    diverge_k: float = 4.0
+    diverge_critical_k: float = 10.0
     diverge_min_rel: float = 0.1
     diverge_sustain: int = 5
     plateau_k: float = 2.0
@@ -58,6 +58,16 @@ def band(values: Iterable[float]) -> tuple[float, float]:
     vals = list(values)
     med = median(vals)
     return med, MAD_SIGMA * median(abs(v - med) for v in vals)
+
+
+def noisy_band(values: Iterable[float]) -> tuple[float, float]:
+    """(median, noise): the noise is 1.4826·MAD, but never under the values' resolution (the
+    smallest gap between two distinct values): a loss logged to 4 decimals that sits at
+    0.0003 has a MAD of 0, and 0.0004 is no spike."""
+    vals = sorted(values)
+    med, noise = band(vals)
+    gaps = [b - a for a, b in zip(vals, vals[1:], strict=False) if b > a]
+    return med, max(noise, min(gaps, default=0.0))
 
 
 def _num(v: Any, default: float = math.nan) -> float:
@@ -157,7 +167,7 @@ class CurveTracker:
             self.since_min += 1
         if len(self.window) < self.window.maxlen:  # type: ignore[operator]
             return
-        self.level, self.noise = band(self.window)
+        self.level, self.noise = noisy_band(self.window)
         if math.isnan(self.best_level) or self.level < self.best_level:
             self.best_level, self.best_noise, self.best_step = self.level, self.noise, step
         if self.rise_k() >= self.p.diverge_k:
@@ -174,7 +184,7 @@ class CurveTracker:
         suddenly drops is no alarm)."""
         if len(self.window) < self.window.maxlen:  # type: ignore[operator]
             return
-        med, noise = band(self.window)
+        med, noise = noisy_band(self.window)
         if value - med > max(self.p.spike_k * noise, self.p.spike_min_rel * abs(med), 1e-12):
             self.spikes.append((step, value, med, noise, self.finite - 1))
 
@@ -187,8 +197,14 @@ class CurveTracker:
         rise = self.level - self.best_level
         if rise <= self.p.diverge_min_rel * abs(self.best_level):
             return 0.0
-        noise = max(self.best_noise, 1e-12 * abs(self.best_level), 1e-300)
-        return rise / noise
+        return rise / self.level_noise()
+
+    def level_noise(self) -> float:
+        """The noise of the level itself at the best: the standard error of a median of
+        `window` points, 1.2533·σ/√window (a median of 20 noisy points moves much less than
+        one point does)."""
+        se = 1.2533 * self.best_noise / math.sqrt(len(self.window) or 1)
+        return max(se, 1e-12 * abs(self.best_level), 1e-300)
 
     @property
     def diverging(self) -> bool:

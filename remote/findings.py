@@ -161,9 +161,9 @@ class Thresholds:
     """Spikes among this many latest points are reported."""
     spike_repeat: int = 3
     """This many of them make run.loss_spike a warning."""
-    diverge_k: float = 6.0
+    diverge_k: float = 4.0
     """run.diverging: the level (rolling median) this many noise units above its best…"""
-    diverge_critical_k: float = 12.0
+    diverge_critical_k: float = 10.0
     """…critical from this many."""
     diverge_min_rel: float = 0.1
     """…and at least this share of the best level above it."""
@@ -182,7 +182,9 @@ class Thresholds:
     overfit_evals: int = 3
     """…the last this many above the eval minimum…"""
     overfit_min_rel: float = 0.05
-    """…their median at least this share above it, while the train loss kept falling."""
+    """…their median at least this share above it…"""
+    overfit_k: float = 3.0
+    """…and this many of the evaluations' own noise units, while the train loss kept falling."""
     hung_factor: float = 10.0
     """run.hung: no new step for this many of the run's own intervals between steps…"""
     hung_min_s: float = 600.0

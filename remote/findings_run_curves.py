@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .curves import CurveParams, CurveTracker, median
+from .curves import CurveParams, CurveTracker, band, median
 from .findings import Finding, HostHistory, Severity, Thresholds, _dur, _gpus_of, _run_procs
 from .textsafe import visible
 
@@ -274,7 +274,7 @@ def _loss_findings(th: Thresholds, name: str, tag: str, t: CurveTracker) -> Iter
             "clipping) and resume from a checkpoint before it",
             run=name,
             evidence={"step": t.above_since, "tag": tag, "level": t.level,
-                      "best": t.best_level, "best_step": t.best_step, "noise": t.best_noise,
+                      "best": t.best_level, "best_step": t.best_step, "noise": t.level_noise(),
                       "rise_noise": round(k, 2), "last_step": t.last_step})
     spikes = t.recent_spikes(th.spike_recent_points)
     if spikes:
@@ -320,9 +320,15 @@ def _overfitting(th: Thresholds, name: str, tag: str, e: CurveTracker, t: CurveT
     if e.finite < th.overfit_min_evals or e.since_min < th.overfit_evals \
             or e.min_step is None or t is None or t.best_step is None or t.diverging:
         return
-    last = list(e.window)[-th.overfit_evals:]
+    values = list(e.window)
+    last = values[-th.overfit_evals:]
     rise = median(last) - e.min_value
-    if rise <= th.overfit_min_rel * abs(e.min_value) or min(last) <= e.min_value:
+    # an evaluation's own noise: the spread of the steps from one to the next about their
+    # median (a steady trend is no noise), / √2 (a difference holds two draws of it)
+    _, spread = band(b - a for a, b in zip(values, values[1:], strict=False))
+    noise = spread / math.sqrt(2)
+    if rise <= th.overfit_min_rel * abs(e.min_value) or rise <= th.overfit_k * noise \
+            or min(last) <= e.min_value:
         return
     if t.best_step <= e.min_step:
         return  # the train loss stopped improving too: not overfitting
@@ -334,7 +340,7 @@ def _overfitting(th: Thresholds, name: str, tag: str, e: CurveTracker, t: CurveT
         f"{_g(t.best_level)} at step {t.best_step}) — keep the checkpoint nearest step "
         f"{e.min_step}, and stop early or regularise",
         run=name,
-        evidence={"step": e.min_step, "tag": tag, "eval_min": e.min_value,
+        evidence={"step": e.min_step, "tag": tag, "eval_min": e.min_value, "noise": noise,
                   "eval_last": e.last_value, "evals_since_min": e.since_min,
                   "train_tag": loss, "train_best_step": t.best_step})
 
