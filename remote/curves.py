@@ -18,6 +18,7 @@ not call its next rounding error a spike.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -66,7 +67,7 @@ def noisy_band(values: Iterable[float]) -> tuple[float, float]:
     0.0003 has a MAD of 0, and 0.0004 is no spike."""
     vals = sorted(values)
     med, noise = band(vals)
-    gaps = [b - a for a, b in zip(vals, vals[1:], strict=False) if b > a]
+    gaps = [b - a for a, b in itertools.pairwise(vals) if b > a]
     return med, max(noise, min(gaps, default=0.0))
 
 

@@ -14,6 +14,7 @@ When both would fire, only run.hung does (`one_alarm`): one silence, one alarm.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -325,7 +326,7 @@ def _overfitting(th: Thresholds, name: str, tag: str, e: CurveTracker, t: CurveT
     rise = median(last) - e.min_value
     # an evaluation's own noise: the spread of the steps from one to the next about their
     # median (a steady trend is no noise), / √2 (a difference holds two draws of it)
-    _, spread = band(b - a for a, b in zip(values, values[1:], strict=False))
+    _, spread = band(b - a for a, b in itertools.pairwise(values))
     noise = spread / math.sqrt(2)
     if rise <= th.overfit_min_rel * abs(e.min_value) or rise <= th.overfit_k * noise \
             or min(last) <= e.min_value:

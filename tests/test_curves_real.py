@@ -77,12 +77,12 @@ def poll_of(replay: Replay, tag: str, step: int) -> int:
     """The poll (0-based) whose part of the curve holds `step`."""
     order = replay.steps(tag)
     n = len(replay)
-    index = {"hf": lambda: [i for i, e in enumerate(replay.entries)
-                            if e.get("step") == step and tag in e][0],
-             "csv": lambda: [i for i, r in enumerate(replay.rows)
-                             if int(r[replay.header.index("step")]) == step][0],
-             "events": lambda: [i for i, e in enumerate(replay.events)
-                                if e[0] == step and e[1] == tag][0]}[replay.kind]()
+    index = {"hf": lambda: next(i for i, e in enumerate(replay.entries)
+                            if e.get("step") == step and tag in e),
+             "csv": lambda: next(i for i, r in enumerate(replay.rows)
+                             if int(r[replay.header.index("step")]) == step),
+             "events": lambda: next(i for i, e in enumerate(replay.events)
+                                if e[0] == step and e[1] == tag)}[replay.kind]()
     assert step in order
     return next(i for i in range(POLLS) if index < math.ceil(n * (i + 1) / POLLS))
 
