@@ -197,6 +197,10 @@ def _g(v: float) -> str:
     return f"{v:.4g}"
 
 
+def _secs(s: float) -> str:
+    return f"{s:.3g} s" if s < 60 else _dur(s)
+
+
 def checkpoint_before(run: RunSeries, step: int, wall: float) -> str | None:
     """The newest checkpoint written before `step`: by the step in its name, else by mtime."""
     best: tuple[int, str] | None = None
@@ -386,15 +390,17 @@ def _hung(history: HostHistory, now: HostSnapshot, sample: RunSample, run: RunSe
     if sample.log is not None and at - sample.log.mtime < limit and sample.log.mtime > since:
         return  # its log still grows: an evaluation, a save, not a hang
     gpus = _gpu_evidence(now, sample)
-    pattern = ", ".join(f"GPU {g['gpu']} {g['util_pct'] if g['util_pct'] is not None else '?'}%"
+    pattern = ", ".join(f"GPU {g['gpu']} " + (f"{g['util_pct']:.0f}%" if g["util_pct"] is not None
+                                             else "?%")
                         + (f" at {g['power_w']:.0f} W" if g["power_w"] is not None else "")
                         for g in gpus)
     states = {p.pid: p.state for p in procs}
     yield Finding(
         "run.hung", Severity.CRITICAL,
         f"run {run.name} is hung: every process is alive but its last step, {step}, came "
-        f"{_dur(quiet)} ago, against its usual {_dur(interval) if interval else 'pace'} "
-        f"between steps" + (f" ({pattern})" if pattern else "")
+        f"{_dur(quiet)} ago, against its usual "
+        f"{_secs(interval) if interval else 'pace'} between steps"
+        + (f" ({pattern})" if pattern else "")
         + " — a stuck collective or dataloader does not recover by itself: py-spy dump a "
         "rank to see where, then kill the whole run and relaunch from its latest checkpoint",
         run=run.name,
@@ -405,30 +411,39 @@ def _hung(history: HostHistory, now: HostSnapshot, sample: RunSample, run: RunSe
 
 def _slowed(history: HostHistory, now: HostSnapshot, sample: RunSample, run: RunSeries,
             curves: RunCurves, loss: str | None) -> Iterator[Finding]:
+    """The latest gaps between logged steps, back to where the pace was usual, against the
+    median pace of the gaps before them: slower by slowed_ratio and slowed_k noise units, for
+    at least slowed_points gaps spanning slowed_min_s."""
     th = history.thresholds
     t = curves.trackers.get(loss) if loss else None
     if t is None or len(t.gaps) < 3 * th.slowed_points:
         return
-    gaps = list(t.gaps)
-    rates = [dt / n for dt, n in gaps if n > 0]
-    base, noise = median(rates[:-th.slowed_points]), 0.0
-    noise = 1.4826 * median(abs(r - base) for r in rates[:-th.slowed_points])
-    recent = rates[-th.slowed_points:]
-    span = sum(dt for dt, _ in gaps[-th.slowed_points:])
-    slow = median(recent)
-    if base <= 0 or span < th.slowed_min_s or min(recent) <= base + th.slowed_k * noise \
-            or slow < th.slowed_ratio * base:
+    rates = [(dt / n, dt) for dt, n in t.gaps if n > 0]
+    slow_n = 0
+    for j in range(2 * th.slowed_points, len(rates) - th.slowed_points + 1):
+        base, noise = band(r for r, _ in rates[:j])  # the longest slow stretch at the end
+        if min(r for r, _ in rates[j:]) > max(th.slowed_ratio * base, base + th.slowed_k * noise):
+            slow_n = len(rates) - j
+            break
+    if not slow_n:
+        return
+    base, noise = band(r for r, _ in rates[:-slow_n])
+    recent = rates[-slow_n:]
+    span = sum(dt for _, dt in recent)
+    slow = median(r for r, _ in recent)
+    if base <= 0 or span < th.slowed_min_s:
         return
     changed = _what_changed(history, now, sample)
     yield Finding(
         "run.slowed", Severity.WARNING,
         f"run {run.name} slowed to {_g(slow)} s a step from its usual {_g(base)} "
-        f"({slow / base:.1f}× slower over its last {th.slowed_points} logged intervals, "
-        f"{_dur(span)})" + (f"; at the same time: {'; '.join(changed)}" if changed else "")
+        f"({slow / base:.1f}× slower over its last {slow_n} logged steps, {_dur(span)})"
+        + (f"; at the same time: {'; '.join(changed)}" if changed else "")
         + " — find what competes with it (throttling, another process, starved dataloader)",
         run=run.name,
         evidence={"step": t.last_step, "tag": loss, "s_per_step": slow,
-                  "usual_s_per_step": base, "noise": noise, "changed": changed})
+                  "usual_s_per_step": base, "noise": noise, "slow_points": slow_n,
+                  "span_s": span, "changed": changed})
 
 
 def _what_changed(history: HostHistory, now: HostSnapshot, sample: RunSample) -> list[str]:
