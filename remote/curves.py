@@ -126,6 +126,7 @@ class CurveTracker:
         """(step, value, wall) of the last finite point before that stretch."""
         self.since_bad = 0
         """Finite points since the last non-finite one."""
+        self.bad_n = 0  # self.n at the last non-finite point
         self.good: tuple[int, float, float] | None = None  # the last finite point
         self.gaps: deque[tuple[float, int]] = deque(maxlen=MAX_INTERVALS)
         """(seconds, steps) between consecutive points with wall times: the run's pace."""
@@ -155,7 +156,7 @@ class CurveTracker:
             if self.bad_step is None or self.since_bad > 0:
                 self.bad_step, self.bad_wall, self.bad_value = step, wall, value
                 self.before_bad = self.good
-            self.since_bad = 0
+            self.since_bad, self.bad_n = 0, self.n
             return
         self.since_bad += 1
         self.good = (step, value, wall)
@@ -211,10 +212,6 @@ class CurveTracker:
     def diverging(self) -> bool:
         return self.above >= self.p.diverge_sustain
 
-    def recent_spikes(self, points: int) -> list[tuple[int, float, float, float, int]]:
-        """The spikes among the last `points` finite points."""
-        return [s for s in self.spikes if self.finite - s[4] <= points]
-
     def point_interval_s(self) -> float | None:
         """The median seconds between two logged points (None without wall times)."""
         return median(dt for dt, _ in self.gaps) if self.gaps else None
@@ -232,7 +229,8 @@ class CurveTracker:
             "min": [_out(self.min_value), self.min_step, self.since_min],
             "ref": [_out(self.ref_level), self.improved_step, _out(self.improved_wall)],
             "spikes": [[s, _out(v), _out(m), _out(n), i] for s, v, m, n, i in self.spikes],
-            "bad": [self.bad_step, _out(self.bad_wall), _out(self.bad_value), self.since_bad],
+            "bad": [self.bad_step, _out(self.bad_wall), _out(self.bad_value), self.since_bad,
+                    self.bad_n],
             "before_bad": None if self.before_bad is None else [
                 self.before_bad[0], _out(self.before_bad[1]), _out(self.before_bad[2])],
             "good": None if self.good is None else [
@@ -266,6 +264,7 @@ class CurveTracker:
                             for s, v, m, n, i in data["spikes"][-MAX_SPIKES:])
             t.bad_step, t.bad_wall = _int(data["bad"][0]), _num(data["bad"][1])
             t.bad_value, t.since_bad = _num(data["bad"][2]), int(data["bad"][3])
+            t.bad_n = int(data["bad"][4])
             t.before_bad = _point(data["before_bad"])
             t.good = _point(data["good"])
             t.gaps.extend((_num(dt), int(n)) for dt, n in data["gaps"][-MAX_INTERVALS:])

@@ -91,11 +91,15 @@ class RunCurves:
         self.restarts = 0  # restart markers seen (a resume re-feeds the trackers)
         self.clock: tuple[int, float] | None = None  # (newest step, when it was first seen)
         self.marks: list[tuple[float, int]] = []  # (time, step) each time the clock moved
+        self.before: dict[str, tuple[int, int]] = {}
+        """Each tracker's (points, finite points) before this poll's feed: what this poll
+        brought is reported even where a cron poll brought more than the recent span."""
 
     def feed(self, run: RunSeries, tags: Mapping[str, TagSeries], watch: list[str],
              now: float | None) -> None:
         restarted = len(run.restarts) != self.restarts and bool(run.restarts)
         self.restarts = len(run.restarts)
+        self.before = {name: (t.n, t.finite) for name, t in self.trackers.items()}
         for name in watch:
             series = tags[name]
             t = self.trackers.get(name)
@@ -103,6 +107,7 @@ class RunCurves:
             if t is None or restarted or (last is not None and t.last_step is not None
                                           and last < t.last_step):
                 t = self.trackers[name] = CurveTracker(self.p)  # a resume: judged anew
+                self.before[name] = (0, 0)
                 t.feed(series.points())
             elif last is not None and (t.last_step is None or last > t.last_step):
                 t.feed(_after(series, t.last_step))
@@ -238,7 +243,8 @@ def _curve_findings(history: HostHistory, run: RunSeries, curves: RunCurves,
                     loss: str | None, ev: str | None) -> Iterator[Finding]:
     th, name = history.thresholds, run.name
     for tag, t in curves.trackers.items():
-        if t.bad_step is None or t.since_bad >= th.curve_window:
+        brought = curves.before.get(tag, (0, 0))[0] < t.bad_n  # by this poll
+        if t.bad_step is None or (t.since_bad >= th.curve_window and not brought):
             continue
         before = t.before_bad
         ckpt = checkpoint_before(run, t.bad_step, t.bad_wall)
@@ -259,14 +265,15 @@ def _curve_findings(history: HostHistory, run: RunSeries, curves: RunCurves,
                       "checkpoint_before": ckpt, "finite_since": t.since_bad})
     lt = curves.trackers.get(loss) if loss else None
     if lt is not None and loss is not None:
-        yield from _loss_findings(th, name, loss, lt)
+        yield from _loss_findings(th, name, loss, lt, curves.before.get(loss, (0, 0))[1])
     e = curves.trackers.get(ev) if ev else None
     if e is not None and ev is not None:
         yield from _overfitting(th, name, ev, e, curves.trackers.get(loss) if loss else None,
                                 loss)
 
 
-def _loss_findings(th: Thresholds, name: str, tag: str, t: CurveTracker) -> Iterator[Finding]:
+def _loss_findings(th: Thresholds, name: str, tag: str, t: CurveTracker,
+                   finite_before: int) -> Iterator[Finding]:
     if t.diverging and t.last_step is not None:
         k = t.rise_k()
         severe = k >= th.diverge_critical_k
@@ -281,7 +288,8 @@ def _loss_findings(th: Thresholds, name: str, tag: str, t: CurveTracker) -> Iter
             evidence={"step": t.above_since, "tag": tag, "level": t.level,
                       "best": t.best_level, "best_step": t.best_step, "noise": t.level_noise(),
                       "rise_noise": round(k, 2), "last_step": t.last_step})
-    spikes = t.recent_spikes(th.spike_recent_points)
+    spikes = [s for s in t.spikes if t.finite - s[4] <= th.spike_recent_points
+              or s[4] >= finite_before]  # recent, or brought by this poll
     if spikes:
         step, value, med, noise, _ = spikes[-1]
         many = len(spikes) >= th.spike_repeat
