@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuwatch.remote.findings import Finding
+from gpuwatch.remote.findings.rules import Finding
 from rich.text import Text
 from textual.widgets import Static
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuwatch.remote.findings import Severity
+from gpuwatch.remote.findings.rules import Severity
 from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import DataTable

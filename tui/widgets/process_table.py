@@ -6,7 +6,7 @@ characters visible (STYLE 14: an OSC in a command line would retitle the termina
 
 from __future__ import annotations
 
-from gpuwatch.remote.model import ProcessInfo
+from gpuwatch.remote.model.snapshot import ProcessInfo
 from rich.text import Text
 from textual.widgets import DataTable
 
