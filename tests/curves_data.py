@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuwatch.remote.tfevents import read_scalars
+from gpuwatch.remote.box.tfevents import read_scalars
 
 DATA = Path(__file__).parent / "data" / "curves"
 Points = dict[str, list[tuple[int, float]]]

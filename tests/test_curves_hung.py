@@ -10,7 +10,7 @@ from pathlib import Path
 
 from curves_data import Replay
 from findings_helpers import Watched, host_config, touch
-from gpuwatch.remote.findings import Severity, Thresholds
+from gpuwatch.remote.findings.rules import Severity, Thresholds
 from gpuwatch.remote.sim import Box, h100_sxm, training_process
 
 

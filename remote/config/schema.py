@@ -301,7 +301,7 @@ def threshold_ranges() -> dict[str, NumberRange]:
         "disk_full_min_span_s": _DURATION_S, "cpu_oversubscribed_ratio": _FACTOR,
         "tmp_stale_s": _DURATION_S, "persistence_slow_s": _DURATION_S,
         "xid_critical": NumberRange(1, 65535, integer=True),
-        # the curves' (findings_run_curves.py)
+        # the curves' (findings/run_curves.py)
         "curve_window": NumberRange(4, 1000, integer=True), "spike_k": _K,
         "spike_min_rel": _FACTOR_0, "spike_recent_points": NumberRange(1, 10**6, integer=True),
         "spike_repeat": NumberRange(1, 16, integer=True), "diverge_k": _K,

@@ -150,7 +150,7 @@ class Thresholds:
     warning (the re-initialisation is what costs), else only info."""
     xid_critical: tuple[int, ...] = (48, 79)
     """U22: Xids of a dead GPU: re-rent (48 double-bit ECC, 79 fallen off the bus)."""
-    # The curves' findings (findings_run_curves.py; docs/findings.md gives each a source).
+    # The curves' findings (findings/run_curves.py; docs/findings.md gives each a source).
     curve_window: int = 20
     """Points in the rolling band (median ± MAD) a curve's new point is judged against."""
     spike_k: float = 8.0
@@ -1323,7 +1323,7 @@ def run_code_changed(history: HostHistory) -> Iterable[Finding]:
                       "started_at": p.started_at, "pids": [c.pid for c in changed]})
 
 
-from .findings_run_curves import one_alarm, run_curves  # noqa: E402  (it imports this module)
+from .run_curves import one_alarm, run_curves  # noqa: E402  (it imports this module)
 
 RULES: tuple[Rule, ...] = (
     host_unreachable, host_rebooted, host_kill_user_processes, host_cgroup_oom,

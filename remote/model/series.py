@@ -396,7 +396,7 @@ class RunSeries:
         self.log_end: tuple[str, float] | None = None
         """The framework's completion line at the log's end, and the log's mtime then."""
         self.curves: Any = None
-        """Its curves' trackers (findings_run_curves.RunCurves), made by the first evaluate."""
+        """Its curves' trackers (findings.run_curves.RunCurves), made by the first evaluate."""
         self.curves_state: Any = None  # what the store kept of them, until then
         self.idle_at: float | None = None  # the box's clock at the latest poll without pids
         self.started_after: float | None = None

@@ -6,7 +6,7 @@ judged against), the best smoothed level so far and the noise there, the recent 
 last non-finite stretch, and the run's own seconds per step. Each point costs O(window log
 window) whatever the series' length; feeding a sequence in one call or in many pieces gives
 the same tracker (tests/test_curves.py holds it). Nothing here knows of hosts, polls or clocks:
-`findings_run_curves.py` turns a tracker into findings.
+`run_curves.py` beside it turns a tracker into findings.
 
 The statistics are robust: the rolling median is the curve's level and 1.4826 × the median
 absolute deviation (MAD) its noise (a normal curve's standard deviation, unmoved by the very

@@ -21,13 +21,13 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..textsafe import visible
 from .curves import CurveParams, CurveTracker, band, median
-from .findings import Finding, HostHistory, Severity, Thresholds, _dur, _gpus_of, _run_procs
-from .textsafe import visible
+from .rules import Finding, HostHistory, Severity, Thresholds, _dur, _gpus_of, _run_procs
 
 if TYPE_CHECKING:
-    from .model import HostSnapshot, RunSample
-    from .series import RunSeries, TagSeries
+    from ..model.series import RunSeries, TagSeries
+    from ..model.snapshot import HostSnapshot, RunSample
 
 LOSS_NAMES = ("loss", "train/loss", "train_loss", "Loss/train", "loss/train", "train/loss_step",
               "train_loss_step", "training_loss", "train/loss_epoch", "train_loss_epoch")
