@@ -42,6 +42,9 @@ returns: the run's average train_loss is no point of its training curve."""
 MAX_WATCHED = 32
 """Tags watched for NaN per run (every tag with "loss" in its name, the loss and eval tags)."""
 MAX_MARKS = 32
+MAX_FEED = 5_000
+"""Points a tracker is fed at most in one poll (a first read of a 100 k-point series, or a
+resume judged anew): the newest, whose story is the run's now; ~0.1 s a tag here."""
 
 
 def params(th: Thresholds) -> CurveParams:
@@ -108,7 +111,7 @@ class RunCurves:
                                           and last < t.last_step):
                 t = self.trackers[name] = CurveTracker(self.p)  # a resume: judged anew
                 self.before[name] = (0, 0)
-                t.feed(series.points())
+                t.feed(_after(series, None))
             elif last is not None and (t.last_step is None or last > t.last_step):
                 t.feed(_after(series, t.last_step))
         for name in list(self.trackers):
@@ -155,10 +158,11 @@ class RunCurves:
 
 def _after(series: TagSeries, step: int | None) -> Iterator[tuple[int, float, float]]:
     """The points after `step`: a binary search, then only the new points (the work of a
-    poll is what it brought, not the series' length)."""
+    poll is what it brought, not the series' length), at most the last MAX_FEED of them."""
     from bisect import bisect_right
 
     start = 0 if step is None else bisect_right(series.steps, step)
+    start = max(start, len(series.steps) - MAX_FEED)
     for i in range(start, len(series.steps)):
         yield series.steps[i], series.values[i], series.walls[i]
 
