@@ -99,3 +99,18 @@ def test_slowed_names_what_changed_at_the_same_time(tmp_path: Path) -> None:
     assert f.evidence["s_per_step"] == 10.0 and f.evidence["slow_points"] == 40
     assert any("throttled (hw_thermal_slowdown)" in c for c in f.evidence["changed"])
     assert any("another process on GPU 0 (pid 700" in c for c in f.evidence["changed"])
+
+
+def test_eta_from_the_runs_own_pace(tmp_path: Path) -> None:
+    """HF's Trainer writes TensorBoard events and, at each save, trainer_state.json: before two
+    saves give a pace, the loss points' own (0.5 s a step) gives the ETA."""
+    state = tmp_path / "run" / "out" / "trainer_state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text('{"global_step": 600, "max_steps": 1000, "log_history": '
+                     '[{"step": 600, "loss": 0.1}]}')
+    _box, replay, w = setup(tmp_path, f'metrics = ["{state}"]\n')
+    replay.upto(len(replay))
+    w.poll()
+    progress = w.history.runs["llama"].progress_json()
+    assert progress is not None and progress["steps_per_s"] == 2.0
+    assert progress["eta_s"] == 200.0 and progress["max_steps"] == 1000

@@ -182,8 +182,13 @@ def tags_of(history: HostHistory, run: RunSeries) -> tuple[dict[str, TagSeries],
     """The run's tags, its loss and eval tags, and the tags watched (for NaN at least)."""
     tags = candidate_tags(run)
     loss_cfg, eval_cfg = history.curve_tags.get(run.name, (None, None))
-    loss = pick(tags, loss_cfg, LOSS_NAMES, _TRAIN_FALLBACK)
-    ev = pick(tags, eval_cfg, EVAL_NAMES, _EVAL_FALLBACK)
+    # an event file's tag first: HF's Trainer writes its loss to TensorBoard (with wall
+    # times: the run's pace) and to trainer_state.json (without) alike
+    timed = {n: t for n, t in tags.items() if n in run.event_series}
+    loss = pick(timed, loss_cfg, LOSS_NAMES, _TRAIN_FALLBACK) \
+        or pick(tags, loss_cfg, LOSS_NAMES, _TRAIN_FALLBACK)
+    ev = pick(timed, eval_cfg, EVAL_NAMES, _EVAL_FALLBACK) \
+        or pick(tags, eval_cfg, EVAL_NAMES, _EVAL_FALLBACK)
     watch = [t for t in (loss, ev) if t is not None]
     watch += sorted(t for t in tags if _LOSSY.search(t) and t not in watch)
     return tags, loss, ev, watch[:MAX_WATCHED]
@@ -234,6 +239,7 @@ def run_curves(history: HostHistory) -> Iterable[Finding]:
         tags, loss, ev, watch = tags_of(history, run)
         curves = curves_of(history, run)
         curves.feed(run, tags, watch, now.taken_at)
+        run.pace_s = _pace(curves, loss)
         sample = live.get(name)
         if sample is None or name in history.left_behind:
             continue
@@ -372,6 +378,13 @@ def _interval(curves: RunCurves, loss: str | None) -> float | None:
     gaps = [b[0] - a[0] for a, b in zip(curves.marks, curves.marks[1:], strict=False)
             if b[0] > a[0]]
     return median(gaps) if gaps else None
+
+
+def _pace(curves: RunCurves, loss: str | None) -> float | None:
+    """Seconds a step, the median over the loss points' last 16 timed gaps."""
+    t = curves.trackers.get(loss) if loss else None
+    rates = [dt / n for dt, n in list(t.gaps)[-16:] if n > 0] if t is not None else []
+    return median(rates) if rates else None
 
 
 def _gpu_evidence(now: HostSnapshot, sample: RunSample) -> list[dict[str, Any]]:
