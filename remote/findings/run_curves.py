@@ -22,25 +22,23 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..textsafe import visible
+from .curve_tags import MAX_WATCHED, tags_of
 from .curves import CurveParams, CurveTracker, band, median
-from .rules import Finding, HostHistory, Severity, Thresholds, _dur, _gpus_of, _run_procs
+from .rules import (
+    Finding,
+    HostHistory,
+    Severity,
+    Thresholds,
+    _descendants,
+    _dur,
+    _gpus_of,
+    _run_procs,
+)
 
 if TYPE_CHECKING:
     from ..model.series import RunSeries, TagSeries
     from ..model.snapshot import HostSnapshot, RunSample
 
-LOSS_NAMES = ("loss", "train/loss", "train_loss", "Loss/train", "loss/train", "train/loss_step",
-              "train_loss_step", "training_loss", "train/loss_epoch", "train_loss_epoch")
-"""The names trainers give their training loss (HF, Lightning, Keras, torch tutorials), in
-order of preference."""
-EVAL_NAMES = ("eval_loss", "eval/loss", "val_loss", "val/loss", "validation_loss",
-              "valid_loss", "Loss/val", "Loss/validation", "loss/val", "val_loss_epoch")
-HF_SUMMARY = frozenset({"train_loss", "train_runtime", "train_samples_per_second",
-                        "train_steps_per_second", "total_flos"})
-"""The keys of the summary Trainer.train() appends to trainer_state.json's log_history as it
-returns: the run's average train_loss is no point of its training curve."""
-MAX_WATCHED = 32
-"""Tags watched for NaN per run (every tag with "loss" in its name, the loss and eval tags)."""
 MAX_MARKS = 32
 MAX_FEED = 5_000
 """Points a tracker is fed at most in one poll (a first read of a 100 k-point series, or a
@@ -53,36 +51,6 @@ def params(th: Thresholds) -> CurveParams:
                        diverge_critical_k=th.diverge_critical_k,
                        diverge_min_rel=th.diverge_min_rel,
                        diverge_sustain=th.diverge_sustain_points, plateau_k=th.plateau_k)
-
-
-def candidate_tags(run: RunSeries) -> dict[str, TagSeries]:
-    """Every tag of the run by its name, less HF's end-of-training summary keys."""
-    summary = {id(t) for path, streams in run.metric_series.items()
-               if os.path.basename(path) == "trainer_state.json"
-               for tag, t in streams.items() if tag in HF_SUMMARY}
-    return {name: t for name, t in run.series.items() if id(t) not in summary}
-
-
-def pick(tags: Mapping[str, Any], wanted: str | None, names: tuple[str, ...],
-         fallback: re.Pattern[str]) -> str | None:
-    """The configured tag when the run has it; else the first known name; else the one tag
-    that looks like it (two such tags: none, rather than a guess)."""
-    if wanted:
-        return wanted if wanted in tags else None
-    for name in names:
-        if name in tags:
-            return name
-    lowered = {n.lower(): n for n in names}
-    for tag in tags:
-        if tag.lower() in lowered:
-            return tag
-    found = [t for t in tags if fallback.search(t)]
-    return found[0] if len(found) == 1 else None
-
-
-_LOSSY = re.compile(r"loss", re.I)
-_TRAIN_FALLBACK = re.compile(r"^(?!.*(eval|val|valid|test|dev)).*loss", re.I)
-_EVAL_FALLBACK = re.compile(r"(eval|val|valid).*loss|loss.*(eval|val|valid)", re.I)
 
 
 class RunCurves:
@@ -177,23 +145,6 @@ def _artifact_time(run: RunSeries, now: float | None) -> float | None:
     return max(times) if times else now
 
 
-def tags_of(history: HostHistory, run: RunSeries) -> tuple[dict[str, TagSeries], str | None,
-                                                          str | None, list[str]]:
-    """The run's tags, its loss and eval tags, and the tags watched (for NaN at least)."""
-    tags = candidate_tags(run)
-    loss_cfg, eval_cfg = history.curve_tags.get(run.name, (None, None))
-    # an event file's tag first: HF's Trainer writes its loss to TensorBoard (with wall
-    # times: the run's pace) and to trainer_state.json (without) alike
-    timed = {n: t for n, t in tags.items() if n in run.event_series}
-    loss = pick(timed, loss_cfg, LOSS_NAMES, _TRAIN_FALLBACK) \
-        or pick(tags, loss_cfg, LOSS_NAMES, _TRAIN_FALLBACK)
-    ev = pick(timed, eval_cfg, EVAL_NAMES, _EVAL_FALLBACK) \
-        or pick(tags, eval_cfg, EVAL_NAMES, _EVAL_FALLBACK)
-    watch = [t for t in (loss, ev) if t is not None]
-    watch += sorted(t for t in tags if _LOSSY.search(t) and t not in watch)
-    return tags, loss, ev, watch[:MAX_WATCHED]
-
-
 def curves_of(history: HostHistory, run: RunSeries) -> RunCurves:
     held = run.curves
     if not isinstance(held, RunCurves):
@@ -236,7 +187,7 @@ def run_curves(history: HostHistory) -> Iterable[Finding]:
         return
     live = {s.name: s for s in now.runs if s.pids}
     for name, run in history.runs.items():
-        tags, loss, ev, watch = tags_of(history, run)
+        tags, loss, ev, watch = tags_of(run, history.curve_tags.get(name, (None, None)))
         curves = curves_of(history, run)
         curves.feed(run, tags, watch, now.taken_at)
         run.pace_s = _pace(curves, loss)
@@ -494,6 +445,10 @@ def _what_changed(history: HostHistory, now: HostSnapshot, sample: RunSample) ->
                    f"{visible(p.process_name or '?')[:40]})")
     if now.loadavg and now.ncpu and now.loadavg[0] > 1.5 * now.ncpu:
         out.append(f"load average {now.loadavg[0]:.0f} on {now.ncpu} CPUs")
+    cpus = now.cgroup.cpus if now.cgroup is not None else None
+    threads = sum(p.threads for p in _descendants(sample.pids, now))
+    if cpus and threads > history.thresholds.cpu_oversubscribed_ratio * cpus:
+        out.append(f"{threads} threads on a {cpus:g}-vCPU quota")
     return out
 
 
