@@ -1,6 +1,6 @@
 """The curve tracker (remote/findings/curves.py): any sequence of values, finite or not, fed in
 any pieces, gives the tracker one batch feed gives; its state survives the store; it never
-raises, whatever the values or a damaged state."""
+raises, whatever the values or a damaged state. Which tag is the loss, and the config keys."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import json
 import math
 
 import pytest
+from gpuwatch.remote.config.schema import ConfigError, parse_config
+from gpuwatch.remote.findings.curve_tags import tags_of
 from gpuwatch.remote.findings.curves import CurveParams, CurveTracker, noisy_band
+from gpuwatch.remote.model.series import RunSeries, TagSeries
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -95,3 +98,48 @@ def test_a_rise_beyond_the_noise_of_the_level_diverges() -> None:
     assert not t.diverging
     t.feed((s, 0.2 + 0.01 * (s - 300), math.nan) for s in range(300, 340))
     assert t.diverging and t.rise_k() >= t.p.diverge_k and t.above_since is not None
+
+
+def _run_with(event_tags: tuple[str, ...] = (), metric_tags: dict[str, tuple[str, ...]] | None
+              = None) -> RunSeries:
+    run = RunSeries("r")
+    for tag in event_tags:
+        run.event_series[tag] = TagSeries()
+        run.event_series[tag].merge([(1, 1.0, 1.0)])
+    for path, tags in (metric_tags or {}).items():
+        run.metric_series[path] = {}
+        for tag in tags:
+            run.metric_series[path][tag] = TagSeries()
+            run.metric_series[path][tag].merge([(1, 1.0, math.nan)], by_step=True)
+    return run
+
+
+def test_which_tag_is_the_loss() -> None:
+    hf = {"/o/checkpoint-500/trainer_state.json": ("loss", "eval_loss", "train_loss",
+                                                   "train_runtime", "grad_norm")}
+    _, loss, ev, watch = tags_of(_run_with(metric_tags=hf), (None, None))
+    assert (loss, ev) == ("loss", "eval_loss") and "train_loss" not in watch  # HF's summary
+    _, loss, ev, _ = tags_of(_run_with(("train/loss", "val/loss"), hf), (None, None))
+    assert (loss, ev) == ("train/loss", "val/loss")  # an event file's first: it has times
+    lightning = {"/l/metrics.csv": ("train_loss", "val_loss", "epoch")}
+    _, loss, ev, _ = tags_of(_run_with(metric_tags=lightning), (None, None))
+    assert (loss, ev) == ("train_loss", "val_loss")
+    gan = {"/g/metrics.csv": ("train_disc_loss", "train_gen_loss")}
+    _, loss, ev, watch = tags_of(_run_with(metric_tags=gan), (None, None))
+    assert (loss, ev) == (None, None) and watch == ["train_disc_loss", "train_gen_loss"]
+    _, loss, ev, watch = tags_of(_run_with(("objective", "heldout")), ("objective", "heldout"))
+    assert (loss, ev, watch) == ("objective", "heldout", ["objective", "heldout"])
+    _, loss, _, _ = tags_of(_run_with(("loss",)), ("objective", None))
+    assert loss is None  # the configured tag, or none: never a guess beside it
+
+
+def test_loss_tag_and_eval_tag_in_the_config() -> None:
+    text = ('[hosts.g]\nssh = "local"\n[hosts.g.runs.r]\nprocess = "train.py"\n'
+            'loss_tag = "objective"\neval_tag = "heldout/nll"\n')
+    host = parse_config(text).host("g")
+    assert host is not None and (host.runs[0].loss_tag, host.runs[0].eval_tag) == (
+        "objective", "heldout/nll")
+    with pytest.raises(ConfigError, match="loss_tag"):
+        parse_config(text.replace('"objective"', "3"))
+    with pytest.raises(ConfigError, match="curve_window"):
+        parse_config(text + "[thresholds]\ncurve_window = 2\n")
