@@ -1,5 +1,6 @@
 """What judging a run's curves costs per poll, against the length of its series.
 
+    .venv/bin/python -m pytest tests/bench/bench_curves.py -s
     .venv/bin/python tests/bench/bench_curves.py [--new 100] [--polls 20]
 
 For series of 1 k to 1 M points already judged, a poll brings `--new` points; the time of
@@ -30,11 +31,11 @@ def curve(start: int, n: int, rng: random.Random) -> list[tuple[int, float, floa
             for s in range(start, start + n)]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--new", type=int, default=100)
     ap.add_argument("--polls", type=int, default=20)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rng = random.Random(0)
     print(f"{'points':>9}  {'per poll median':>16}  {'worst':>9}  {'first judge':>15}")
     for n in (1_000, 10_000, 100_000, 1_000_000):
@@ -57,6 +58,10 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
         print(f"{n:>9}  {statistics.median(times) * 1e3:>13.2f} ms  "
               f"{max(times) * 1e3:>6.2f} ms  {batch * 1e3:>12.0f} ms")
+
+
+def test_curves_per_poll() -> None:
+    main([])
 
 
 if __name__ == "__main__":
