@@ -114,3 +114,20 @@ def test_eta_from_the_runs_own_pace(tmp_path: Path) -> None:
     progress = w.history.runs["llama"].progress_json()
     assert progress is not None and progress["steps_per_s"] == 2.0
     assert progress["eta_s"] == 200.0 and progress["max_steps"] == 1000
+
+
+def test_a_run_that_paused_as_long_before_is_not_hung_yet(tmp_path: Path) -> None:
+    """A 15-minute evaluation at step 300 (no log configured): a 20-minute silence later is
+    within 1.5× that pause, a 25-minute one is not."""
+    _box, replay, w = setup(tmp_path)
+    replay.wall -= 900  # the points after step 300 come 15 minutes later than 0.5 s a step
+    replay.upto(len([e for e in replay.events if e[0] <= 300]))
+    replay.wall += 900
+    replay.upto(len(replay))
+    last = time.time()
+    w.poll()
+    w.poll(at=last + 1200)
+    assert "run.hung" not in w.codes()
+    w.poll(at=last + 1500)
+    f = w.one("run.hung")
+    assert f.evidence["longest_pause_s"] == 900.5 and f.evidence["limit_s"] == 1350.75

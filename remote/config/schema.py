@@ -311,7 +311,8 @@ def threshold_ranges() -> dict[str, NumberRange]:
         "plateau_min_s": _DURATION_S, "overfit_min_evals": NumberRange(2, 1000, integer=True),
         "overfit_evals": NumberRange(1, 1000, integer=True), "overfit_min_rel": _FACTOR_0,
         "overfit_k": _K,
-        "hung_factor": _FACTOR, "hung_min_s": _DURATION_S, "slowed_ratio": _FACTOR,
+        "hung_factor": _FACTOR, "hung_min_s": _DURATION_S,
+        "hung_longest_factor": _FACTOR, "slowed_ratio": _FACTOR,
         "slowed_k": _K, "slowed_points": NumberRange(2, 20, integer=True),
         "slowed_min_s": _DURATION_S,
     }

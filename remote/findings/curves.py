@@ -131,6 +131,9 @@ class CurveTracker:
         self.gaps: deque[tuple[float, int]] = deque(maxlen=MAX_INTERVALS)
         """(seconds, steps) between consecutive points with wall times: the run's pace."""
         self.paced: tuple[int, float] | None = None  # (step, wall) of the last timed point
+        self.longest_gap = 0.0
+        """The longest wait between two timed points so far: the run's own pauses (an
+        evaluation, a save), which a hang must outlast."""
 
     # -- feeding
     def feed(self, points: Iterable[tuple[int, float, float]]) -> int:
@@ -151,6 +154,7 @@ class CurveTracker:
             self.last_wall = wall
             if self.paced is not None and step > self.paced[0] and wall >= self.paced[1]:
                 self.gaps.append((wall - self.paced[1], step - self.paced[0]))
+                self.longest_gap = max(self.longest_gap, wall - self.paced[1])
             self.paced = (step, wall)
         if not math.isfinite(value):
             if self.bad_step is None or self.since_bad > 0:
@@ -237,6 +241,7 @@ class CurveTracker:
                 self.good[0], _out(self.good[1]), _out(self.good[2])],
             "gaps": [[_out(dt), n] for dt, n in self.gaps],
             "paced": None if self.paced is None else [self.paced[0], _out(self.paced[1])],
+            "longest": self.longest_gap,
         }
 
     @classmethod
@@ -270,6 +275,9 @@ class CurveTracker:
             t.gaps.extend((_num(dt), int(n)) for dt, n in data["gaps"][-MAX_INTERVALS:])
             paced = data["paced"]
             t.paced = None if paced is None else (int(paced[0]), _num(paced[1]))
+            t.longest_gap = float(_num(data["longest"], 0.0))
+            if not math.isfinite(t.longest_gap):
+                return None
         except (KeyError, TypeError, ValueError, IndexError, OverflowError):
             return None
         return t

@@ -187,6 +187,9 @@ class Thresholds:
     """…and this many of the evaluations' own noise units, while the train loss kept falling."""
     hung_factor: float = 10.0
     """run.hung: no new step for this many of the run's own intervals between steps…"""
+    hung_longest_factor: float = 1.5
+    """…and this many times the longest pause between its logged steps so far (an evaluation,
+    a save)…"""
     hung_min_s: float = 600.0
     """…and never under this long."""
     slowed_ratio: float = 1.5

@@ -352,7 +352,11 @@ def _hung(history: HostHistory, now: HostSnapshot, sample: RunSample, run: RunSe
         return
     step, since = curves.clock
     interval = _interval(curves, loss)
-    limit = max(th.hung_factor * interval if interval else 0.0, th.hung_min_s)
+    if interval is None:
+        return  # its step not yet seen to move: no pace of its own to outlast (run.stalled)
+    t = curves.trackers.get(loss) if loss else None
+    longest = t.longest_gap if t is not None else 0.0
+    limit = max(th.hung_factor * interval, th.hung_longest_factor * longest, th.hung_min_s)
     quiet = at - since
     if quiet < limit:
         return
@@ -381,7 +385,8 @@ def _hung(history: HostHistory, now: HostSnapshot, sample: RunSample, run: RunSe
         "rank to see where, then kill the whole run and relaunch from its latest checkpoint",
         run=run.name,
         evidence={"step": step, "tag": loss, "last_step_at": since, "quiet_s": quiet,
-                  "interval_s": interval, "limit_s": limit, "gpus": gpus,
+                  "interval_s": interval, "longest_pause_s": longest, "limit_s": limit,
+                  "gpus": gpus,
                   "states": states})
 
 
