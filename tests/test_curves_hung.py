@@ -131,3 +131,24 @@ def test_a_run_that_paused_as_long_before_is_not_hung_yet(tmp_path: Path) -> Non
     w.poll(at=last + 1500)
     f = w.one("run.hung")
     assert f.evidence["longest_pause_s"] == 900.5 and f.evidence["limit_s"] == 1350.75
+
+
+def test_a_run_whose_step_was_never_seen_to_move_is_not_hung(tmp_path: Path) -> None:
+    """HF's trainer_state.json is written at each save (every 30 minutes, say): first seen 20
+    minutes after one, the run has no pace of its own yet, and is not called hung."""
+    box = Box(tmp_path / "box", h100_sxm(1), btime=int(time.time()) - 86_400,
+              uptime_s=86_400.0)
+    box.add_process(training_process(600, workdir=str(tmp_path / "run"), nohup=True,
+                                     start_s=7200.0))
+    replay = Replay("hf_whisper_flemish", tmp_path / "run")
+    toml = (f'[hosts.gpu1.runs.llama]\nprocess = "train.py"\nworkdir = "{tmp_path / "run"}"\n'
+            + replay.toml())
+    w = Watched(box, host_config(toml))
+    replay.upto(len(replay) // 2)
+    touch(replay.path, time.time() - 1200)
+    w.poll()
+    assert "run.hung" not in w.codes()
+    replay.upto(len(replay) * 3 // 4)  # the next save: its step moved, 20 minutes on
+    w.poll()
+    w.poll(at=time.time() + 4 * 3600)  # then 4 hours without one: over 10 × 20 minutes
+    assert w.one("run.hung").evidence["interval_s"] >= 1199
