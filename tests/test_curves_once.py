@@ -1,7 +1,7 @@
 """The curves' findings through `gpuwatch --once`, with the store in between: a cron job that
-polls every few minutes catches a NaN in the poll that brings it (the trackers' state carried
-over, the old points not judged again), and a real process that stops writing while it stays
-alive is run.hung."""
+polls every few minutes catches a NaN, a spike, a rising loss, a rising eval loss in the poll
+that brings it (the trackers' state carried over, the old points not judged again), and a real
+process that stops writing while it stays alive is run.hung."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import jsonschema
+import pytest
 from curves_data import Replay
 from gpuwatch.remote.report import load_schema
 from test_once import gpuwatch
@@ -37,10 +38,34 @@ def curve_findings(doc: dict) -> list[dict]:
     return [f for f in doc["hosts"][0]["findings"] if f.get("run") == "mlp"]
 
 
-def test_a_nan_between_two_cron_polls(tmp_path: Path) -> None:
+def _nan(r: Replay) -> None:
+    r.edit("train/loss", lambda s, v: math.nan if s == 450 else v)
+
+
+def _spike(r: Replay) -> None:
+    r.edit("train/loss", lambda s, v: 10 * v if s == 450 else v)
+
+
+def _rise(r: Replay) -> None:  # from step 400, up by 1.0 by step 600 (the loss is ~0.1)
+    r.edit("train/loss", lambda s, v: v + max(0, s - 400) / 200)
+
+
+def _overfit(r: Replay) -> None:  # eval loss +15 % an evaluation from step 400
+    r.edit("eval/loss", lambda s, v: v * (1 + 0.15 * max(0, (s - 400) // 20)))
+
+
+ANOMALIES = {"run.loss_nan": (_nan, "critical", 450), "run.loss_spike": (_spike, "info", 450),
+             "run.diverging": (_rise, None, None), "run.overfitting": (_overfit, "warning", None)}
+
+
+@pytest.mark.parametrize("code", list(ANOMALIES))
+def test_an_anomaly_between_two_cron_polls(tmp_path: Path, code: str) -> None:
+    """The MLP's curve, its first 5/8 healthy in one cron poll, the rest with the anomaly in
+    the next: caught there, from the trackers' state the store kept."""
+    change, severity, step = ANOMALIES[code]
     work = tmp_path / "work"
     replay = Replay("mlp_digits", work)
-    replay.edit("train/loss", lambda s, v: math.nan if s == 450 else v)
+    change(replay)
     script = work / "gw_mlp_job.py"
     script.write_text("import time\nwhile True: time.sleep(1)\n")
     proc = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
@@ -51,13 +76,16 @@ def test_a_nan_between_two_cron_polls(tmp_path: Path) -> None:
         assert not [f for f in curve_findings(first) if f["severity"] in LOUD]
         (run,) = first["hosts"][0]["runs"]
         assert run["series"]["train/loss"]["last_step"] == replay.events[replay.written - 1][0]
-        replay.upto(len(replay))  # the rest, NaN at 450
+        replay.upto(len(replay))  # the rest, with the anomaly
         second = once(tmp_path, conf)
-        (nan,) = [f for f in curve_findings(second) if f["code"] == "run.loss_nan"]
-        assert nan["severity"] == "critical" and nan["evidence"]["step"] == 450
-        assert nan["evidence"]["tag"] == "train/loss"
-        assert nan["evidence"]["last_finite_step"] == 449 and nan["evidence"]["value"] == "nan"
+        (found,) = [f for f in curve_findings(second) if f["code"] == code]
+        assert severity is None or found["severity"] == severity
+        assert step is None or found["evidence"]["step"] == step
+        assert found["evidence"]["tag"] in ("train/loss", "eval/loss")
         assert second["hosts"][0]["runs"][0]["series"]["train/loss"]["points"] == 600
+        if code == "run.loss_nan":
+            assert found["evidence"]["last_finite_step"] == 449
+            assert found["evidence"]["value"] == "nan"
     finally:
         proc.kill()
         proc.wait()
