@@ -11,6 +11,8 @@ import pytest
 from gpuwatch.remote.config.schema import ConfigError, parse_config
 from gpuwatch.remote.findings.curve_tags import tags_of
 from gpuwatch.remote.findings.curves import CurveParams, CurveTracker, noisy_band
+from gpuwatch.remote.findings.rules import Thresholds
+from gpuwatch.remote.findings.run_curves import RunCurves
 from gpuwatch.remote.model.series import RunSeries, TagSeries
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -143,3 +145,11 @@ def test_loss_tag_and_eval_tag_in_the_config() -> None:
         parse_config(text.replace('"objective"', "3"))
     with pytest.raises(ConfigError, match="curve_window"):
         parse_config(text + "[thresholds]\ncurve_window = 2\n")
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                    lambda c: st.lists(c) | st.dictionaries(st.text(), c), max_leaves=30))
+def test_a_damaged_run_state_starts_anew(data: object) -> None:
+    curves = RunCurves.from_state({"v": 1, "trackers": data, "clock": data, "marks": data,
+                                   "restart": data}, Thresholds())
+    assert isinstance(curves.trackers, dict)

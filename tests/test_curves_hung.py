@@ -5,6 +5,7 @@ nor when only the log is silent (block-buffered stdout stays run.log_buffered, i
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -152,3 +153,29 @@ def test_a_run_whose_step_was_never_seen_to_move_is_not_hung(tmp_path: Path) -> 
     w.poll()
     w.poll(at=time.time() + 4 * 3600)  # then 4 hours without one: over 10 × 20 minutes
     assert w.one("run.hung").evidence["interval_s"] >= 1199
+
+
+def test_a_resume_from_before_the_nan_is_judged_anew(tmp_path: Path) -> None:
+    """The loss went NaN at step 500; the run is relaunched from its step-400 checkpoint (a
+    new event file going back): the trackers start again from the merged curve, the NaN gone."""
+    _box, replay, w = setup(tmp_path)
+    replay.edit("train/loss", lambda s, v: math.nan if s >= 500 else v)
+    replay.upto(len(replay))
+    w.poll()
+    assert w.one("run.loss_nan").evidence["step"] == 500
+    time.sleep(1.1)  # the resumed writer's file gets a later name (epoch seconds)
+    resumed = Replay("mlp_digits", tmp_path / "scratch")
+    resumed.events = [e for e in resumed.events if e[0] > 400]
+    resumed.wall = replay.wall + 600
+    resumed.path.mkdir(parents=True)
+    from tensorboardX import SummaryWriter
+
+    writer = SummaryWriter(str(replay.path), filename_suffix=".resumed")
+    for step, tag, value in resumed.events:
+        writer.add_scalar(tag, value, step, walltime=resumed.wall + 0.5 * step)
+    writer.close()
+    w.poll()
+    assert "run.loss_nan" not in w.codes()
+    curves = w.history.runs["llama"].curves
+    assert curves.trackers["train/loss"].bad_step is None
+    assert curves.trackers["train/loss"].last_step == 600 and curves.restart[0] > 400

@@ -59,7 +59,7 @@ class RunCurves:
     def __init__(self, th: Thresholds) -> None:
         self.p = params(th)
         self.trackers: dict[str, CurveTracker] = {}
-        self.restarts = 0  # restart markers seen (a resume re-feeds the trackers)
+        self.restart: list[Any] | None = None  # the run's last restart marker seen
         self.clock: tuple[int, float] | None = None  # (newest step, when it was first seen)
         self.marks: list[tuple[float, int]] = []  # (time, step) each time the clock moved
         self.before: dict[str, tuple[int, int]] = {}
@@ -68,8 +68,9 @@ class RunCurves:
 
     def feed(self, run: RunSeries, tags: Mapping[str, TagSeries], watch: list[str],
              now: float | None) -> None:
-        restarted = len(run.restarts) != self.restarts and bool(run.restarts)
-        self.restarts = len(run.restarts)
+        marker = _marker(run.restarts[-1]) if run.restarts else None
+        restarted = marker is not None and marker != self.restart  # a resume re-feeds them
+        self.restart = marker
         self.before = {name: (t.n, t.finite) for name, t in self.trackers.items()}
         for name in watch:
             series = tags[name]
@@ -102,7 +103,7 @@ class RunCurves:
 
     def state(self) -> dict[str, Any]:
         return {"v": 1, "trackers": {k: t.state() for k, t in self.trackers.items()},
-                "restarts": self.restarts, "clock": list(self.clock) if self.clock else None,
+                "restart": self.restart, "clock": list(self.clock) if self.clock else None,
                 "marks": [list(m) for m in self.marks]}
 
     @classmethod
@@ -110,18 +111,26 @@ class RunCurves:
         out = cls(th)
         if not isinstance(data, dict) or data.get("v") != 1:
             return out
-        for name, raw in (data.get("trackers") or {}).items():
+        trackers = data.get("trackers")
+        for name, raw in (trackers.items() if isinstance(trackers, dict) else ()):
             t = CurveTracker.from_state(raw, out.p)
             if t is not None and isinstance(name, str) and len(out.trackers) < MAX_WATCHED:
                 out.trackers[name] = t
         try:
-            out.restarts = int(data.get("restarts") or 0)
+            restart = data.get("restart")
+            out.restart = _marker(restart) if restart is not None else None
             clock = data.get("clock")
             out.clock = None if clock is None else (int(clock[0]), float(clock[1]))
             out.marks = [(float(t), int(s)) for t, s in data.get("marks") or ()][-MAX_MARKS:]
-        except (TypeError, ValueError, IndexError, OverflowError):
-            out.clock, out.marks = None, []
+        except (TypeError, ValueError, IndexError, KeyError, OverflowError):
+            out.clock, out.marks, out.restart = None, [], None
         return out
+
+
+def _marker(m: Any) -> list[Any]:
+    """A restart marker (step, wall time) as it compares and stores (no NaN: NaN != NaN)."""
+    wall = float(m[1]) if m[1] is not None else math.nan
+    return [int(m[0]), wall if math.isfinite(wall) else None]
 
 
 def _after(series: TagSeries, step: int | None) -> Iterator[tuple[int, float, float]]:
