@@ -160,3 +160,35 @@ def test_eval_rising_while_train_falls_is_overfitting(tmp_path: Path) -> None:
     f = next(f for f in polls[seen] if f.code == "run.overfitting")
     assert f.severity == Severity.WARNING and f.evidence["tag"] == "eval/loss"
     assert f.evidence["train_tag"] == "train/loss"
+
+
+def test_the_tuis_path_catches_it_at_the_same_poll(tmp_path: Path) -> None:
+    """The TUI's pipeline (watch.history_from_store, judge each poll, remember: the runs'
+    series saved only every third poll, as the TUI does at most once a minute), and the host's
+    JSON from that report: a NaN at step 450 of the MLP's curve at the poll that brings it."""
+    import jsonschema
+    from gpuwatch.remote.report import host_json, load_schema
+    from gpuwatch.remote.store import Store
+    from gpuwatch.remote.watch import history_from_store, judge, remember
+    from gpuwatch.remote.wire.collect import PollOutcome
+
+    replay = Replay("mlp_digits", tmp_path / "run")
+    replay.edit("train/loss", lambda s, v: math.nan if s == 450 else v)
+    w = watched(tmp_path, replay)
+    store = Store.open(tmp_path / "store.db")
+    w.history = history_from_store(store, w.host)
+    schema = load_schema()
+    seen = []
+    for i in range(1, POLLS + 1):
+        replay.upto(math.ceil(len(replay) * i / POLLS))
+        outcome = PollOutcome(w.host, time.time(), 0.1, w.snapshot(), b"{}")
+        report = judge(w.history, outcome)
+        remember(store, outcome, w.history, save_runs=i % 3 == 0)
+        doc = host_json(report)
+        jsonschema.validate(doc, {"$defs": schema["$defs"], "$ref": "#/$defs/host"})
+        seen.append([f for f in doc["findings"] if f["code"] == "run.loss_nan"])
+    first = next(i for i, found in enumerate(seen) if found)
+    assert first == poll_of(replay, "train/loss", 450)
+    (nan,) = seen[first]
+    assert nan["evidence"]["step"] == 450 and nan["evidence"]["tag"] == "train/loss"
+    assert "became NaN at step 450" in nan["message"]
