@@ -158,11 +158,16 @@ def test_a_run_whose_step_was_never_seen_to_move_is_not_hung(tmp_path: Path) -> 
 def test_a_resume_from_before_the_nan_is_judged_anew(tmp_path: Path) -> None:
     """The loss went NaN at step 500; the run is relaunched from its step-400 checkpoint (a
     new event file going back): the trackers start again from the merged curve, the NaN gone."""
-    _box, replay, w = setup(tmp_path)
+    _box, replay, w = setup(tmp_path, 'checkpoints = "ckpt/checkpoint-*"\n')
+    for step in (400, 550):  # the one to resume from is the newest before the NaN
+        touch(tmp_path / "run" / "ckpt" / f"checkpoint-{step}" / "model.pt", time.time())
     replay.edit("train/loss", lambda s, v: math.nan if s >= 500 else v)
     replay.upto(len(replay))
     w.poll()
-    assert w.one("run.loss_nan").evidence["step"] == 500
+    f = w.one("run.loss_nan")
+    assert f.evidence["step"] == 500 and f.evidence["last_finite_step"] == 499
+    assert f.evidence["checkpoint_before"] == str(tmp_path / "run" / "ckpt" / "checkpoint-400")
+    assert "the latest checkpoint before it is" in f.message and "checkpoint-400" in f.message
     time.sleep(1.1)  # the resumed writer's file gets a later name (epoch seconds)
     resumed = Replay("mlp_digits", tmp_path / "scratch")
     resumed.events = [e for e in resumed.events if e[0] > 400]

@@ -227,7 +227,8 @@ def _curve_findings(history: HostHistory, run: RunSeries, curves: RunCurves,
             "run.loss_nan", Severity.CRITICAL,
             f"run {name}'s {visible(tag)} became {what} at step {t.bad_step}{recovered}{tail} "
             "— the weights after it are likely garbage: stop it, lower the learning rate or "
-            "check the data and mixed precision, and relaunch from that checkpoint",
+            "check the data and mixed precision, and relaunch from "
+            + ("that checkpoint" if ckpt else "a checkpoint saved before it"),
             run=name, subject=tag,
             evidence={"step": t.bad_step, "tag": tag, "value": _num(t.bad_value),
                       "last_finite_step": before[0] if before else None,
