@@ -33,6 +33,8 @@ def history_from_store(store: Store, host: HostConfig,
     history = HostHistory(host.name, thresholds=thresholds or Thresholds())
     history.restore_deaths(store.deaths(host.name), store.deaths(host.name, "rank_dead"))
     configured = {r.name for r in host.runs}
+    history.curve_tags = {r.name: (r.loss_tag, r.eval_tag) for r in host.runs
+                          if r.loss_tag or r.eval_tag}
     for name, (run_state, points) in store.runs(host.name).items():
         if name in configured or is_discovered_state(run_state):  # issue 8: discovered too
             series = RunSeries.from_state(name, run_state)

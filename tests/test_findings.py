@@ -47,7 +47,9 @@ def test_every_code_has_a_rule_and_a_gotcha() -> None:
             "ckpt.overdue", "ckpt.tmp_leftover", "disk.low", "disk.inodes_low",
             "disk.full_soon", "host.unreachable", "host.rebooted", "host.cgroup_oom",
             "host.cpu_oversubscribed", "run.code_changed", "gpu.query_failed",
-            "gpu.driver_mismatch", "gpu.lost", "gpu.persistence_off"} == set(CODES)
+            "gpu.driver_mismatch", "gpu.lost", "gpu.persistence_off", "run.loss_nan",
+            "run.diverging", "run.loss_spike", "run.plateau", "run.overfitting", "run.hung",
+            "run.slowed"} == set(CODES)
 
 
 def test_a_quiet_box_has_no_findings(tmp_path: Path) -> None:

@@ -41,7 +41,8 @@ RUN_SCHEMA_ADDITIONS: dict[str, Any] = {
         "additionalProperties": False,
         "properties": {"step": {"$ref": "#/$defs/int"}, "max_steps": {"$ref": "#/$defs/int"},
                        "epoch": {"$ref": "#/$defs/num"}, "max_epochs": {"$ref": "#/$defs/num"},
-                       "eta_s": {"$ref": "#/$defs/num"}}},
+                       "eta_s": {"$ref": "#/$defs/num"},
+                       "steps_per_s": {"$ref": "#/$defs/num"}}},
     "finished_by": {"type": "string"},
 }
 """What the lead adds to the schema's run object (both optional); the test validates with it."""
@@ -153,7 +154,8 @@ def test_hf_run_that_reaches_max_steps_is_finished_and_a_killed_one_dead(tmp_pat
     code, runs, findings = once(tmp_path, box, config)
     assert code == 0 and runs["done_run"]["status"] == "running"
     assert runs["done_run"]["progress"] == {"step": 100, "max_steps": 300, "epoch": 1.0,
-                                            "max_epochs": 3.0, "eta_s": None}  # no pace yet
+                                            "max_epochs": 3.0, "eta_s": None,
+                                            "steps_per_s": None}  # no pace yet
 
     for work in works.values():  # the next checkpoint, 100 s later: a pace of 1 step/s
         trainer_state(work / "out" / "checkpoint-200" / "trainer_state.json", 200, 300,

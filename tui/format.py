@@ -36,6 +36,7 @@ FINDING_WORDS = {  # most important first: of two findings of one severity, the 
     "run.dead": "run died", "run.rank_dead": "a rank died", "gpu.lost": "GPU lost",
     "gpu.query_failed": "GPUs unreadable", "gpu.driver_mismatch": "driver mismatch",
     "host.unreachable": "unreachable", "host.cgroup_oom": "OOM-killed",
+    "run.loss_nan": "loss is NaN", "run.hung": "hung", "run.diverging": "diverging",
     "gpu.xid": "GPU error (Xid)", "run.stalled": "stalled", "gpu.vram_zombie": "VRAM zombie",
     "disk.full_soon": "disk full soon", "disk.low": "disk low", "disk.inodes_low": "inodes low",
     "host.rebooted": "rebooted", "gpu.util_without_clock": "busy, low clock",
@@ -44,7 +45,8 @@ FINDING_WORDS = {  # most important first: of two findings of one severity, the 
     "ckpt.overdue": "checkpoint overdue", "run.log_buffered": "log silent",
     "ckpt.tmp_leftover": "partial checkpoint", "run.events_empty": "no events",
     "run.code_changed": "code changed", "host.cpu_oversubscribed": "CPU oversubscribed",
-    "gpu.persistence_off": "persistence off",
+    "gpu.persistence_off": "persistence off", "run.slowed": "slowed",
+    "run.overfitting": "overfitting", "run.loss_spike": "loss spikes", "run.plateau": "plateau",
 }
 """A finding's code in a few words, for a cell that names a host's worst problem."""
 

@@ -124,6 +124,10 @@ class RunConfig:
     restart_delay_s: float = 60.0
     """Wait after a death before restarting, doubled for each restart already in the window."""
     restart_on: tuple[str, ...] = DEFAULT_RESTART_ON
+    loss_tag: str | None = None
+    """The tag that is its training loss, where the name does not say (run.diverging...)."""
+    eval_tag: str | None = None
+    """The tag that is its evaluation loss (run.overfitting)."""
 
     def resolve(self, path: str | None) -> str | None:
         """A run path made absolute against the workdir (relative paths are relative to it)."""
@@ -306,6 +310,9 @@ _DURATION_S = NumberRange(0, 365 * _DAY_S, above=True)
 _PERCENT = NumberRange(0, 100)
 _SHARE = NumberRange(0, 1)
 _FACTOR = NumberRange(1, 1000)
+_K = NumberRange(0, 1000, above=True)
+"""How many noise units (1.4826 MAD) a curve's threshold stands off its median."""
+_FACTOR_0 = NumberRange(0, 1000)
 
 TOP_RANGES: Mapping[str, NumberRange] = {"interval": NumberRange(1, _DAY_S)}
 """Top-level numbers. An interval under 1 s would poll a host back to back."""
@@ -359,6 +366,20 @@ def threshold_ranges() -> dict[str, NumberRange]:
         "disk_full_min_span_s": _DURATION_S, "cpu_oversubscribed_ratio": _FACTOR,
         "tmp_stale_s": _DURATION_S, "persistence_slow_s": _DURATION_S,
         "xid_critical": NumberRange(1, 65535, integer=True),
+        # the curves' (findings/run_curves.py)
+        "curve_window": NumberRange(4, 1000, integer=True), "spike_k": _K,
+        "spike_min_rel": _FACTOR_0, "spike_recent_points": NumberRange(1, 10**6, integer=True),
+        "spike_repeat": NumberRange(1, 16, integer=True), "diverge_k": _K,
+        "diverge_critical_k": _K, "diverge_min_rel": _FACTOR_0,
+        "diverge_sustain_points": NumberRange(1, 10**6, integer=True), "plateau_k": _K,
+        "plateau_span_ratio": _SHARE, "plateau_min_points": NumberRange(1, 10**9, integer=True),
+        "plateau_min_s": _DURATION_S, "overfit_min_evals": NumberRange(2, 1000, integer=True),
+        "overfit_evals": NumberRange(1, 1000, integer=True), "overfit_min_rel": _FACTOR_0,
+        "overfit_k": _K,
+        "hung_factor": _FACTOR, "hung_min_s": _DURATION_S,
+        "hung_longest_factor": _FACTOR, "slowed_ratio": _FACTOR,
+        "slowed_k": _K, "slowed_points": NumberRange(2, 20, integer=True),
+        "slowed_min_s": _DURATION_S,
     }
 
 
@@ -368,7 +389,8 @@ _SSH_KEYS = {f.name for f in fields(SshSettings)}
 _TOP_KEYS = {"interval", "readonly", "theme", "ssh", "hosts", "thresholds", "notify"}
 _HOST_KEYS = {"ssh", "python", "disks", "runs"} | _SSH_KEYS
 _RUN_KEYS = {f.name for f in fields(RunConfig)} - {"name"}
-_RUN_STRINGS = ("process", "workdir", "log", "events", "checkpoints", "done", "relaunch")
+_RUN_STRINGS = ("process", "workdir", "log", "events", "checkpoints", "done", "relaunch",
+                "loss_tag", "eval_tag")
 
 Key = tuple[str, ...]
 """A key's path from the top of the document: ("hosts", "gpu1.lab", "ssh")."""

@@ -150,6 +150,56 @@ class Thresholds:
     warning (the re-initialisation is what costs), else only info."""
     xid_critical: tuple[int, ...] = (48, 79)
     """U22: Xids of a dead GPU: re-rent (48 double-bit ECC, 79 fallen off the bus)."""
+    # The curves' findings (findings/run_curves.py; docs/findings.md gives each a source).
+    curve_window: int = 20
+    """Points in the rolling band (median ± MAD) a curve's new point is judged against."""
+    spike_k: float = 8.0
+    """run.loss_spike: a point this many noise units (1.4826 MAD) above the band's median…"""
+    spike_min_rel: float = 0.25
+    """…and at least this share of the median above it (a flat curve's MAD is near 0)."""
+    spike_recent_points: int = 100
+    """Spikes among this many latest points are reported."""
+    spike_repeat: int = 3
+    """This many of them make run.loss_spike a warning."""
+    diverge_k: float = 4.0
+    """run.diverging: the level (rolling median) this many noise units above its best…"""
+    diverge_critical_k: float = 10.0
+    """…critical from this many."""
+    diverge_min_rel: float = 0.1
+    """…and at least this share of the best level above it."""
+    diverge_sustain_points: int = 5
+    """…for this many points in a row."""
+    plateau_k: float = 2.0
+    """run.plateau: an improvement is the level falling more than this many noise units."""
+    plateau_span_ratio: float = 0.5
+    """No improvement over this share of the run's steps so far…"""
+    plateau_min_points: int = 100
+    """…with at least this many points logged…"""
+    plateau_min_s: float = 3600.0
+    """…and for at least this long where the points have wall times."""
+    overfit_min_evals: int = 4
+    """run.overfitting needs this many evaluations…"""
+    overfit_evals: int = 3
+    """…the last this many above the eval minimum…"""
+    overfit_min_rel: float = 0.05
+    """…their median at least this share above it…"""
+    overfit_k: float = 3.0
+    """…and this many of the evaluations' own noise units, while the train loss kept falling."""
+    hung_factor: float = 10.0
+    """run.hung: no new step for this many of the run's own intervals between steps…"""
+    hung_longest_factor: float = 1.5
+    """…and this many times the longest pause between its logged steps so far (an evaluation,
+    a save)…"""
+    hung_min_s: float = 600.0
+    """…and never under this long."""
+    slowed_ratio: float = 1.5
+    """run.slowed: seconds per step this many times the run's own median…"""
+    slowed_k: float = 4.0
+    """…each of the recent intervals this many noise units above it…"""
+    slowed_points: int = 5
+    """…over this many logged intervals…"""
+    slowed_min_s: float = 300.0
+    """…spanning at least this long."""
 
 
 @dataclass
@@ -181,6 +231,8 @@ class HostHistory:
     """Discovered runs whose every live process is a VRAM zombie holder (U11): what a dead run
     left behind, not a run of its own (its cwd and script made discovery group it). Shown as
     left behind rather than running; its own findings give way to gpu.vram_zombie."""
+    curve_tags: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
+    """Each configured run's (loss_tag, eval_tag) where the config names them."""
     known_gpus: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The GPUs this host has shown since it last booted, by uuid (else bus id, else index):
     {"index", "uuid", "pci", "name"}. Kept in the store, so that a cron `--once` knows a box
@@ -1274,6 +1326,8 @@ def run_code_changed(history: HostHistory) -> Iterable[Finding]:
                       "started_at": p.started_at, "pids": [c.pid for c in changed]})
 
 
+from .run_curves import one_alarm, run_curves  # noqa: E402  (it imports this module)
+
 RULES: tuple[Rule, ...] = (
     host_unreachable, host_rebooted, host_kill_user_processes, host_cgroup_oom,
     host_cpu_oversubscribed, gpu_query_failed, gpu_driver_mismatch, gpu_lost,
@@ -1281,7 +1335,7 @@ RULES: tuple[Rule, ...] = (
     gpu_util_without_clock, gpu_throttled, gpu_xid, gpu_vram_zombie,
     gpu_idle_while_running, run_dead, run_rank_dead, run_sighup_risk, run_progress,
     run_events_empty, run_code_changed, ckpt_overdue, ckpt_tmp_leftover, disk_low,
-    disk_full_soon)
+    disk_full_soon, run_curves)
 
 CODES: dict[str, tuple[str, ...]] = {
     "host.unreachable": ("U3", "U17"), "host.rebooted": ("U3",),
@@ -1296,6 +1350,9 @@ CODES: dict[str, tuple[str, ...]] = {
     "run.events_empty": ("U39",), "run.code_changed": ("U2", "U42"),
     "ckpt.overdue": ("seed 001",), "ckpt.tmp_leftover": ("U6",), "disk.low": ("U6",),
     "disk.inodes_low": ("U7",), "disk.full_soon": ("U6",),
+    "run.loss_nan": (), "run.diverging": (), "run.loss_spike": (), "run.plateau": (),
+    "run.overfitting": (), "run.hung": ("U43", "seed 002"),
+    "run.slowed": ("U23", "U40"),
 }
 """Every finding code and the gotchas it encodes (DESIGN §3)."""
 
@@ -1308,8 +1365,8 @@ def evaluate(history: HostHistory, rules: Iterable[Rule] = RULES) -> list[Findin
     history.zombies = zombie_holders(history)
     if history.current is not None:  # a failed poll keeps what the last good one found
         history.left_behind = left_behind_runs(history, history.zombies)
-    found = [f for rule in rules for f in rule(history)
-             if f.run is None or f.run not in history.left_behind]
+    found = one_alarm([f for rule in rules for f in rule(history)
+                       if f.run is None or f.run not in history.left_behind])
     found.sort(key=lambda f: (-f.severity, f.code, -1 if f.gpu is None else f.gpu, f.run or "",
                               f.subject or ""))
     history.findings = found
@@ -1318,3 +1375,4 @@ def evaluate(history: HostHistory, rules: Iterable[Rule] = RULES) -> list[Findin
 
 def worst(findings: Iterable[Finding]) -> Severity | None:
     return max((f.severity for f in findings), default=None)
+

@@ -395,6 +395,12 @@ class RunSeries:
         """(status, when written) from the launch wrapper of a run gpuwatch relaunched."""
         self.log_end: tuple[str, float] | None = None
         """The framework's completion line at the log's end, and the log's mtime then."""
+        self.pace_s: float | None = None
+        """Seconds a step at the run's own recent pace: the median gap between its loss
+        points' wall times (set each poll by the curves' rules; None without wall times)."""
+        self.curves: Any = None
+        """Its curves' trackers (findings.run_curves.RunCurves), made by the first evaluate."""
+        self.curves_state: Any = None  # what the store kept of them, until then
         self.idle_at: float | None = None  # the box's clock at the latest poll without pids
         self.started_after: float | None = None
         """The latest poll without pids before the one that saw them: evidence of an end older
@@ -698,18 +704,24 @@ class RunSeries:
         return {"step": step, "max_steps": int(max_steps) if max_steps else None,
                 "epoch": json_value(self._last_epoch()),
                 "max_epochs": json_value(float(max_epochs)) if max_epochs else None,
-                "eta_s": self.eta_s(now)}
+                "eta_s": self.eta_s(now),
+                "steps_per_s": round(1 / self.pace_s, 6) if self.pace_s else None}
 
     def eta_s(self, now: float | None = None) -> float | None:
         """Seconds to max_steps at the pace between the oldest and newest marks, less the time
-        since the newest (the box's clock); None unless running with a known limit and pace."""
+        since the newest (the box's clock); else at the run's own pace between its logged
+        steps (pace_s); None unless running with a known limit and pace."""
         limit = self.progress.get("max_steps")
         now = self.box_time if now is None else now
-        if not self.pids or not limit or len(self.step_marks) < 2 or now is None:
+        if not self.pids or not limit or now is None:
             return None
-        (t0, s0), (t1, s1) = self.step_marks[0], self.step_marks[-1]
-        if t1 <= t0 or s1 <= s0:
-            return None
+        (t0, s0), (t1, s1) = (self.step_marks[0], self.step_marks[-1]) if self.step_marks \
+            else ((0.0, 0), (0.0, 0))
+        if t1 <= t0 or s1 <= s0:  # no pace from the writes yet: the loss points' own
+            step = self._progress_step()
+            if not self.pace_s or step is None:
+                return None
+            return round(max(0.0, (limit - step) * self.pace_s), 1)
         left = (limit - s1) * (t1 - t0) / (s1 - s0) - max(0.0, now - t1)
         return round(max(0.0, left), 1)
 
@@ -867,7 +879,8 @@ class RunSeries:
                 "last_seen_running_at": self.last_seen_running_at,
                 "checkpoint_times": self.checkpoint_times,
                 "discovery": self.discovery.to_state() if self.discovery else None,
-                "reaped": self.reaped, "end": self._end_state()}
+                "reaped": self.reaped, "end": self._end_state(),
+                "curves": self.curves.state() if self.curves is not None else self.curves_state}
 
     def _end_state(self) -> dict[str, Any]:
         return {"progress": self.progress, "marks": self.step_marks,
@@ -945,4 +958,5 @@ class RunSeries:
         run.discovery = Discovery.from_state(name, state.get("discovery"))
         run.reaped = state.get("reaped") is True
         run._restore_end(state.get("end"))
+        run.curves_state = state.get("curves")
         return run

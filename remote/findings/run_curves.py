@@ -1,0 +1,473 @@
+"""Is it learning, is it making progress? Findings from a run's curves, processes and GPUs.
+
+run.loss_nan, run.diverging, run.loss_spike, run.plateau and run.overfitting judge the curves
+(curves.CurveTracker, fed each poll only the points it brought); run.hung and run.slowed judge
+the run's step clock against its own pace, with what its processes and GPUs do. Every
+finding's evidence carries `step` (where it fired) and `tag`, for a marker on the loss plot.
+
+run.hung and run.stalled: run.stalled (a warning) is "nothing at all written for stalled_s",
+for any run, even one whose only artifact is its log. run.hung (critical) is narrower and comes
+sooner: the step counter of its events or metrics stopped for far longer than the run's own
+step interval while its processes live and neither a checkpoint nor its log is being written.
+When both would fire, only run.hung does (`one_alarm`): one silence, one alarm.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..textsafe import visible
+from .curve_tags import MAX_WATCHED, tags_of
+from .curves import CurveParams, CurveTracker, band, median
+from .rules import (
+    Finding,
+    HostHistory,
+    Severity,
+    Thresholds,
+    _descendants,
+    _dur,
+    _gpus_of,
+    _run_procs,
+)
+
+if TYPE_CHECKING:
+    from ..model.series import RunSeries, TagSeries
+    from ..model.snapshot import HostSnapshot, RunSample
+
+MAX_MARKS = 32
+MAX_FEED = 5_000
+"""Points a tracker is fed at most in one poll (a first read of a 100 k-point series, or a
+resume judged anew): the newest, whose story is the run's now; ~0.1 s a tag here."""
+
+
+def params(th: Thresholds) -> CurveParams:
+    return CurveParams(window=th.curve_window, spike_k=th.spike_k,
+                       spike_min_rel=th.spike_min_rel, diverge_k=th.diverge_k,
+                       diverge_critical_k=th.diverge_critical_k,
+                       diverge_min_rel=th.diverge_min_rel,
+                       diverge_sustain=th.diverge_sustain_points, plateau_k=th.plateau_k)
+
+
+class RunCurves:
+    """One run's trackers and step clock, kept on its RunSeries (and in the store)."""
+
+    def __init__(self, th: Thresholds) -> None:
+        self.p = params(th)
+        self.trackers: dict[str, CurveTracker] = {}
+        self.restart: list[Any] | None = None  # the run's last restart marker seen
+        self.clock: tuple[int, float] | None = None  # (newest step, when it was first seen)
+        self.marks: list[tuple[float, int]] = []  # (time, step) each time the clock moved
+        self.before: dict[str, tuple[int, int]] = {}
+        """Each tracker's (points, finite points) before this poll's feed: what this poll
+        brought is reported even where a cron poll brought more than the recent span."""
+
+    def feed(self, run: RunSeries, tags: Mapping[str, TagSeries], watch: list[str],
+             now: float | None) -> None:
+        marker = _marker(run.restarts[-1]) if run.restarts else None
+        restarted = marker is not None and marker != self.restart  # a resume re-feeds them
+        self.restart = marker
+        self.before = {name: (t.n, t.finite) for name, t in self.trackers.items()}
+        for name in watch:
+            series = tags[name]
+            t = self.trackers.get(name)
+            last = series.last_step
+            if t is None or restarted or (last is not None and t.last_step is not None
+                                          and last < t.last_step):
+                t = self.trackers[name] = CurveTracker(self.p)  # a resume: judged anew
+                self.before[name] = (0, 0)
+                t.feed(_after(series, None))
+            elif last is not None and (t.last_step is None or last > t.last_step):
+                t.feed(_after(series, t.last_step))
+        for name in list(self.trackers):
+            if name not in watch:
+                del self.trackers[name]
+        steps = [t.last_step for t in tags.values() if t.last_step is not None]
+        if not steps:
+            return
+        newest = max(steps)
+        if self.clock is None or newest != self.clock[0]:
+            walls = [t.last_wall for t in tags.values()
+                     if t.last_step == newest and math.isfinite(t.last_wall)]
+            when = max(walls) if walls else _artifact_time(run, now)
+            if when is None:
+                return
+            if self.clock is not None and newest < self.clock[0]:
+                self.marks = []  # resumed from an earlier step: another pace
+            self.clock = (newest, when)
+            self.marks = [*self.marks, (when, newest)][-MAX_MARKS:]
+
+    def state(self) -> dict[str, Any]:
+        return {"v": 1, "trackers": {k: t.state() for k, t in self.trackers.items()},
+                "restart": self.restart, "clock": list(self.clock) if self.clock else None,
+                "marks": [list(m) for m in self.marks]}
+
+    @classmethod
+    def from_state(cls, data: Any, th: Thresholds) -> RunCurves:
+        out = cls(th)
+        if not isinstance(data, dict) or data.get("v") != 1:
+            return out
+        trackers = data.get("trackers")
+        for name, raw in (trackers.items() if isinstance(trackers, dict) else ()):
+            t = CurveTracker.from_state(raw, out.p)
+            if t is not None and isinstance(name, str) and len(out.trackers) < MAX_WATCHED:
+                out.trackers[name] = t
+        try:
+            restart = data.get("restart")
+            out.restart = _marker(restart) if restart is not None else None
+            clock = data.get("clock")
+            out.clock = None if clock is None else (int(clock[0]), float(clock[1]))
+            out.marks = [(float(t), int(s)) for t, s in data.get("marks") or ()][-MAX_MARKS:]
+        except (TypeError, ValueError, IndexError, KeyError, OverflowError):
+            out.clock, out.marks, out.restart = None, [], None
+        return out
+
+
+def _marker(m: Any) -> list[Any]:
+    """A restart marker (step, wall time) as it compares and stores (no NaN: NaN != NaN)."""
+    wall = float(m[1]) if m[1] is not None else math.nan
+    return [int(m[0]), wall if math.isfinite(wall) else None]
+
+
+def _after(series: TagSeries, step: int | None) -> Iterator[tuple[int, float, float]]:
+    """The points after `step`: a binary search, then only the new points (the work of a
+    poll is what it brought, not the series' length), at most the last MAX_FEED of them."""
+    from bisect import bisect_right
+
+    start = 0 if step is None else bisect_right(series.steps, step)
+    start = max(start, len(series.steps) - MAX_FEED)
+    for i in range(start, len(series.steps)):
+        yield series.steps[i], series.values[i], series.walls[i]
+
+
+def _artifact_time(run: RunSeries, now: float | None) -> float | None:
+    """When the newest step was written, for sources without wall times: the newest events or
+    metrics file's mtime (the box's clock), else the poll's."""
+    sample = run.last_sample
+    times = [] if sample is None else (
+        [f.mtime for f in sample.event_files if f.error is None]
+        + [m.mtime for m in sample.metrics if m.mtime is not None and m.error is None])
+    return max(times) if times else now
+
+
+def curves_of(history: HostHistory, run: RunSeries) -> RunCurves:
+    held = run.curves
+    if not isinstance(held, RunCurves):
+        held = run.curves = RunCurves.from_state(run.curves_state, history.thresholds)
+    return held
+
+
+def _num(v: float | None) -> float | str | None:
+    if v is None or math.isfinite(v):
+        return v
+    return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+
+
+def _g(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def _secs(s: float) -> str:
+    return f"{s:.3g} s" if s < 60 else _dur(s)
+
+
+def checkpoint_before(run: RunSeries, step: int, wall: float) -> str | None:
+    """The newest checkpoint written before `step`: by the step in its name, else by mtime."""
+    best: tuple[int, str] | None = None
+    for c in run.checkpoints:
+        digits = re.findall(r"\d+", os.path.basename(c.path.rstrip("/")))
+        named = int(digits[-1]) if digits else None
+        if named is not None and named < step and (best is None or named > best[0]):
+            best = (named, c.path)
+    if best is not None:
+        return best[1]
+    older = [c for c in run.checkpoints if math.isfinite(wall) and c.mtime <= wall]
+    return max(older, key=lambda c: c.mtime).path if older else None
+
+
+def run_curves(history: HostHistory) -> Iterable[Finding]:
+    """Feed every run's trackers what this poll brought; judge the running ones."""
+    now = history.current
+    if now is None:
+        return
+    live = {s.name: s for s in now.runs if s.pids}
+    for name, run in history.runs.items():
+        tags, loss, ev, watch = tags_of(run, history.curve_tags.get(name, (None, None)))
+        curves = curves_of(history, run)
+        curves.feed(run, tags, watch, now.taken_at)
+        run.pace_s = _pace(curves, loss)
+        sample = live.get(name)
+        if sample is None or name in history.left_behind:
+            continue
+        yield from _curve_findings(history, run, curves, loss, ev)
+        if now.taken_at is not None:
+            yield from _hung(history, now, sample, run, curves, loss)
+            yield from _slowed(history, now, sample, run, curves, loss)
+
+
+def _curve_findings(history: HostHistory, run: RunSeries, curves: RunCurves,
+                    loss: str | None, ev: str | None) -> Iterator[Finding]:
+    th, name = history.thresholds, run.name
+    for tag, t in curves.trackers.items():
+        brought = curves.before.get(tag, (0, 0))[0] < t.bad_n  # by this poll
+        if t.bad_step is None or (t.since_bad >= th.curve_window and not brought):
+            continue
+        before = t.before_bad
+        ckpt = checkpoint_before(run, t.bad_step, t.bad_wall)
+        what = "NaN" if math.isnan(t.bad_value) else "infinite"
+        tail = (f"; the last finite value was {_g(before[1])} at step {before[0]}"
+                if before else "; it never had a finite value")
+        tail += f"; the latest checkpoint before it is {visible(ckpt)}" if ckpt else ""
+        recovered = f" (finite again for {t.since_bad} points)" if t.since_bad else ""
+        yield Finding(
+            "run.loss_nan", Severity.CRITICAL,
+            f"run {name}'s {visible(tag)} became {what} at step {t.bad_step}{recovered}{tail} "
+            "— the weights after it are likely garbage: stop it, lower the learning rate or "
+            "check the data and mixed precision, and relaunch from "
+            + ("that checkpoint" if ckpt else "a checkpoint saved before it"),
+            run=name, subject=tag,
+            evidence={"step": t.bad_step, "tag": tag, "value": _num(t.bad_value),
+                      "last_finite_step": before[0] if before else None,
+                      "last_finite_value": before[1] if before else None,
+                      "checkpoint_before": ckpt, "finite_since": t.since_bad})
+    lt = curves.trackers.get(loss) if loss else None
+    if lt is not None and loss is not None:
+        yield from _loss_findings(th, name, loss, lt, curves.before.get(loss, (0, 0))[1])
+    e = curves.trackers.get(ev) if ev else None
+    if e is not None and ev is not None:
+        yield from _overfitting(th, name, ev, e, curves.trackers.get(loss) if loss else None,
+                                loss)
+
+
+def _loss_findings(th: Thresholds, name: str, tag: str, t: CurveTracker,
+                   finite_before: int) -> Iterator[Finding]:
+    if t.diverging and t.last_step is not None:
+        k = t.rise_k()
+        severe = k >= th.diverge_critical_k
+        yield Finding(
+            "run.diverging", Severity.CRITICAL if severe else Severity.WARNING,
+            f"run {name}'s {visible(tag)} is diverging: its level (the median of the last "
+            f"{th.curve_window} points) is {_g(t.level)} at step {t.last_step}, up from its "
+            f"best {_g(t.best_level)} at step {t.best_step} — {k:.0f}× the noise there, "
+            f"rising since step {t.above_since}: lower the learning rate (or enable gradient "
+            "clipping) and resume from a checkpoint before it",
+            run=name,
+            evidence={"step": t.above_since, "tag": tag, "level": t.level,
+                      "best": t.best_level, "best_step": t.best_step, "noise": t.level_noise(),
+                      "rise_noise": round(k, 2), "last_step": t.last_step})
+    spikes = [s for s in t.spikes if t.finite - s[4] <= th.spike_recent_points
+              or s[4] >= finite_before]  # recent, or brought by this poll
+    if spikes:
+        step, value, med, noise, _ = spikes[-1]
+        many = len(spikes) >= th.spike_repeat
+        yield Finding(
+            "run.loss_spike", Severity.WARNING if many else Severity.INFO,
+            f"run {name}'s {visible(tag)} spiked to {_g(value)} at step {step}, against a "
+            f"recent median of {_g(med)} (±{_g(noise)})"
+            + (f"; {len(spikes)} spikes in its last {th.spike_recent_points} points: "
+               "the learning rate may be too high or a batch of the data bad"
+               if many else ": one bad batch is harmless, several are not"),
+            run=name,
+            evidence={"step": step, "tag": tag, "value": value, "median": med,
+                      "noise": noise, "spikes": [s[0] for s in spikes]})
+    yield from _plateau(th, name, tag, t)
+
+
+def _plateau(th: Thresholds, name: str, tag: str, t: CurveTracker) -> Iterator[Finding]:
+    if t.improved_step is None or t.first_step is None or t.last_step is None \
+            or t.finite < th.plateau_min_points or t.diverging:
+        return
+    span, total = t.last_step - t.improved_step, t.last_step - t.first_step
+    if total <= 0 or span < th.plateau_span_ratio * total:
+        return
+    timed = math.isfinite(t.improved_wall) and math.isfinite(t.last_wall)
+    if timed and t.last_wall - t.improved_wall < th.plateau_min_s:
+        return
+    took = f" ({_dur(t.last_wall - t.improved_wall)})" if timed else ""
+    yield Finding(
+        "run.plateau", Severity.INFO,
+        f"run {name}'s {visible(tag)} has not improved beyond its noise since step "
+        f"{t.improved_step}: {span} of its {total} steps{took}, level {_g(t.level)} — "
+        "if that is not the end of training, try another learning rate schedule or stop "
+        "it early",
+        run=name,
+        evidence={"step": t.improved_step, "tag": tag, "level": t.level, "span_steps": span,
+                  "span_s": t.last_wall - t.improved_wall if timed else None})
+
+
+def _overfitting(th: Thresholds, name: str, tag: str, e: CurveTracker, t: CurveTracker | None,
+                 loss: str | None) -> Iterator[Finding]:
+    if e.finite < th.overfit_min_evals or e.since_min < th.overfit_evals \
+            or e.min_step is None or t is None or t.best_step is None or t.diverging:
+        return
+    values = list(e.window)
+    last = values[-th.overfit_evals:]
+    rise = median(last) - e.min_value
+    # an evaluation's own noise: the spread of the steps from one to the next about their
+    # median (a steady trend is no noise), / √2 (a difference holds two draws of it)
+    _, spread = band(b - a for a, b in itertools.pairwise(values))
+    noise = spread / math.sqrt(2)
+    if rise <= th.overfit_min_rel * abs(e.min_value) or rise <= th.overfit_k * noise \
+            or min(last) <= e.min_value:
+        return
+    if t.best_step <= e.min_step:
+        return  # the train loss stopped improving too: not overfitting
+    yield Finding(
+        "run.overfitting", Severity.WARNING,
+        f"run {name} is overfitting: {visible(tag)} rose from its minimum {_g(e.min_value)} "
+        f"at step {e.min_step} to {_g(e.last_value or math.nan)} over {e.since_min} "
+        f"evaluations while {visible(loss or 'the train loss')} kept falling (to "
+        f"{_g(t.best_level)} at step {t.best_step}) — keep the checkpoint nearest step "
+        f"{e.min_step}, and stop early or regularise",
+        run=name,
+        evidence={"step": e.min_step, "tag": tag, "eval_min": e.min_value, "noise": noise,
+                  "eval_last": e.last_value, "evals_since_min": e.since_min,
+                  "train_tag": loss, "train_best_step": t.best_step})
+
+
+def _interval(curves: RunCurves, loss: str | None) -> float | None:
+    """The run's own seconds between two logged steps: its loss points' wall times, else the
+    times the step clock moved."""
+    t = curves.trackers.get(loss) if loss else None
+    gap = t.point_interval_s() if t is not None else None
+    if gap is not None:
+        return gap
+    gaps = [b[0] - a[0] for a, b in zip(curves.marks, curves.marks[1:], strict=False)
+            if b[0] > a[0]]
+    return median(gaps) if gaps else None
+
+
+def _pace(curves: RunCurves, loss: str | None) -> float | None:
+    """Seconds a step, the median over the loss points' last 16 timed gaps."""
+    t = curves.trackers.get(loss) if loss else None
+    rates = [dt / n for dt, n in list(t.gaps)[-16:] if n > 0] if t is not None else []
+    return median(rates) if rates else None
+
+
+def _gpu_evidence(now: HostSnapshot, sample: RunSample) -> list[dict[str, Any]]:
+    gpus = _gpus_of(sample.pids, now)
+    return [{"gpu": g.index, "util_pct": g.util_pct, "power_w": g.power_w,
+             "power_limit_w": g.power_limit_w, "throttle": list(g.throttle_reasons or ())}
+            for g in now.gpus if g.index in gpus]
+
+
+def _hung(history: HostHistory, now: HostSnapshot, sample: RunSample, run: RunSeries,
+          curves: RunCurves, loss: str | None) -> Iterator[Finding]:
+    th, at = history.thresholds, now.taken_at
+    if curves.clock is None or at is None:
+        return
+    step, since = curves.clock
+    interval = _interval(curves, loss)
+    if interval is None:
+        return  # its step not yet seen to move: no pace of its own to outlast (run.stalled)
+    t = curves.trackers.get(loss) if loss else None
+    longest = t.longest_gap if t is not None else 0.0
+    limit = max(th.hung_factor * interval, th.hung_longest_factor * longest, th.hung_min_s)
+    quiet = at - since
+    if quiet < limit:
+        return
+    procs = _run_procs(sample, now)
+    started = min((p.started_at for p in procs if p.started_at is not None), default=None)
+    if started is not None and at - started < limit:
+        return  # a relaunch that has not logged its first step yet
+    writing = [c for c in (*sample.checkpoints, *sample.leftovers) if at - c.mtime < limit]
+    if writing:
+        return  # saving a checkpoint (a long save keeps its file's mtime fresh)
+    if sample.log is not None and at - sample.log.mtime < limit and sample.log.mtime > since:
+        return  # its log still grows: an evaluation, a save, not a hang
+    gpus = _gpu_evidence(now, sample)
+    pattern = ", ".join(f"GPU {g['gpu']} " + (f"{g['util_pct']:.0f}%" if g["util_pct"] is not None
+                                             else "?%")
+                        + (f" at {g['power_w']:.0f} W" if g["power_w"] is not None else "")
+                        for g in gpus)
+    states = {p.pid: p.state for p in procs}
+    yield Finding(
+        "run.hung", Severity.CRITICAL,
+        f"run {run.name} is hung: every process is alive but its last step, {step}, came "
+        f"{_dur(quiet)} ago, against its usual "
+        f"{_secs(interval) if interval else 'pace'} between steps"
+        + (f" ({pattern})" if pattern else "")
+        + " — a stuck collective or dataloader does not recover by itself: py-spy dump a "
+        "rank to see where, then kill the whole run and relaunch from its latest checkpoint",
+        run=run.name,
+        evidence={"step": step, "tag": loss, "last_step_at": since, "quiet_s": quiet,
+                  "interval_s": interval, "longest_pause_s": longest, "limit_s": limit,
+                  "gpus": gpus,
+                  "states": states})
+
+
+def _slowed(history: HostHistory, now: HostSnapshot, sample: RunSample, run: RunSeries,
+            curves: RunCurves, loss: str | None) -> Iterator[Finding]:
+    """The latest gaps between logged steps, back to where the pace was usual, against the
+    median pace of the gaps before them: slower by slowed_ratio and slowed_k noise units, for
+    at least slowed_points gaps spanning slowed_min_s."""
+    th = history.thresholds
+    t = curves.trackers.get(loss) if loss else None
+    if t is None or len(t.gaps) < 3 * th.slowed_points:
+        return
+    rates = [(dt / n, dt) for dt, n in t.gaps if n > 0]
+    slow_n = 0
+    for j in range(2 * th.slowed_points, len(rates) - th.slowed_points + 1):
+        base, noise = band(r for r, _ in rates[:j])  # the longest slow stretch at the end
+        if min(r for r, _ in rates[j:]) > max(th.slowed_ratio * base, base + th.slowed_k * noise):
+            slow_n = len(rates) - j
+            break
+    if not slow_n:
+        return
+    base, noise = band(r for r, _ in rates[:-slow_n])
+    recent = rates[-slow_n:]
+    span = sum(dt for _, dt in recent)
+    slow = median(r for r, _ in recent)
+    if base <= 0 or span < th.slowed_min_s:
+        return
+    changed = _what_changed(history, now, sample)
+    yield Finding(
+        "run.slowed", Severity.WARNING,
+        f"run {run.name} slowed to {_g(slow)} s a step from its usual {_g(base)} "
+        f"({slow / base:.1f}× slower over its last {slow_n} logged steps, {_dur(span)})"
+        + (f"; at the same time: {'; '.join(changed)}" if changed else "")
+        + " — find what competes with it (throttling, another process, starved dataloader)",
+        run=run.name,
+        evidence={"step": t.last_step, "tag": loss, "s_per_step": slow,
+                  "usual_s_per_step": base, "noise": noise, "slow_points": slow_n,
+                  "span_s": span, "changed": changed})
+
+
+def _what_changed(history: HostHistory, now: HostSnapshot, sample: RunSample) -> list[str]:
+    """What gpuwatch saw change on the run's GPUs and host between its oldest kept snapshot
+    and now: throttling, another process on its GPUs, CPU oversubscription."""
+    out: list[str] = []
+    gpus = _gpus_of(sample.pids, now)
+    before = history.snapshots[0] if len(history.snapshots) > 1 else None
+    for g in now.gpus:
+        if g.index not in gpus:
+            continue
+        reasons = set(g.throttle_reasons or ()) & set(history.thresholds.throttle_reasons)
+        old = next((o for o in before.gpus if o.index == g.index), None) if before else None
+        was = set(old.throttle_reasons or ()) if old is not None else set()
+        if reasons - was:
+            out.append(f"GPU {g.index} throttled ({', '.join(sorted(reasons - was))})")
+    run_pids = {p.pid for p in _run_procs(sample, now)}
+    old_pids = {p.pid for p in before.gpu_processes} if before else set()
+    others = [p for p in now.gpu_processes if p.gpu_index in gpus and p.pid not in run_pids
+              and p.pid not in old_pids]
+    for p in others[:3]:
+        out.append(f"another process on GPU {p.gpu_index} (pid {p.pid} "
+                   f"{visible(p.process_name or '?')[:40]})")
+    if now.loadavg and now.ncpu and now.loadavg[0] > 1.5 * now.ncpu:
+        out.append(f"load average {now.loadavg[0]:.0f} on {now.ncpu} CPUs")
+    cpus = now.cgroup.cpus if now.cgroup is not None else None
+    threads = sum(p.threads for p in _descendants(sample.pids, now))
+    if cpus and threads > history.thresholds.cpu_oversubscribed_ratio * cpus:
+        out.append(f"{threads} threads on a {cpus:g}-vCPU quota")
+    return out
+
+
+def one_alarm(found: list[Finding]) -> list[Finding]:
+    """One silence, one alarm: run.stalled gives way to run.hung for the same run."""
+    hung = {f.run for f in found if f.code == "run.hung"}
+    return [f for f in found if not (f.code == "run.stalled" and f.run in hung)]

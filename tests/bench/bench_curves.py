@@ -1,0 +1,68 @@
+"""What judging a run's curves costs per poll, against the length of its series.
+
+    .venv/bin/python -m pytest tests/bench/bench_curves.py -s
+    .venv/bin/python tests/bench/bench_curves.py [--new 100] [--polls 20]
+
+For series of 1 k to 1 M points already judged, a poll brings `--new` points; the time of
+`run_curves`'s feed for that poll (the trackers of the loss, an eval tag and a third loss tag,
+fed only what is new: a binary search to the first new step, then those points) is printed,
+median and worst of `--polls` polls, next to the first judge of the series (its newest
+MAX_FEED points a tag: a run first seen, or resumed). Nothing is asserted: it prints figures
+(the claim: flat in the series' length).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import time
+
+from gpuwatch.remote.findings.rules import Thresholds
+from gpuwatch.remote.findings.run_curves import RunCurves
+from gpuwatch.remote.model.series import RunSeries, TagSeries
+
+TAGS = ("train/loss", "eval/loss", "train/aux_loss")
+
+
+def curve(start: int, n: int, rng: random.Random) -> list[tuple[int, float, float]]:
+    return [(s, 2.0 / math.sqrt(1 + s) + rng.gauss(0, 0.01), 1.7e9 + s)
+            for s in range(start, start + n)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--new", type=int, default=100)
+    ap.add_argument("--polls", type=int, default=20)
+    args = ap.parse_args(argv)
+    rng = random.Random(0)
+    print(f"{'points':>9}  {'per poll median':>16}  {'worst':>9}  {'first judge':>15}")
+    for n in (1_000, 10_000, 100_000, 1_000_000):
+        run = RunSeries("bench", max_points=n + args.new * args.polls)
+        tags = {t: TagSeries(run.max_points) for t in TAGS}
+        for series in tags.values():
+            series.merge(curve(0, n, rng))
+        run.event_series.update(tags)
+        curves = RunCurves(Thresholds())
+        t0 = time.perf_counter()
+        curves.feed(run, tags, list(TAGS), None)
+        batch = time.perf_counter() - t0
+        times, at = [], n
+        for _ in range(args.polls):
+            for series in tags.values():
+                series.merge(curve(at, args.new, rng))
+            at += args.new
+            t0 = time.perf_counter()
+            curves.feed(run, tags, list(TAGS), None)
+            times.append(time.perf_counter() - t0)
+        print(f"{n:>9}  {statistics.median(times) * 1e3:>13.2f} ms  "
+              f"{max(times) * 1e3:>6.2f} ms  {batch * 1e3:>12.0f} ms")
+
+
+def test_curves_per_poll() -> None:
+    main([])
+
+
+if __name__ == "__main__":
+    main()
