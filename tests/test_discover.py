@@ -15,8 +15,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from gpuwatch.remote.actions.pin import pin_run
 from gpuwatch.remote.box import discover
-from gpuwatch.remote.config.pin import pin_run
 from gpuwatch.remote.config.schema import HostConfig, RunConfig, parse_config
 from gpuwatch.remote.model.discovered import (
     Discovery,

@@ -47,8 +47,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..config.schema import HostConfig, RunConfig
-from ..findings.rules import HostHistory, slow_start_likely
+from ..findings.base import slow_start_likely
+from ..findings.zombies import zombie_holders
 from ..model.discovered import LaunchRecord, RelaunchError, relaunch_command
+from ..model.history import HostHistory
 from ..model.snapshot import HostSnapshot, ProcessInfo
 from ..wire.bundle import build_command, strip_source
 
@@ -315,8 +317,6 @@ def plan_kill(host: HostConfig, history: HostHistory, pid: int,
 def plan_reap(host: HostConfig, history: HostHistory) -> ActionPlan:
     """End exactly the VRAM zombies zombies.py finds that a signal can free (U11); explain the
     ones it cannot."""
-    from ..findings.zombies import zombie_holders
-
     snap, why = _current(history)
     if snap is None:
         return _refused("reap", host, why or "no snapshot")

@@ -16,10 +16,9 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ..findings.rules import Thresholds
+from .thresholds import HISTORY_LEN, Thresholds
 
 LOCAL = "local"
 """The host name that means this machine: the probe runs as a subprocess, no SSH."""
@@ -145,7 +144,7 @@ class Config:
     hosts: tuple[HostConfig, ...] = ()
     thresholds: Thresholds | None = None
     """The `[thresholds]` table: what the findings compare against (None: the defaults of
-    remote.findings.Thresholds, where every key is documented)."""
+    remote.config.thresholds.Thresholds, where every key is documented)."""
 
     def host(self, name: str) -> HostConfig | None:
         return next((h for h in self.hosts if h.name == name), None)
@@ -277,10 +276,8 @@ the probe's own deadline sits a little under it, and a kill waits on the box ins
 
 
 def threshold_ranges() -> dict[str, NumberRange]:
-    """`[thresholds]` numbers (the fields of remote.findings.Thresholds; for a list of integers,
+    """`[thresholds]` numbers (the fields of config.thresholds.Thresholds; for a list of integers,
     the range of each item). A test holds every numeric field to having one."""
-    from ..findings.rules import HISTORY_LEN  # findings → series → config: import when needed
-
     return {
         "sustain_polls": NumberRange(1, HISTORY_LEN, integer=True),  # more are never kept
         "sustain_window_s": _DURATION_S, "util_busy_pct": _PERCENT, "clock_low_ratio": _SHARE,
@@ -416,10 +413,8 @@ class _Validator:
         return replace(base, **changes)
 
     def thresholds(self, value: Any, key: Key) -> Thresholds:
-        """`[thresholds]`: any field of remote.findings.Thresholds (documented there), a number
+        """`[thresholds]`: any field of config.thresholds.Thresholds (documented there), a number
         in its range (threshold_ranges), or a list for the tuple fields."""
-        from ..findings.rules import Thresholds  # findings → series → config: import when needed
-
         table = self.table(value, key)
         defaults = Thresholds()
         self.unknown(table, {f.name for f in fields(Thresholds)}, key)

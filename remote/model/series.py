@@ -30,8 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..config.schema import RunConfig
-from ..findings.diagnosis import crash_line
 from ..wire.raw_events import RAW_CAP
+from .death import crash_line
 from .discovered import Discovery, exit_record_path
 from .snapshot import Checkpoint, MetricsFile, RunSample
 

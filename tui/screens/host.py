@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, ClassVar
 
-from gpuwatch.remote.config.pin import pin_run
+from gpuwatch.remote.actions.pin import pin_run
 from gpuwatch.remote.config.schema import find_config
 from gpuwatch.remote.model.discovered import Discovery
 from gpuwatch.remote.model.series import RunSeries
