@@ -12,6 +12,7 @@ from .base import (
     fmt_gib,
     rule,
 )
+from .forecast import disk_forecast
 
 
 def _fs_checkpoint_bytes(now: HostSnapshot, mount: str | None) -> int:
@@ -86,26 +87,10 @@ def disk_full_soon(history: HostHistory) -> Iterable[Finding]:
     if now is None or now.taken_at is None:
         return
     for disk in now.disks:
-        if disk.error or disk.bytes_free is None:
+        forecast = disk_forecast(history, disk.path, disk.mount)
+        if forecast is None or forecast.hours_left >= th.disk_full_hours:
             continue
-        first = None
-        for snap in history.snapshots:
-            old = next((d for d in snap.disks if d.path == disk.path and d.mount == disk.mount
-                        and d.bytes_free is not None), None)
-            if old is not None and snap.taken_at is not None \
-                    and now.taken_at - snap.taken_at >= th.disk_full_min_span_s:
-                first = (snap.taken_at, old.bytes_free)
-                break
-        if first is None:
-            continue
-        span = now.taken_at - first[0]
-        used = first[1] - disk.bytes_free  # type: ignore[operator]
-        if used <= 0:
-            continue
-        rate = used / span
-        hours = disk.bytes_free / rate / 3600
-        if hours >= th.disk_full_hours:
-            continue
+        hours, rate, span = forecast.hours_left, forecast.rate_per_s, forecast.span_s
         fs = disk.mount or disk.path
         yield Finding(
             "disk.full_soon", Severity.CRITICAL if hours < 1 else Severity.WARNING,
