@@ -40,9 +40,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..model.death import Diagnosis, crash_line
+from ..model.death import (
+    CAUSES,
+    EXCEPTION_PATTERNS,
+    TAIL_LINES,
+    TRACEBACK,
+    Diagnosis,
+    crash_line,
+)
 from ..model.history import Departure, HostHistory
 from ..model.snapshot import HostSnapshot, KernelEvent, ProcessInfo, same_gpu_ids
+
+__all__ = ["CAUSES", "DEAD_GPU_XIDS", "DETACH_SERVERS", "EXCEPTION_PATTERNS", "TAIL_LINES",
+           "TRACEBACK", "Diagnosis", "ancestry", "crash_line", "diagnose", "diagnose_departure",
+           "hup_exposed", "new_kernel_events", "xid_gpu"]
 
 DETACH_SERVERS = ("tmux", "screen", "SCREEN")
 

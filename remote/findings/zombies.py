@@ -38,6 +38,8 @@ from ..model.processes import ZombieHolder
 from ..model.snapshot import HostSnapshot, ProcessInfo
 from .base import recent
 
+__all__ = ["REASONS", "ZombieHolder", "left_behind_runs", "zombie_holders"]
+
 SUBREAPERS = frozenset({"systemd", "init", "tini", "dumb-init", "docker-init", "s6-svscan",
                         "runsvdir", "supervisord"})
 """comm of what an orphan is re-parented to besides pid 1 (PR_SET_CHILD_SUBREAPER)."""
