@@ -19,10 +19,11 @@ from .findings.evaluate import evaluate
 from .model.discovered import discovered_names, is_discovered_state, record_launches
 from .model.history import HostHistory, PollFailure
 from .model.series import RunSeries
-from .model.snapshot import ProbeError, parse_probe_output
+from .model.snapshot import ProbeError
 from .report import HostReport
 from .store import GpuRow, Store
 from .wire.collect import Collector, PollOutcome, internal_failure, ssh_config_file
+from .wire.document import parse_probe_output
 
 if TYPE_CHECKING:
     from .wire.poller import OpeningLimiter

@@ -31,8 +31,8 @@ from gpuwatch.remote.model.discovered import (
     relaunch_command,
 )
 from gpuwatch.remote.model.series import RunSeries
-from gpuwatch.remote.model.snapshot import parse_probe_output
 from gpuwatch.remote.store import Store
+from gpuwatch.remote.wire.document import parse_probe_output
 from tensorboardX import SummaryWriter
 from test_probe import Box, build_box, probe_doc, python36, rows
 

@@ -25,10 +25,10 @@ import jsonschema
 import pytest
 import tomli_w
 from gpuwatch.remote.model.discovered import recorded_launch, relaunch_command
-from gpuwatch.remote.model.snapshot import parse_probe_output
 from gpuwatch.remote.report import load_schema
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.store import Store
+from gpuwatch.remote.wire.document import parse_probe_output
 from harness.sshd import STD_PATH, SshdBox
 
 PY = sys.executable

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 from gpuwatch.remote.box import probe
-from gpuwatch.remote.model.snapshot import parse_probe_output
 from gpuwatch.remote.report import load_schema
+from gpuwatch.remote.wire.document import parse_probe_output
 
 CAPTURES = Path(__file__).with_name("captures")
 GPUS = ("h100-driver580", "h200-driver580")

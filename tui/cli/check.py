@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwatch.remote.config.schema import HostConfig
-from gpuwatch.remote.model.snapshot import HostSnapshot, ProbeError, load_document
+from gpuwatch.remote.model.snapshot import HostSnapshot, ProbeError
 from gpuwatch.remote.wire.collect import Collector, PollOutcome, ssh_files
+from gpuwatch.remote.wire.document import load_document
 from gpuwatch.remote.wire.poller import OpeningLimiter, poll_all_once
 
 STARTUP_WARN_S = 0.05
