@@ -124,3 +124,35 @@ def crash_line(tail: str | None) -> tuple[str, str] | None:
     if last_tb is not None:  # the traceback's last line was cut off
         return "exception", lines[last_tb].strip()
     return None
+
+
+# ---------------------------------------------------------------- how a run ended (seed 004)
+
+COMPLETION_LINES: tuple[tuple[re.Pattern[str], bool], ...] = (
+    # HuggingFace Trainer.train(), as it returns (logger.info), and its closing summary dict
+    (re.compile(r"Training completed\. Do not forget to share your model"), False),
+    (re.compile(r"^\s*\{'train_runtime': "), False),
+    # Lightning's fit loop: `Trainer.fit` stopped: `max_epochs=10` reached. (or max_steps)
+    (re.compile(r"`Trainer\.fit` stopped: `max_(?:epochs|steps)=\d+` reached"), False),
+    # DeepSpeed's launcher, once per rank that exits 0; after a failing rank it goes on to
+    # "Killing subprocess" lines: it counts only as the log's very last line
+    (re.compile(r"\[launch\.py:\d+:main\] Process \d+ exits successfully\."), True),
+)
+"""The frameworks' own words for a run that reached its end, and whether the line must be the
+log's last (else: in the tail with no crash line after it)."""
+MARKS = 8
+"""(file mtime, step) marks kept for a run's pace (its ETA)."""
+CKPT_EPOCH = re.compile(r"(?:^|[-_])epoch=(\d+)")
+CKPT_STEP = re.compile(r"(?:^|[-_])step=(\d+)")
+
+
+def completion_line(tail: str | None) -> str | None:
+    """The framework's completion line in a log's tail, when nothing after it says the run
+    crashed; None otherwise (diagnosis.crash_line: the same words that make a death)."""
+    lines = [line.rstrip() for line in (tail or "").splitlines() if line.strip()]
+    for i in range(len(lines) - 1, -1, -1):
+        for pattern, last_only in COMPLETION_LINES:
+            if pattern.search(lines[i]) and (not last_only or i == len(lines) - 1):
+                after = "\n".join(lines[i + 1:])
+                return None if crash_line(after) else lines[i].strip()[:300]
+    return None
