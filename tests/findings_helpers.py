@@ -12,7 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpuwatch.remote.config.schema import HostConfig, parse_config
+from gpuwatch.remote.config.load import parse_config
+from gpuwatch.remote.config.schema import HostConfig
 from gpuwatch.remote.findings.rules import Finding, HostHistory, Thresholds, evaluate
 from gpuwatch.remote.model.snapshot import HostSnapshot
 from gpuwatch.remote.sim import Box

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from gpuwatch.remote.actions.pin import pin_run
 from gpuwatch.remote.box import discover
-from gpuwatch.remote.config.schema import HostConfig, RunConfig, parse_config
+from gpuwatch.remote.config.load import parse_config
+from gpuwatch.remote.config.schema import HostConfig, RunConfig
 from gpuwatch.remote.model.discovered import (
     Discovery,
     LaunchRecord,
@@ -28,8 +29,8 @@ from gpuwatch.remote.model.discovered import (
     parse_discovery,
     record_launches,
     recorded_launch,
-    relaunch_command,
 )
+from gpuwatch.remote.model.resume import relaunch_command
 from gpuwatch.remote.model.series import RunSeries
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.wire.document import parse_probe_output

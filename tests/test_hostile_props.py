@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 from gpuwatch.remote.box import probe, tfevents
-from gpuwatch.remote.config.schema import parse_config
+from gpuwatch.remote.config.load import parse_config
 from gpuwatch.remote.findings.rules import HostHistory
 from gpuwatch.remote.model.snapshot import ProbeError
 from gpuwatch.remote.report import document, prometheus_text, text_report, to_json_text

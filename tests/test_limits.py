@@ -19,7 +19,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from gpuwatch.remote.config.schema import parse_config
+from gpuwatch.remote.config.load import parse_config
 from gpuwatch.remote.findings.rules import HostHistory
 from gpuwatch.remote.model.series import RunSeries
 from gpuwatch.remote.model.snapshot import ProbeError

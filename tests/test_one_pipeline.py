@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from gpuwatch.remote.config.schema import Config, parse_config
+from gpuwatch.remote.config.load import parse_config
+from gpuwatch.remote.config.schema import Config
 from gpuwatch.remote.sim import Box, h100_sxm, training_process
 from gpuwatch.remote.store import Store
 from gpuwatch.tui.app import build_app

@@ -198,7 +198,7 @@ def test_the_client_tells_the_box_where_its_pynvml_is() -> None:
     """The probe's document says which folder pynvml came from; the collector sends it back
     with the next request (and in its memory, for a cron `--once`), and forgets it when the
     box's python no longer imports pynvml."""
-    from gpuwatch.remote.config.schema import parse_config
+    from gpuwatch.remote.config.load import parse_config
     from gpuwatch.remote.wire.collect import Collector, build_request
 
     host = parse_config('[hosts.box]\nssh = "box"\n').host("box")

@@ -271,7 +271,7 @@ def _act(kind: str, args: argparse.Namespace, **what: object) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
-    from gpuwatch.remote.config.schema import find_config, load_file
+    from gpuwatch.remote.config.load import find_config, load_file
     from gpuwatch.remote.config.starter import write_starter
 
     path, _ = find_config(args.config)
@@ -291,7 +291,8 @@ def _init(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace) -> Config:
     """The config with the command line applied: hosts named, --interval, --readonly."""
-    from gpuwatch.remote.config.schema import load_config, select_hosts
+    from gpuwatch.remote.config.load import load_config
+    from gpuwatch.remote.config.schema import select_hosts
 
     config = select_hosts(load_config(args.config), list(args.hosts))
     if args.interval:
@@ -364,7 +365,7 @@ def _demo(args: argparse.Namespace) -> int:
     lives with the fleet's files, so a demo never mixes into the person's own history."""
     import asyncio
 
-    from gpuwatch.remote.config.schema import load_file
+    from gpuwatch.remote.config.load import load_file
     from gpuwatch.remote.sim.fleet import DemoFleet
     from gpuwatch.remote.store import Store
     from gpuwatch.tui.app import build_app
@@ -389,7 +390,8 @@ def _check(args: argparse.Namespace) -> int:
     """Validate the config, poll each host once, explain each failure (exit 0 / 2 / 78)."""
     import asyncio
 
-    from gpuwatch.remote.config.schema import load_config, select_hosts
+    from gpuwatch.remote.config.load import load_config
+    from gpuwatch.remote.config.schema import select_hosts
     from gpuwatch.remote.textsafe import visible
     from gpuwatch.tui.cli.check import check_hosts, summary
 

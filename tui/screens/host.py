@@ -15,7 +15,7 @@ import contextlib
 from typing import TYPE_CHECKING, ClassVar
 
 from gpuwatch.remote.actions.pin import pin_run
-from gpuwatch.remote.config.schema import find_config
+from gpuwatch.remote.config.load import find_config
 from gpuwatch.remote.model.discovered import Discovery
 from gpuwatch.remote.model.series import RunSeries
 from rich.text import Text
