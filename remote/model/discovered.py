@@ -27,9 +27,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from ..config.schema import HostConfig
-    from ..store import Store
+from ..config.schema import HostConfig
+from ..store import Store
+
+if TYPE_CHECKING:  # both import this module (a run's Discovery): no cycle at run time
     from .series import RunSeries
     from .snapshot import HostSnapshot
 
