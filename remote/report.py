@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .findings.rules import Finding, Severity
+from .model.finding import Finding, Severity
 from .model.snapshot import HostSnapshot, ProcessInfo
 from .textsafe import visible
 from .wire.collect import PollOutcome

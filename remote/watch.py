@@ -14,13 +14,16 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from .config.schema import HostConfig
-from .findings.rules import HostHistory, PollFailure, Thresholds, evaluate
+from .config.thresholds import Thresholds
+from .findings.evaluate import evaluate
 from .model.discovered import discovered_names, is_discovered_state, record_launches
+from .model.history import HostHistory, PollFailure
 from .model.series import RunSeries
-from .model.snapshot import ProbeError, parse_probe_output
+from .model.snapshot import ProbeError
 from .report import HostReport
 from .store import GpuRow, Store
 from .wire.collect import Collector, PollOutcome, internal_failure, ssh_config_file
+from .wire.document import parse_probe_output
 
 if TYPE_CHECKING:
     from .wire.poller import OpeningLimiter
@@ -74,7 +77,7 @@ def _judge(history: HostHistory, outcome: PollOutcome) -> HostReport:
     else:
         history.record_failure(PollFailure(outcome.error_kind or "probe",
                                            outcome.error_message or "", outcome.ended_at))
-    findings = evaluate(history)
+    findings = evaluate(history).apply(history)
     zombies = {z.pid: z.reason for z in history.zombies or () if z.pid is not None}
     return HostReport(outcome, findings, runs=runs_json(history, outcome.host), zombies=zombies)
 

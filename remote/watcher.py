@@ -15,6 +15,7 @@ import contextlib
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from .actions.restart import (
     Watchdog,
@@ -22,10 +23,9 @@ from .actions.restart import (
     limit_findings,
     new_holder,
     status,
-    with_limit_findings,
 )
 from .config.schema import Config, HostConfig
-from .findings.rules import HostHistory
+from .findings.rules import Finding, HostHistory
 from .notify import Notifier, event_line, last_sent, remember_sent, target_urls, transitions
 from .report import HostReport
 from .store import Store
@@ -44,6 +44,15 @@ def lease_seconds(config: Config) -> float:
     """A lease outlives a few missed rounds of its holder, not much more: a watcher that died
     hands its runs over within about a minute."""
     return max(3 * config.interval + 30.0, 60.0)
+
+
+def with_limit_findings(report: HostReport, history: HostHistory, extra: list[Finding]
+                        ) -> HostReport:
+    """The report with the watchdog's own findings (run.restart_limit) added first."""
+    if not extra:
+        return report
+    history.findings = [*extra, *history.findings]
+    return replace(report, findings=[*extra, *report.findings])
 
 
 class Watcher:

@@ -12,12 +12,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpuwatch.remote.config.schema import HostConfig, parse_config
+from gpuwatch.remote.config.load import parse_config
+from gpuwatch.remote.config.schema import HostConfig
 from gpuwatch.remote.findings.rules import Finding, HostHistory, Thresholds, evaluate
-from gpuwatch.remote.model.snapshot import HostSnapshot, parse_probe_output
+from gpuwatch.remote.model.snapshot import HostSnapshot
 from gpuwatch.remote.sim import Box
 from gpuwatch.remote.wire.bundle import build_command, build_stdin
 from gpuwatch.remote.wire.collect import build_request, run_cgroups
+from gpuwatch.remote.wire.document import parse_probe_output
 
 
 def host_config(toml_runs: str = "", disks: tuple[str, ...] = ("/",)) -> HostConfig:

@@ -6,14 +6,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from gpuwatch.remote.config.schema import (
-    ConfigError,
-    SshSettings,
-    find_config,
-    load_config,
-    parse_config,
-    select_hosts,
-)
+from gpuwatch.remote.config.load import find_config, load_config, parse_config
+from gpuwatch.remote.config.schema import ConfigError, SshSettings, select_hosts
 from gpuwatch.remote.config.starter import starter_data, starter_text, write_starter
 
 FULL = """\

@@ -15,14 +15,13 @@ from typing import Any
 
 import pytest
 import tomli_w
+from gpuwatch.remote.config.load import load_file, parse_config
 from gpuwatch.remote.config.schema import (
     SSH_RANGES,
     TOP_RANGES,
     Config,
     ConfigError,
     SshSettings,
-    load_file,
-    parse_config,
     threshold_ranges,
 )
 from gpuwatch.remote.findings.rules import HISTORY_LEN, Thresholds

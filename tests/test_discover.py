@@ -15,9 +15,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from gpuwatch.remote.actions.pin import pin_run
 from gpuwatch.remote.box import discover
-from gpuwatch.remote.config.pin import pin_run
-from gpuwatch.remote.config.schema import HostConfig, RunConfig, parse_config
+from gpuwatch.remote.config.load import parse_config
+from gpuwatch.remote.config.schema import HostConfig, RunConfig
 from gpuwatch.remote.model.discovered import (
     Discovery,
     LaunchRecord,
@@ -28,11 +29,11 @@ from gpuwatch.remote.model.discovered import (
     parse_discovery,
     record_launches,
     recorded_launch,
-    relaunch_command,
 )
+from gpuwatch.remote.model.resume import relaunch_command
 from gpuwatch.remote.model.series import RunSeries
-from gpuwatch.remote.model.snapshot import parse_probe_output
 from gpuwatch.remote.store import Store
+from gpuwatch.remote.wire.document import parse_probe_output
 from tensorboardX import SummaryWriter
 from test_probe import Box, build_box, probe_doc, python36, rows
 

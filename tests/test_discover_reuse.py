@@ -31,7 +31,7 @@ import pytest
 from gpuwatch.remote.config.schema import HostConfig
 from gpuwatch.remote.findings.rules import HostHistory
 from gpuwatch.remote.model.series import RunSeries
-from gpuwatch.remote.model.snapshot import HostSnapshot, parse_probe_output
+from gpuwatch.remote.model.snapshot import HostSnapshot
 from gpuwatch.remote.wire import collect
 from gpuwatch.remote.wire.bundle import (
     CGROUP_V1,
@@ -45,6 +45,7 @@ from gpuwatch.remote.wire.bundle import (
     modules_for,
 )
 from gpuwatch.remote.wire.collect import Collector, PollOutcome
+from gpuwatch.remote.wire.document import parse_probe_output
 from test_probe import Box, build_box
 
 DISCOVER = "gpuwatch_discover"

@@ -24,11 +24,12 @@ from typing import Any
 import jsonschema
 import pytest
 import tomli_w
-from gpuwatch.remote.model.discovered import recorded_launch, relaunch_command
-from gpuwatch.remote.model.snapshot import parse_probe_output
+from gpuwatch.remote.model.discovered import recorded_launch
+from gpuwatch.remote.model.resume import relaunch_command
 from gpuwatch.remote.report import load_schema
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.store import Store
+from gpuwatch.remote.wire.document import parse_probe_output
 from harness.sshd import STD_PATH, SshdBox
 
 PY = sys.executable

@@ -554,7 +554,8 @@ def test_store_keeps_first_seen_last_seen_and_cleared(tmp_path: Path) -> None:
 
 
 def test_thresholds_config_table(tmp_path: Path) -> None:
-    from gpuwatch.remote.config.schema import ConfigError, parse_config
+    from gpuwatch.remote.config.load import parse_config
+    from gpuwatch.remote.config.schema import ConfigError
 
     config = parse_config('[thresholds]\nsustain_polls = 3\nclock_low_ratio = 0.4\n'
                           'xid_critical = [48, 79, 95]\n[hosts.a]\nssh = "local"\n')

@@ -332,7 +332,7 @@ def test_exit_255_is_an_exit_not_a_signal() -> None:
 def test_gpus_the_probe_never_reached_are_not_a_failed_query() -> None:
     """A probe cut short by its deadline before the GPU query: that is the probe's problem
     (said as such), not "nvidia-smi failed"."""
-    from gpuwatch.remote.model.snapshot import parse_probe_output
+    from gpuwatch.remote.wire.document import parse_probe_output
 
     doc = {"v": 1, "errors": {"gpus": "not read"},
            "gpus": {"error": "not read: the probe's deadline passed while it read host",

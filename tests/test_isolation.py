@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 from gpuwatch.remote import watch as watch_module
-from gpuwatch.remote.config.schema import HostConfig, load_file
+from gpuwatch.remote.config.load import load_file
+from gpuwatch.remote.config.schema import HostConfig
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.wire.collect import Collector

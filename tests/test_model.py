@@ -13,7 +13,8 @@ import zlib
 from pathlib import Path
 
 import pytest
-from gpuwatch.remote.model.snapshot import HostSnapshot, ProbeError, parse_probe_output
+from gpuwatch.remote.model.snapshot import HostSnapshot, ProbeError
+from gpuwatch.remote.wire.document import parse_probe_output
 from test_probe import BOOT_ID, BTIME, UUIDS, Box, box_request, build_box, run_probe
 
 DESIGN_GPU_KEYS = ["index", "uuid", "name", "util_pct", "mem_used_mib", "mem_total_mib",

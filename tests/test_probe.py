@@ -395,7 +395,7 @@ def steady_request(request: dict, env: dict[str, str]) -> dict:
     from gpuwatch.remote.config.schema import HostConfig, RunConfig
     from gpuwatch.remote.findings.rules import HostHistory
     from gpuwatch.remote.model.discovered import discovered_requests
-    from gpuwatch.remote.model.snapshot import parse_probe_output
+    from gpuwatch.remote.wire.document import parse_probe_output
 
     snapshot = parse_probe_output(run_probe(request, env).stdout, "box")
     assert snapshot.discovery_reuse is not None
@@ -626,7 +626,8 @@ def test_xid_lines_go_raw_without_the_parser_and_read_the_same(box: Box):
     """Issue 3: the parser of Xid and OOM lines goes only where the last poll saw some; a box
     that has some now without it sends the lines as they are, and the client parses them with
     the probe's own code: the same kernel events and counts as the box's parser gives."""
-    from gpuwatch.remote.model.snapshot import HostSnapshot, parse_probe_output
+    from gpuwatch.remote.model.snapshot import HostSnapshot
+    from gpuwatch.remote.wire.document import parse_probe_output
 
     assert KERNEL in modules_for(box_request(box))  # not known yet: sent
     assert KERNEL in modules_for(box_request(box, kernel_lines=3))
@@ -660,7 +661,7 @@ def test_an_xid_storm_sent_raw_is_reported_once(box: Box):
     all; the code already reported must not come again for its older lines, while a code
     that only the older lines held is reported then (late, but never before)."""
     from gpuwatch.remote.findings.rules import HostHistory, Severity, gpu_xid
-    from gpuwatch.remote.model.snapshot import parse_probe_output
+    from gpuwatch.remote.wire.document import parse_probe_output
 
     storm = probe.RAW_KERNEL_LINES + 500
     history = HostHistory("box")
@@ -819,7 +820,7 @@ def test_the_nvml_reader_goes_only_where_pynvml_imports(box: Box, tmp_path: Path
     now = poll({**request, "pynvml": False}, env)  # installed since the client last looked
     assert now["gpus"]["source"] == "nvidia-smi" and now["gpus"]["pynvml"] is True
     assert "next poll" in now["gpus"]["nvml"]
-    from gpuwatch.remote.model.snapshot import parse_probe_output
+    from gpuwatch.remote.wire.document import parse_probe_output
 
     assert parse_probe_output(json.dumps(now).encode(), "box").pynvml is True
     after = poll({**request, "pynvml": True}, env)
@@ -1356,7 +1357,7 @@ def test_pynvml_is_imported_from_where_it_was_last_found_without_site(box: Box,
     it the venv's .pth files (tests/device/probe_cost.py). The probe says which folder pynvml
     came from; told it back, it puts only that folder on sys.path and never loads site. A
     folder that no longer holds pynvml costs nothing but site, as before."""
-    from gpuwatch.remote.model.snapshot import parse_probe_output
+    from gpuwatch.remote.wire.document import parse_probe_output
 
     home = tmp_path / "only-here"
     home.mkdir()

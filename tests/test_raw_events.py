@@ -23,7 +23,7 @@ import pytest
 from gpuwatch.remote.box import probe, tfevents
 from gpuwatch.remote.config.schema import RunConfig
 from gpuwatch.remote.model.series import RunSeries, run_request
-from gpuwatch.remote.model.snapshot import HostSnapshot, RunSample, parse_probe_output
+from gpuwatch.remote.model.snapshot import HostSnapshot, RunSample
 from gpuwatch.remote.wire import raw_events
 from gpuwatch.remote.wire.bundle import (
     RAW_RECORDS,
@@ -33,6 +33,7 @@ from gpuwatch.remote.wire.bundle import (
     modules_for,
     payload,
 )
+from gpuwatch.remote.wire.document import parse_probe_output
 from gpuwatch.remote.wire.raw_events import RAW_CAP, decode_raw_entry, expand_raw_events
 from tensorboard.compat.proto import event_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter

@@ -20,7 +20,7 @@ import pytest
 from gpuwatch.remote.box import probe as probe_module
 from gpuwatch.remote.config.schema import RunConfig
 from gpuwatch.remote.model.series import RunSeries, run_request
-from gpuwatch.remote.model.snapshot import HostSnapshot, RunSample, parse_probe_output
+from gpuwatch.remote.model.snapshot import HostSnapshot, RunSample
 from gpuwatch.remote.wire.bundle import (
     GLOB,
     METRICS,
@@ -30,6 +30,7 @@ from gpuwatch.remote.wire.bundle import (
     compressed_probe,
     modules_for,
 )
+from gpuwatch.remote.wire.document import parse_probe_output
 from tensorboardX import SummaryWriter
 from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto import event_pb2

@@ -26,7 +26,7 @@ from typing import Any
 
 import asyncssh
 import pytest
-from gpuwatch.remote.config.schema import parse_config
+from gpuwatch.remote.config.load import parse_config
 from gpuwatch.remote.sim import trainer
 from gpuwatch.remote.sim.fleet import BOX_NAMES, DemoFleet, Timeline, fleet_pids, scan_processes
 from gpuwatch.remote.sim.sshserver import HANGUP_GRACE_S, SERVER_VERSION
@@ -614,7 +614,7 @@ async def test_every_demo_scenario_raises_its_finding_within_a_minute(
     /data was deduplicated with the real / by mount). Polled as `--once` polls (the same
     collector, judge and store), each scenario's finding must show, and the healthy box must
     raise nothing critical."""
-    from gpuwatch.remote.config.schema import load_file
+    from gpuwatch.remote.config.load import load_file
     from gpuwatch.remote.store import Store
     from gpuwatch.tui.cli.once import poll_once
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gpuwatch.remote.config.schema import HostConfig
+from gpuwatch.remote.findings.forecast import disk_forecast
 from gpuwatch.remote.findings.rules import Finding, HostHistory, Severity
 from gpuwatch.remote.model.discovered import Discovery, discovered_names
 from gpuwatch.remote.model.snapshot import DiskUsage, HostSnapshot
@@ -226,14 +227,8 @@ class HostData:
 
     def disk_forecast(self, path: str, inodes: bool = False) -> float | None:
         """Seconds until the disk (or its inodes) runs out at the recent growth rate."""
-        ring = self.disk_history.get(path)
-        if not ring:
-            return None
-        newest = ring[-1].t
-        recent = [(p.t, p.inodes_free if inodes else p.bytes_free) for p in ring
-                  if newest - p.t <= FORECAST_WINDOW_S]
-        pts = [(t, float(free)) for t, free in recent if free is not None]
-        return time_to_full(pts)
+        forecast = disk_forecast(self.history, path, inodes=inodes)  # the finding's, too
+        return forecast.seconds_left if forecast is not None else None
 
     def box_now(self, now: float) -> float | None:
         """The box's clock now, estimated from the last snapshot (boxes' clocks drift)."""

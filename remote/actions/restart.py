@@ -21,14 +21,15 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..config.schema import HostConfig, RunConfig
 from ..findings.diagnosis import DEAD_GPU_XIDS, Diagnosis
 from ..findings.rules import Finding, HostHistory, Severity
-from ..report import HostReport
 from ..store import RestartRecord, Store
 from . import plan as actions
+from .execute import who
+from .verify import _verdict
 
 COUNTED = ("sent", "verified", "failed")
 """Outcomes that use one of the window's restarts: a restart that never came up counts too."""
@@ -158,14 +159,6 @@ def limit_findings(store: Store, host: HostConfig, history: HostHistory,
                                         "window_s": run.restart_window_s,
                                         "cause": death.cause}))
     return out
-
-
-def with_limit_findings(report: HostReport, history: HostHistory, extra: list[Finding]
-                        ) -> HostReport:
-    if not extra:
-        return report
-    history.findings = [*extra, *history.findings]
-    return replace(report, findings=[*extra, *report.findings])
 
 
 class Watchdog:
@@ -328,7 +321,7 @@ class Watchdog:
                         self._plans[r.id] = plan
                         continue
                     self.store.record_action(
-                        who=actions.who(), host=host.name, action="relaunch", phase="verify",
+                        who=who(), host=host.name, action="relaunch", phase="verify",
                         targets=[{"run": run.name}], command=plan.command, outcome="verified",
                         ok=True, message=verdict.message if verdict else "running again")
                 pids = ", ".join(map(str, series.pids)) or "?"
@@ -349,7 +342,7 @@ class Watchdog:
 
 def _verdict_now(plan: actions.ActionPlan, history: HostHistory) -> actions.ActionOutcome | None:
     try:
-        return actions._verdict(plan, history)
+        return _verdict(plan, history)
     except Exception:  # the verdict is a nicety here: running again is what counts
         return None
 

@@ -37,113 +37,30 @@ A finished run (done marker, exit status 0, the framework's own end: series.fini
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+from ..model.death import (
+    CAUSES,
+    EXCEPTION_PATTERNS,
+    TAIL_LINES,
+    TRACEBACK,
+    Diagnosis,
+    crash_line,
+)
+from ..model.history import Departure, HostHistory
 from ..model.snapshot import HostSnapshot, KernelEvent, ProcessInfo, same_gpu_ids
 
-CAUSES = ("reboot", "oom_cgroup", "oom_kernel", "xid", "gpu_lost", "exception", "sighup",
-          "killed", "exited", "unknown")
+__all__ = ["CAUSES", "DEAD_GPU_XIDS", "DETACH_SERVERS", "EXCEPTION_PATTERNS", "TAIL_LINES",
+           "TRACEBACK", "Diagnosis", "ancestry", "crash_line", "diagnose", "diagnose_departure",
+           "hup_exposed", "new_kernel_events", "xid_gpu"]
+
 DETACH_SERVERS = ("tmux", "screen", "SCREEN")
 
-# The most telling lines of a crash, most specific first; each is searched in the log's tail.
-EXCEPTION_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("cuda_oom", re.compile(r"CUDA out of memory|OutOfMemoryError")),  # U10
-    ("nccl_timeout", re.compile(
-        r"Watchdog caught collective operation timeout|NCCL.*(?:[Tt]imeout|timed out)|"
-        r"ProcessGroupNCCL.*[Tt]imeout")),  # seed 002: one rank died, the rest timed out
-    ("nccl_error", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|"
-                              r"ncclUnhandledCudaError|ncclRemoteError")),
-    ("cuda_error", re.compile(r"CUDA error: |CUBLAS_STATUS_|cuDNN error")),
-    ("disk_full", re.compile(r"No space left on device|basic_ios::clear: iostream error")),  # U6
-    ("exception", re.compile(r"^(?:[A-Za-z_][\w.]*)?(?:Error|Exception|Interrupt)\b(?::|$)")),
-)
-TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\):")
-TAIL_LINES = 80
-"""Only the log's last lines count: an old traceback further up is a previous attempt's."""
 DEAD_GPU_XIDS = (48, 79)
 """U22: a double-bit ECC error or a GPU fallen off the bus takes every process on the GPU with
 it, whichever one the driver's line happens to name."""
 
-
-@dataclass(frozen=True, slots=True)
-class Diagnosis:
-    """A death's cause with its evidence; `at` is the box time of the poll that saw it."""
-
-    cause: str
-    evidence: Mapping[str, Any] = field(default_factory=dict)
-    at: float | None = None
-    pids: tuple[int, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        """The schema's run `diagnosis` object."""
-        return {"cause": self.cause, "evidence": dict(self.evidence)}
-
-    def state(self) -> dict[str, Any]:
-        return {"cause": self.cause, "evidence": dict(self.evidence), "at": self.at,
-                "pids": list(self.pids)}
-
-    @classmethod
-    def from_state(cls, data: Mapping[str, Any]) -> Diagnosis | None:
-        cause = data.get("cause")
-        if cause not in CAUSES:
-            return None
-        evidence = data.get("evidence")
-        at = data.get("at")
-        pids = data.get("pids")
-        return cls(str(cause), dict(evidence) if isinstance(evidence, dict) else {},
-                   float(at) if isinstance(at, (int, float)) else None,
-                   tuple(p for p in pids if isinstance(p, int)) if isinstance(pids, list)
-                   else ())
-
-    @property
-    def summary(self) -> str:
-        """A few words for run.dead's message."""
-        ev = self.evidence
-        if self.cause == "reboot":
-            return "the box rebooted"
-        if self.cause == "oom_cgroup":
-            return self._cgroup_summary()
-        if self.cause == "oom_kernel":
-            return f"the kernel OOM killer killed pid {ev.get('pid')} ({ev.get('name')})"
-        if self.cause == "xid":
-            gpu = f"GPU {ev['gpu']} " if ev.get("gpu") is not None else ""
-            who = f", reported for pid {ev['pid']} ({ev.get('name')})" if ev.get("pid") else ""
-            return f"NVIDIA Xid {ev.get('xid')} on {gpu}({ev.get('pci')}){who}"
-        if self.cause == "gpu_lost":
-            return (f"its GPU was lost or the driver stopped answering in the same poll "
-                    f"({ev.get('gpu_error') or ev.get('message')}); the box needs a reboot")
-        if self.cause == "exception":
-            return f"it crashed: {ev.get('line')!r}"
-        if self.cause == "sighup":
-            return "it died with its SSH session (tty-bound, not under tmux/nohup/setsid)"
-        if self.cause == "killed" and ev.get("signal") is not None:
-            why = ("; the kernel log or the cgroup counter could not be read, so an OOM kill "
-                   "is not ruled out" if ev.get("unchecked") else
-                   "; no OOM, Xid or reboot explains it")
-            return (f"it was killed by {ev.get('signal_name')} (its launch wrapper recorded exit "
-                    f"status {ev.get('exit_code')}){why}")
-        if self.cause == "killed":
-            return ("no OOM, Xid, reboot or traceback: it was killed by a signal (or exited "
-                    "without a done marker)")
-        if self.cause == "exited":
-            return (f"it exited with status {ev.get('exit_code')} (its launch wrapper recorded "
-                    "it) and no traceback in its log's tail says why")
-        return f"cause unknown ({', '.join(ev.get('unchecked', ())) or 'no evidence'})"
-
-    def _cgroup_summary(self) -> str:
-        ev = self.evidence
-        cgroup = f" {ev['cgroup']}" if ev.get("cgroup") else ""
-        pid = ev.get("pid", ev.get("killed_pid"))
-        who = f"pid {pid} ({ev.get('name', ev.get('killed_name'))})" if pid else "it"
-        limit = ev.get("memory_max_bytes")
-        at = f" at its {limit / 2**30:.1f} GiB limit" if isinstance(limit, int) else ""
-        counter = (f" (oom_kill {ev['oom_kill_before']} → {ev['oom_kill_now']})"
-                   if "oom_kill_now" in ev else "")
-        return (f"the memory cgroup{cgroup} OOM-killed {who}{at}{counter}; lower num_workers "
-                "or the batch size, or raise the limit")
 
 
 # ---------------------------------------------------------------- evidence readers
@@ -196,24 +113,6 @@ def _event_key(e: KernelEvent) -> tuple[Any, ...]:
     return (e.kind, e.since_boot_s, None if e.at is None else round(e.at, 3), e.xid, e.pid,
             e.pci, e.message)
 
-
-def crash_line(tail: str | None) -> tuple[str, str] | None:
-    """(kind, line) of the most telling error in the log's last lines, or None."""
-    if not tail:
-        return None
-    lines = [line.rstrip() for line in tail.splitlines() if line.strip()][-TAIL_LINES:]
-    for kind, pattern in EXCEPTION_PATTERNS[:-1]:
-        for line in reversed(lines):
-            if pattern.search(line):
-                return kind, line.strip()[:400]
-    generic = EXCEPTION_PATTERNS[-1][1]  # an unindented "SomethingError: ...", a traceback's end
-    for line in reversed(lines):
-        if generic.match(line):
-            return "exception", line.strip()[:400]
-    last_tb = max((i for i, line in enumerate(lines) if TRACEBACK.match(line)), default=None)
-    if last_tb is not None:  # the traceback's last line was cut off
-        return "exception", lines[last_tb].strip()
-    return None
 
 
 def ancestry(proc: ProcessInfo, table: Mapping[int, ProcessInfo]) -> list[ProcessInfo]:
@@ -433,3 +332,16 @@ def _xid_gpu(event: KernelEvent, snap: HostSnapshot) -> int | None:
         if have == want:
             return gpu.index
     return None
+
+
+def diagnose_departure(departure: Departure) -> Diagnosis:
+    """Why a run (or some of its ranks, seed 002) vanished between its two snapshots."""
+    d = diagnose(departure.before, departure.now, departure.pids, tail=departure.tail,
+                 log_changed=departure.log_changed, gpus=set(departure.gpus),
+                 exit_code=departure.exit_code)
+    if departure.rank_of is None:
+        return d
+    return Diagnosis(d.cause, dict(d.evidence, **departure.rank_of), d.at, d.pids)
+
+
+HostHistory.diagnoser = diagnose_departure

@@ -21,19 +21,17 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..config.thresholds import Thresholds
+from ..model.finding import Finding, Severity
+from ..model.history import HostHistory
+from ..model.processes import descendants as _descendants
+from ..model.processes import gpus_of as _gpus_of
 from ..textsafe import visible
+from .base import fmt_dur as _dur
+from .base import rule
+from .base import run_procs as _run_procs
 from .curve_tags import MAX_WATCHED, tags_of
 from .curves import CurveParams, CurveTracker, band, median
-from .rules import (
-    Finding,
-    HostHistory,
-    Severity,
-    Thresholds,
-    _descendants,
-    _dur,
-    _gpus_of,
-    _run_procs,
-)
 
 if TYPE_CHECKING:
     from ..model.series import RunSeries, TagSeries
@@ -189,6 +187,8 @@ def checkpoint_before(run: RunSeries, step: int, wall: float) -> str | None:
     return max(older, key=lambda c: c.mtime).path if older else None
 
 
+@rule({"run.loss_nan": (), "run.diverging": (), "run.loss_spike": (), "run.plateau": (),
+       "run.overfitting": (), "run.hung": ("U43", "seed 002"), "run.slowed": ("U23", "U40")})
 def run_curves(history: HostHistory) -> Iterable[Finding]:
     """Feed every run's trackers what this poll brought; judge the running ones."""
     now = history.current

@@ -32,10 +32,13 @@ Identity for actions: (pid, start_ticks) with the snapshot's boot id (DESIGN §4
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
+from ..model.history import HostHistory
+from ..model.processes import ZombieHolder
 from ..model.snapshot import HostSnapshot, ProcessInfo
-from .rules import HostHistory, recent
+from .base import recent
+
+__all__ = ["REASONS", "ZombieHolder", "left_behind_runs", "zombie_holders"]
 
 SUBREAPERS = frozenset({"systemd", "init", "tini", "dumb-init", "docker-init", "s6-svscan",
                         "runsvdir", "supervisord"})
@@ -44,36 +47,6 @@ DETACH_SERVERS = ("tmux", "screen", "SCREEN")
 
 REASONS = ("defunct", "orphaned", "invisible", "unattributed")
 
-
-@dataclass(frozen=True, slots=True)
-class ZombieHolder:
-    """One holder of VRAM that does no work, and how (or whether) it can be freed."""
-
-    pid: int | None  # None: `unattributed` (memory with no process at all)
-    start_ticks: int | None  # None: not visible in /proc (invisible, unattributed)
-    user: str | None
-    gpu_index: int | None
-    gpu_mem_mib: int | None  # None: holds /dev/nvidiaN but the driver gave no figure
-    cmd: str
-    reason: str  # one of REASONS
-    signallable: bool  # False: signalling this pid cannot free it (see explanation)
-    explanation: str  # one sentence: what we saw and what to do
-    parent_pid: int | None = None  # defunct: the parent that must reap it (None: init)
-    run: str | None = None  # the configured run it belonged to, if any
-
-    @property
-    def key(self) -> tuple[int | None, int | None, int | None]:
-        return (self.pid, self.start_ticks, self.gpu_index)
-
-    def to_json(self) -> dict[str, object]:
-        return {"pid": self.pid, "start_ticks": self.start_ticks, "user": self.user,
-                "gpu": self.gpu_index, "gpu_mem_mib": self.gpu_mem_mib, "cmd": self.cmd,
-                "reason": self.reason, "signallable": self.signallable,
-                "explanation": self.explanation, "parent_pid": self.parent_pid,
-                "run": self.run}
-
-
-# ---------------------------------------------------------------- helpers
 
 def _gpus_held(proc: ProcessInfo) -> set[int]:
     """GPU indexes a process holds: the driver's attribution, else its /dev/nvidiaN minors

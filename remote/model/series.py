@@ -18,280 +18,39 @@ kept apart as "folder/tag".
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import os
-import re
-from array import array
-from bisect import bisect_left
-from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..config.schema import RunConfig
-from ..findings.diagnosis import crash_line
 from ..wire.raw_events import RAW_CAP
-from .discovered import Discovery, exit_record_path
+from .death import CKPT_EPOCH, CKPT_STEP, MARKS, completion_line
+from .discovered import exit_record_path
+from .run_state import MAX_RESTARTS, RunState, run_status
 from .snapshot import Checkpoint, MetricsFile, RunSample
+from .tags import (
+    COMPACT_WORK,
+    FLEET_POINTS,
+    MAX_POINTS,
+    MIN_POINTS,
+    Point,
+    TagSeries,
+    apply_budget,
+    decimate,
+    decimate_indices,
+    file_generation,
+    json_value,
+    points_share,
+    tag_names,
+)
 
-MAX_POINTS = 100_000
-"""Points kept per tag (24 bytes each: 2.4 MB at most per tag)."""
-FLEET_POINTS = 2_000_000
-"""Points the TUI keeps over every tag of every run of every host (48 MB): a tag's share is
-this over the number of tags, within [MIN_POINTS, MAX_POINTS] (points_share). A sweep of 64
-runs logging 10 tags each reached 1.5 GB at MAX_POINTS a tag after a few days."""
-MIN_POINTS = 4_000
-"""No share goes below what the store keeps of a tag (RunSeries.points_state): far more than
-a terminal plot's columns, and a restart never loses resolution to the budget."""
-MAX_RESTARTS = 100
 MAX_METRIC_TAGS = 1_000
 """Tags kept per metrics source: a file that names a new key on every line stays bounded."""
 CADENCE_CHECKPOINTS = 6
 """The checkpoints whose gaps give a run's cadence (the median of the last five gaps)."""
 STATUSES = ("running", "finished", "dead", "unknown")
 
-Point = tuple[int, float, float]
-"""(step, value, wall_time); wall_time is nan for sources without time."""
-
-
-# ---------------------------------------------------------------- decimation
-
-def _keep(values: Sequence[float], lo: int, hi: int, keep: set[int]) -> None:
-    """Into keep: the indices of the min and max finite value of values[lo:hi], and of its
-    first non-finite one (a loss gone NaN is the spike a person must see)."""
-    low = high = odd = -1
-    for i in range(lo, hi):
-        v = values[i]
-        if not math.isfinite(v):
-            if odd < 0:
-                odd = i
-        else:
-            if low < 0 or v < values[low]:
-                low = i
-            if high < 0 or v > values[high]:
-                high = i
-    keep.update(i for i in (low, high, odd) if i >= 0)
-
-
-def decimate_indices(values: Sequence[float], n_buckets: int) -> list[int]:
-    """Indices of the points `decimate` keeps, in order."""
-    n = len(values)
-    if n_buckets <= 0 or n <= 2 * n_buckets:
-        return list(range(n))
-    keep = {0, n - 1}
-    for b in range(n_buckets):
-        _keep(values, b * n // n_buckets, (b + 1) * n // n_buckets, keep)
-    return sorted(keep)
-
-
-def decimate(points: Sequence[Point], n_buckets: int) -> list[Point]:
-    """At most about 2·n_buckets points for a plot: per equal-count bucket the minimum and the
-    maximum (and the first non-finite point), plus the first and last points.
-
-    Min/max rather than LTTB: LTTB keeps one point per bucket chosen by triangle area, so a
-    one-sample spike sharing a bucket with a bigger swing can vanish; min/max keeps every
-    bucket's extremes by construction, is one pass, and is what a terminal plot draws anyway
-    (one column per bucket spanning its min..max).
-    """
-    values = [p[1] for p in points]
-    return [points[i] for i in decimate_indices(values, n_buckets)]
-
-
-# ---------------------------------------------------------------- one tag
-
-class TagSeries:
-    """One tag's points, sorted by step, in compact columns, never more than `bound`.
-
-    Over the bound, all but the newest bound/2 points are decimated (min/max per bucket):
-    recent points keep full resolution, old spikes survive, memory stays bounded.
-    """
-
-    __slots__ = ("bound", "generation", "last_wall", "owner", "start", "steps", "values",
-                 "walls")
-
-    def __init__(self, bound: int = MAX_POINTS) -> None:
-        self.bound = max(64, bound)
-        self.steps = array("q")
-        self.values = array("d")
-        self.walls = array("d")
-        self.generation = -math.inf  # the first wall time of the file that writes it now
-        self.start: int | None = None  # the first step that file wrote
-        self.owner: str | None = None  # that file's folder (RunSeries routes by it)
-        self.last_wall = -math.inf
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-    @property
-    def last_step(self) -> int | None:
-        return self.steps[-1] if self.steps else None
-
-    @property
-    def last_value(self) -> float | None:
-        return self.values[-1] if self.values else None
-
-    def points(self) -> list[Point]:
-        return list(zip(self.steps, self.values, self.walls, strict=True))
-
-    def decimated(self, n_buckets: int) -> list[Point]:
-        return [(self.steps[i], self.values[i], self.walls[i])
-                for i in decimate_indices(self.values, n_buckets)]
-
-    def merge(self, points: Iterable[Point], generation: float = 0.0,
-              markers: list[tuple[int, float]] | None = None, by_step: bool = False) -> None:
-        """Fold in new points of one file (or metrics source), in write order.
-
-        generation: the file's first wall time. A step going back (in a newer file or the
-        same one) drops the points at and after it, the newer win, and notes a marker there.
-        Points of a file older than the current writer's, arriving late (a first load spread
-        over polls), fill in only before the step where the newer file took over.
-
-        by_step (metrics files): a step is one point, never two. A metrics file is re-read
-        from its start when it switches (checkpoint-1000's trainer_state.json to
-        checkpoint-2000's) or is rewritten (Lightning's new column): a point at the last
-        step replaces it rather than repeating it. An event file may log a step twice
-        (TensorBoard keeps both), so event files keep that.
-        """
-        batch = list(points)
-        if not batch:
-            return
-        if generation < self.generation:
-            self._fill_before(batch, by_step)
-            return
-        if generation > self.generation:
-            self.generation, self.start = generation, batch[0][0]
-        for step, value, wall in batch:
-            if self.steps and (step < self.steps[-1] or (by_step and step == self.steps[-1])):
-                del self.steps[bisect_left(self.steps, step):]
-                del self.values[len(self.steps):], self.walls[len(self.steps):]
-                if markers is not None:
-                    markers.append((step, wall))
-            self._append(step, value, wall)
-        self.shrink()
-
-    def rebound(self, bound: int) -> None:
-        """A new bound; a series over it shrinks on its next merge or shrink() (a fleet's
-        budget changing does not compact every tag at once on the event loop)."""
-        self.bound = max(64, bound)
-
-    def shrink(self) -> None:
-        if len(self.steps) > self.bound:
-            self._compact()
-
-    def _append(self, step: int, value: float, wall: float) -> None:
-        self.steps.append(step)
-        self.values.append(value)
-        self.walls.append(wall)
-        if not math.isnan(wall):
-            self.last_wall = max(self.last_wall, wall)
-
-    def _fill_before(self, batch: list[Point], by_step: bool = False) -> None:
-        early = [p for p in batch if self.start is None or p[0] < self.start]
-        if not early:
-            return
-        merged = sorted(self.points() + early, key=lambda p: p[0])  # stable: kept ones first
-        if by_step:  # one point a step: the last word on it (the re-read) wins
-            merged = [p for p, after in itertools.zip_longest(merged, merged[1:])
-                      if after is None or after[0] != p[0]]
-        self.steps, self.values, self.walls = array("q"), array("d"), array("d")
-        for step, value, wall in merged:
-            self._append(step, value, wall)
-        self.shrink()
-
-    def _compact(self) -> None:
-        """The newest bound/2 points stay; all older ones become at most about 3·bound/8
-        (min, max and the first non-finite point of bound/8 buckets): under the bound in one
-        pass whatever the batch size."""
-        old = len(self.steps) - self.bound // 2
-        keep = decimate_indices(self.values[:old], self.bound // 8)
-        keep += range(old, len(self.steps))
-        self.steps = array("q", (self.steps[i] for i in keep))
-        self.values = array("d", (self.values[i] for i in keep))
-        self.walls = array("d", (self.walls[i] for i in keep))
-
-
-# ---------------------------------------------------------------- run status
-
-def points_share(n_tags: int, budget: int = FLEET_POINTS) -> int:
-    """Each tag's share of a budget of points over n_tags tags."""
-    return max(MIN_POINTS, min(MAX_POINTS, budget // max(1, n_tags)))
-
-
-COMPACT_WORK = 200_000
-"""Points apply_budget shrinks at most in one call (~50 ms here), biggest tags first: a share
-that drops does not stall the TUI's event loop; the next polls' calls do the rest."""
-
-
-def apply_budget(runs: Iterable[RunSeries], budget: int = FLEET_POINTS,
-                 work: int = COMPACT_WORK) -> int:
-    """Give every tag of `runs` its share of `budget` points (the TUI's whole fleet) and
-    shrink the tags over it, about `work` points' worth per call (a tag that still grows
-    shrinks on its own as it does; one that no longer does, a finished run's, only here).
-    The share."""
-    runs = list(runs)
-    share = points_share(sum(len(run.tags()) for run in runs), budget)
-    over: list[TagSeries] = []
-    for run in runs:
-        if run.max_points != share:
-            run.rebound(share)
-        over += [tag for tag in run.tags() if len(tag) > tag.bound]
-    for tag in sorted(over, key=len, reverse=True):
-        if work <= 0:
-            break
-        work -= len(tag)
-        tag.shrink()
-    return share
-
-
-def run_status(pids: Sequence[int], done: bool | None, seen_running: bool) -> str:
-    """running: processes alive. finished: the done marker exists and none are (seed 004).
-    dead: seen running before (in this history or the store), now neither. unknown: never
-    seen running and no marker (not started yet, or the `process` pattern matches nothing)."""
-    if pids:
-        return "running"
-    if done:
-        return "finished"
-    return "dead" if seen_running else "unknown"
-
-
-# ---------------------------------------------------------------- how a run ended (seed 004)
-
-COMPLETION_LINES: tuple[tuple[re.Pattern[str], bool], ...] = (
-    # HuggingFace Trainer.train(), as it returns (logger.info), and its closing summary dict
-    (re.compile(r"Training completed\. Do not forget to share your model"), False),
-    (re.compile(r"^\s*\{'train_runtime': "), False),
-    # Lightning's fit loop: `Trainer.fit` stopped: `max_epochs=10` reached. (or max_steps)
-    (re.compile(r"`Trainer\.fit` stopped: `max_(?:epochs|steps)=\d+` reached"), False),
-    # DeepSpeed's launcher, once per rank that exits 0; after a failing rank it goes on to
-    # "Killing subprocess" lines: it counts only as the log's very last line
-    (re.compile(r"\[launch\.py:\d+:main\] Process \d+ exits successfully\."), True),
-)
-"""The frameworks' own words for a run that reached its end, and whether the line must be the
-log's last (else: in the tail with no crash line after it)."""
-MARKS = 8
-"""(file mtime, step) marks kept for a run's pace (its ETA)."""
-CKPT_EPOCH = re.compile(r"(?:^|[-_])epoch=(\d+)")
-CKPT_STEP = re.compile(r"(?:^|[-_])step=(\d+)")
-
-
-def completion_line(tail: str | None) -> str | None:
-    """The framework's completion line in a log's tail, when nothing after it says the run
-    crashed; None otherwise (diagnosis.crash_line: the same words that make a death)."""
-    lines = [line.rstrip() for line in (tail or "").splitlines() if line.strip()]
-    for i in range(len(lines) - 1, -1, -1):
-        for pattern, last_only in COMPLETION_LINES:
-            if pattern.search(lines[i]) and (not last_only or i == len(lines) - 1):
-                after = "\n".join(lines[i + 1:])
-                return None if crash_line(after) else lines[i].strip()[:300]
-    return None
-
-
-def json_value(value: float | None) -> float | str | None:
-    """A value for JSON: non-finite ones as "nan", "inf", "-inf" (JSON has none)."""
-    if value is None or math.isfinite(value):
-        return value
-    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
 def run_request(run: RunConfig, series: RunSeries | None = None) -> dict[str, Any]:
@@ -316,95 +75,11 @@ def run_request(run: RunConfig, series: RunSeries | None = None) -> dict[str, An
     return entry
 
 
-def file_generation(pattern: str, file: str | None) -> float:
-    """Where a metrics file stands among its glob's matches: the last number in the part of
-    its path the glob's first wildcard matched (version_3 → 3, checkpoint-2000 → 2000); 0
-    for a plain path. The probe reads a glob's files in this order; a TagSeries uses it so
-    that an older file read again (checkpoint-2000 deleted, checkpoint-1000 newest again)
-    only fills in before where the newer one took over, and loses nothing. Paths are
-    compared from their ends (the pattern may start with ~); at most 15 digits are read
-    (exact in a float)."""
-    if file is None:
-        return 0.0
-    for part, name in zip(reversed(pattern.split("/")), reversed(file.split("/")),
-                          strict=False):
-        if any(c in part for c in "*?["):
-            digits = "".join(c if "0" <= c <= "9" else " " for c in name).split()
-            return float(digits[-1].lstrip("0")[-15:] or 0) if digits else 0.0
-    return 0.0
-
-
-def tag_names(sources: Mapping[str, Mapping[str, TagSeries]]) -> dict[str, TagSeries]:
-    """Every metrics source's tags under one name each. A tag two sources write (loss in
-    train.jsonl and in eval.jsonl) is not hidden: the first source keeps the plain name,
-    the next ones are named after their file ("eval/loss"), or "metrics[i]/loss" where two
-    files share a name."""
-    stems = [os.path.splitext(os.path.basename(path))[0] for path in sources]
-    named: dict[str, TagSeries] = {}
-    for i, (stem, streams) in enumerate(zip(stems, sources.values(), strict=True)):
-        label = stem if stems.count(stem) == 1 and stem else f"metrics[{i}]"
-        for tag, series in streams.items():
-            for name in (tag, f"{label}/{tag}", f"metrics[{i}]/{tag}"):
-                if name not in named:
-                    named[name] = series
-                    break
-    return named
-
-
 # ---------------------------------------------------------------- one run
 
-class RunSeries:
-    """Everything the client keeps of one run between polls, bounded."""
-
-    def __init__(self, name: str, max_points: int = MAX_POINTS) -> None:
-        self.name = name
-        self.max_points = max_points
-        self.event_series: dict[str, TagSeries] = {}
-        self.metric_series: dict[str, dict[str, TagSeries]] = {}  # per metrics path
-        self.routes: dict[tuple[str, str], str] = {}  # (folder, tag) → series name
-        self.restarts: deque[tuple[int, float]] = deque(maxlen=MAX_RESTARTS)
-        self.offsets: dict[str, int] = {}
-        self.first_walls: dict[str, float] = {}
-        self.cursors: dict[str, Any] = {}
-        self.skipped: dict[str, dict[str, list[Any]]] = {}  # path → file → [lines, reason]
-        self.log_seen: list[Any] | None = None
-        self.tail: str | None = None
-        self.pids: tuple[int, ...] = ()
-        self.done: bool | None = None
-        self.seen_running = False
-        self.last_seen_running_at: float | None = None
-        self.last_sample: RunSample | None = None
-        self.box_time: float | None = None
-        self.checkpoint_times: dict[str, float] = {}  # seen over history: rotation deletes old
-        self.errors: Mapping[str, str] = {}
-        self.discovery: Discovery | None = None  # issue 8: a run nobody configured
-        self.reaped = False
-        """A discovered run whose only processes gpuwatch ended as VRAM zombies (a reap,
-        actions.mark_reaped): gone, not a dead run (zombies.left_behind_runs), until it has
-        processes again."""
-        self.events_raw = False
-        """Issue 3: the next poll may go without the event decoder (the probe sends new records
-        raw): an answer came, and no event file has more left than one poll sends raw."""
-        self.progress: dict[str, Any] = {}
-        """Seed 004: the framework's latest word on how far the run is (MetricsFile.progress,
-        with the file's "kind" and "mtime"), kept while the file is not re-read."""
-        self.step_marks: list[tuple[float, int]] = []  # (file mtime, step): the run's pace
-        self.final_epoch_at: float | None = None
-        """A Lightning run: the metrics.csv mtime when its final epoch's rows first showed."""
-        self.exit_record: tuple[int, float | None] | None = None
-        """(status, when written) from the launch wrapper of a run gpuwatch relaunched."""
-        self.log_end: tuple[str, float] | None = None
-        """The framework's completion line at the log's end, and the log's mtime then."""
-        self.pace_s: float | None = None
-        """Seconds a step at the run's own recent pace: the median gap between its loss
-        points' wall times (set each poll by the curves' rules; None without wall times)."""
-        self.curves: Any = None
-        """Its curves' trackers (findings.run_curves.RunCurves), made by the first evaluate."""
-        self.curves_state: Any = None  # what the store kept of them, until then
-        self.idle_at: float | None = None  # the box's clock at the latest poll without pids
-        self.started_after: float | None = None
-        """The latest poll without pids before the one that saw them: evidence of an end older
-        than this is a previous launch's, not this one's."""
+class RunSeries(RunState):
+    """Everything the client keeps of one run between polls, bounded (run_state.py), and
+    what a person asks of it."""
 
     # -- what goes out
     def request_state(self) -> dict[str, Any]:
@@ -583,22 +258,6 @@ class RunSeries:
             self.step_marks = []  # resumed from an earlier step: the old pace is another run's
         if not self.step_marks or step > self.step_marks[-1][1]:
             self.step_marks = [*self.step_marks, (mtime, step)][-MARKS:]
-
-    def _progress_step(self) -> int | None:
-        """The run's step: HF's global_step, else the last step of the metrics file that
-        carried the progress (Lightning's metrics.csv)."""
-        step = self.progress.get("global_step")
-        if step is not None:
-            return int(step)
-        streams = self.metric_series.get(str(self.progress.get("path")), {})
-        return max((int(t.last_step) for t in streams.values() if t.last_step is not None),
-                   default=None)
-
-    def _last_epoch(self) -> float | None:
-        if self.progress.get("epoch") is not None:
-            return float(self.progress["epoch"])
-        series = self.metric_series.get(str(self.progress.get("path")), {}).get("epoch")
-        return series.last_value if series is not None else None
 
     def tags(self) -> list[TagSeries]:
         """Every series this run keeps (event files' and metrics files' alike)."""
@@ -819,144 +478,10 @@ class RunSeries:
         return {"metrics": [{"path": path, "skipped": count, "skip_reason": reason}
                             for path, (count, reason) in self.skipped_lines().items()]}
 
-    # -- what the store keeps between `--once` runs
-    def points_state(self, per_tag: int = MIN_POINTS) -> dict[str, Any]:
-        """The series themselves, decimated to at most about `per_tag` points per tag (spikes
-        kept), with what routes new points to them; `restore_points` reads it back."""
-        def tag_state(series: TagSeries) -> dict[str, Any]:
-            points = series.points() if len(series) <= per_tag else series.decimated(per_tag // 2)
-            return {"owner": series.owner, "generation": series.generation,
-                    "start": series.start, "points": points}
-        return {
-            "events": {name: tag_state(s) for name, s in self.event_series.items()},
-            "metrics": {path: {tag: tag_state(s) for tag, s in streams.items()}
-                        for path, streams in self.metric_series.items()},
-            "routes": [[folder, tag, name] for (folder, tag), name in self.routes.items()],
-            "restarts": list(self.restarts),
-        }
 
-    def restore_points(self, data: Mapping[str, Any]) -> None:
-        """Undo `points_state`; anything malformed is dropped, never fatal."""
-        def tag_series(raw: Any) -> TagSeries | None:
-            if not isinstance(raw, dict) or not isinstance(raw.get("points"), list):
-                return None
-            series = TagSeries(self.max_points)
-            try:
-                for step, value, wall in raw["points"]:
-                    series._append(int(step), float(value), float(wall))
-                series.generation = float(raw.get("generation", -math.inf))
-                start = raw.get("start")
-                series.start = int(start) if isinstance(start, int) else None
-                owner = raw.get("owner")
-                series.owner = owner if isinstance(owner, str) else None
-            except (TypeError, ValueError, OverflowError):  # a step beyond int64: dropped
-                return None
-            return series
-
-        for name, raw in (data.get("events") or {}).items():
-            if (series := tag_series(raw)) is not None:
-                self.event_series[str(name)] = series
-        for path, streams in (data.get("metrics") or {}).items():
-            if isinstance(streams, dict):
-                restored = {str(t): s for t, raw in streams.items()
-                            if (s := tag_series(raw)) is not None}
-                self.metric_series[str(path)] = restored
-        for route in data.get("routes") or ():
-            if isinstance(route, list) and len(route) == 3 and all(
-                    isinstance(x, str) for x in route):
-                self.routes[(route[0], route[1])] = route[2]
-        for marker in data.get("restarts") or ():
-            if isinstance(marker, list) and len(marker) == 2:
-                with contextlib.suppress(TypeError, ValueError, OverflowError):
-                    self.restarts.append((int(marker[0]), float(marker[1])))
-
-    def state(self) -> dict[str, Any]:
-        """JSON-able: offsets, cursors and liveness memory (not the points: the store keeps
-        those in its own bounded table)."""
-        return {"offsets": self.offsets, "first_walls": self.first_walls,
-                "cursors": self.cursors, "skipped": self.skipped, "log_seen": self.log_seen,
-                "seen_running": self.seen_running,
-                "last_seen_running_at": self.last_seen_running_at,
-                "checkpoint_times": self.checkpoint_times,
-                "discovery": self.discovery.to_state() if self.discovery else None,
-                "reaped": self.reaped, "end": self._end_state(),
-                "curves": self.curves.state() if self.curves is not None else self.curves_state}
-
-    def _end_state(self) -> dict[str, Any]:
-        return {"progress": self.progress, "marks": self.step_marks,
-                "final_epoch_at": self.final_epoch_at,
-                "exit": list(self.exit_record) if self.exit_record else None,
-                "log_end": list(self.log_end) if self.log_end else None,
-                "idle_at": self.idle_at, "started_after": self.started_after}
-
-    def _restore_end(self, data: Any) -> None:
-        """Undo `_end_state`; anything malformed is dropped, never fatal."""
-        if not isinstance(data, dict):
-            return
-
-        def number(v: Any) -> float | None:
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            return float(v) if ok else None
-
-        progress = data.get("progress")
-        if isinstance(progress, dict):
-            self.progress = {k: v for k, v in progress.items() if k in (
-                "global_step", "max_steps", "epoch", "num_train_epochs", "max_epochs")
-                and number(v) is not None}
-            self.progress.update({k: progress[k] for k in ("kind", "path")
-                                  if isinstance(progress.get(k), str)})
-            if progress.get("final") is True:
-                self.progress["final"] = True
-            self.progress["mtime"] = number(progress.get("mtime"))
-        marks = data.get("marks")
-        if isinstance(marks, list):
-            self.step_marks = [(float(m[0]), int(m[1])) for m in marks[-MARKS:]
-                               if isinstance(m, list) and len(m) == 2
-                               and number(m[0]) is not None and isinstance(m[1], int)]
-        self.final_epoch_at = number(data.get("final_epoch_at"))
-        record = data.get("exit")
-        if isinstance(record, list) and len(record) == 2 and isinstance(record[0], int) \
-                and 0 <= record[0] <= 255:
-            self.exit_record = (record[0], number(record[1]))
-        end = data.get("log_end")
-        if isinstance(end, list) and len(end) == 2 and isinstance(end[0], str) \
-                and number(end[1]) is not None:
-            self.log_end = (end[0][:300], float(end[1]))
-        self.idle_at, self.started_after = (number(data.get("idle_at")),
-                                            number(data.get("started_after")))
-
-    @classmethod
-    def from_state(cls, name: str, state: Mapping[str, Any],
-                   max_points: int = MAX_POINTS) -> RunSeries:
-        """Rebuilt from `state()`; anything malformed is dropped, never fatal."""
-        run = cls(name, max_points)
-
-        def mapping(key: str, test: Any) -> dict[str, Any]:
-            value = state.get(key)
-            if not isinstance(value, dict):
-                return {}
-            return {k: v for k, v in value.items() if isinstance(k, str) and test(v)}
-
-        def number(v: Any) -> bool:
-            return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-        run.offsets = mapping("offsets", lambda v: isinstance(v, int) and number(v) and v >= 0)
-        run.first_walls = {k: float(v) for k, v in mapping("first_walls", number).items()}
-        run.cursors = mapping("cursors", lambda v: True)
-        run.skipped = {path: {f: [int(held[0]), held[1] if isinstance(held[1], str) else None]
-                              for f, held in files.items() if isinstance(f, str)
-                              and isinstance(held, list) and len(held) == 2
-                              and isinstance(held[0], int) and 0 <= held[0] <= 2**53}
-                       for path, files in mapping("skipped", lambda v: isinstance(v, dict)).items()}
-        run.checkpoint_times = {k: float(v)
-                                for k, v in mapping("checkpoint_times", number).items()}
-        seen = state.get("log_seen")
-        run.log_seen = list(seen) if isinstance(seen, list) and len(seen) == 2 else None
-        run.seen_running = state.get("seen_running") is True
-        at = state.get("last_seen_running_at")
-        run.last_seen_running_at = float(at) if isinstance(at, (int, float)) else None
-        run.discovery = Discovery.from_state(name, state.get("discovery"))
-        run.reaped = state.get("reaped") is True
-        run._restore_end(state.get("end"))
-        run.curves_state = state.get("curves")
-        return run
+__all__ = [
+    "CADENCE_CHECKPOINTS", "COMPACT_WORK", "FLEET_POINTS", "MAX_METRIC_TAGS", "MAX_POINTS",
+    "MAX_RESTARTS", "MIN_POINTS", "STATUSES", "Point", "RunSeries", "TagSeries", "apply_budget",
+    "completion_line", "decimate", "decimate_indices", "file_generation", "json_value",
+    "points_share", "run_request", "run_status", "tag_names",
+]

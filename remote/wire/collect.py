@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from ..config.schema import HostConfig, SshSettings
 from ..model.discovered import discovered_requests
 from ..model.series import RunSeries, run_request
-from ..model.snapshot import HostSnapshot, ProbeError, parse_probe_output
+from ..model.snapshot import HostSnapshot, ProbeError
+from ..wire.document import parse_probe_output
 from .bundle import PYTHON_MISSING_EXIT, build_command, build_stdin
 
 if TYPE_CHECKING:

@@ -128,7 +128,7 @@ async def test_loop_lag_polling_64_simulated_hosts(tmp_path: Path, interval: flo
 
 
 async def test_loop_lag_polling_64_hosts_over_demo_ssh(tmp_path: Path) -> None:
-    from gpuwatch.remote.config.schema import load_file
+    from gpuwatch.remote.config.load import load_file
     from gpuwatch.remote.sim.fleet import DemoFleet
 
     async with DemoFleet.start(tmp_path / "fleet") as fleet:

@@ -19,7 +19,8 @@ import sys
 from collections.abc import Callable
 
 from gpuwatch.remote.actions import plan as actions
-from gpuwatch.remote.config.schema import ConfigError, HostConfig, load_config, select_hosts
+from gpuwatch.remote.config.load import load_config
+from gpuwatch.remote.config.schema import ConfigError, HostConfig, select_hosts
 from gpuwatch.remote.findings.rules import HostHistory, Thresholds, recent
 from gpuwatch.remote.model.discovered import recorded_launch
 from gpuwatch.remote.store import Store

@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from gpuwatch.remote.config.schema import HostConfig, load_config, select_hosts
-from gpuwatch.remote.model.snapshot import HostSnapshot, ProbeError, load_document
+from gpuwatch.remote.config.load import load_config
+from gpuwatch.remote.config.schema import HostConfig, select_hosts
+from gpuwatch.remote.model.snapshot import HostSnapshot, ProbeError
 from gpuwatch.remote.textsafe import visible
 from gpuwatch.remote.wire.collect import Collector, PollOutcome, ssh_files
+from gpuwatch.remote.wire.document import load_document
 from gpuwatch.remote.wire.poller import OpeningLimiter, poll_all_once
 
 from .common import EXIT_OK, EXIT_UNPOLLED

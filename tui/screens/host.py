@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, ClassVar
 
-from gpuwatch.remote.config.pin import pin_run
-from gpuwatch.remote.config.schema import find_config
+from gpuwatch.remote.actions.pin import pin_run
+from gpuwatch.remote.config.load import find_config
 from gpuwatch.remote.model.discovered import Discovery
 from gpuwatch.remote.model.series import RunSeries
 from rich.text import Text

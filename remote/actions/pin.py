@@ -18,8 +18,10 @@ from typing import Any
 
 import tomli_w
 
-from ..model.discovered import Discovery, resume_argv
-from .schema import ConfigError, parse_config
+from ..config.load import parse_config
+from ..config.schema import ConfigError
+from ..model.discovered import Discovery
+from ..model.resume import resume_argv
 
 ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "WANDB_",
                 "OMP_", "MKL_", "PYTHONPATH", "ACCELERATE_", "DS_", "TOKENIZERS_", "XLA_")

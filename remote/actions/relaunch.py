@@ -1,0 +1,230 @@
+"""Planning a relaunch (DESIGN §4, U2): the run's command with its placeholders filled and
+quoted, refused while any process of the run is alive or its launch script is being run; a
+discovered run relaunched from how it was started."""
+
+import os
+import re
+import shlex
+import time
+from collections.abc import Sequence
+
+from ..config.schema import HostConfig, RunConfig
+from ..findings.base import slow_start_likely
+from ..model.discovered import LaunchRecord, RelaunchError
+from ..model.history import HostHistory
+from ..model.resume import relaunch_command
+from ..model.series import RunSeries
+from ..model.snapshot import HostSnapshot, ProcessInfo
+from .types import DEFAULT_LOG, PLACEHOLDERS, SHELLS, ActionPlan, LaunchSpec, _current, _refused
+
+
+def quote_path(path: str) -> str:
+    """shlex.quote, keeping a leading ~/ expandable (`~/'my runs'`)."""
+    if path == "~":
+        return "~"
+    if path.startswith("~/"):
+        return "~/" + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def fill_command(template: str, *, run: str, workdir: str,
+                 latest_checkpoint: str | None) -> str:
+    """The relaunch template with {latest_checkpoint}, {workdir}, {run} replaced by quoted
+    values. Other braces (a shell's ${VAR}, awk's {print}) are left alone."""
+    values = {"run": shlex.quote(run), "workdir": quote_path(workdir),
+              "latest_checkpoint": (quote_path(latest_checkpoint)
+                                    if latest_checkpoint is not None else None)}
+
+    def fill(match: re.Match[str]) -> str:
+        value = values[match.group(1)]
+        if value is None:
+            raise ValueError(match.group(1))
+        return value
+
+    return PLACEHOLDERS.sub(fill, template)
+
+
+def _script_words(template: str) -> tuple[str, ...]:
+    """Words of the template that may name a launch script (checked on the box, U2)."""
+    try:
+        words = shlex.split(PLACEHOLDERS.sub("", template))
+    except ValueError:
+        words = template.split()
+    return tuple(dict.fromkeys(w for w in words if w and not w.startswith("-")
+                               and "=" not in w and w not in SHELLS))
+
+
+def _run_config(host: HostConfig, name: str) -> RunConfig | None:
+    return next((r for r in host.runs if r.name == name), None)
+
+
+def plan_relaunch(host: HostConfig, run_name: str, history: HostHistory,
+                  launch: LaunchRecord | None = None) -> ActionPlan:
+    """Start a dead run again, from its latest checkpoint when the template asks for one (or,
+    for a discovered run, when its framework's resume argument is known).
+
+    A configured run is started from its config (`relaunch`, `workdir`, `process`). A run that
+    is not configured was discovered (issue 8): `launch` is how the store recorded it was
+    started while it was alive (discovered.recorded_launch); without one there is nothing to
+    start."""
+    run = _run_config(host, run_name)
+    if run is None:
+        if launch is not None and launch.run == run_name:
+            return _plan_relaunch_discovered(host, launch, history)
+        return _refused("relaunch", host, (
+            f"no run named {run_name!r} is configured for {host.name}, and gpuwatch never saw "
+            "how a run of that name was started (it records a discovered run's cwd, argv and "
+            "environment while the run is alive); add it to the config with `relaunch`, "
+            "`workdir` and `process`"))
+    if not run.relaunch:
+        return _refused("relaunch", host, f"run {run.name} has no `relaunch` command in the "
+                                          "config")
+    if not run.workdir:
+        return _refused("relaunch", host, f"run {run.name} has no `workdir` in the config")
+    if not run.process:
+        return _refused("relaunch", host, (
+            f"run {run.name} has no `process` pattern in the config, so gpuwatch cannot tell "
+            "whether it is still alive before starting another copy"))
+    scripts = _script_words(run.relaunch)
+    snap, why = _relaunch_blocked(host, run.name, history, scripts, run.workdir)
+    if snap is None:
+        return _refused("relaunch", host, why or "no snapshot")
+    series = history.runs.get(run.name)
+    if series is not None and series.status == "finished":
+        return _refused("relaunch", host, _finished_refusal(run.name, series, run.done))
+    latest = series.latest_checkpoint if series else None
+    try:
+        command = fill_command(run.relaunch, run=run.name, workdir=run.workdir,
+                               latest_checkpoint=latest.path if latest else None)
+    except ValueError:
+        where = (f"`checkpoints = \"{run.checkpoints}\"` matched nothing"
+                 if run.checkpoints else "`checkpoints` is not set for it")
+        return _refused("relaunch", host, (
+            f"the relaunch command needs {{latest_checkpoint}} but run {run.name} has no "
+            f"checkpoint ({where}); fix the glob, or write a relaunch command that starts "
+            "from scratch"))
+    log = run.resolve(run.log) if run.log else run.resolve(DEFAULT_LOG)
+    assert log is not None
+    notes = []
+    if run.log is None:
+        notes.append(f"run {run.name} has no `log` in the config: output goes to {log}")
+    if latest is not None:
+        notes.append(f"resumes from {latest.path}")
+    spec = LaunchSpec(run=run.name, workdir=run.workdir, log=log, detach=run.detach,
+                      env=tuple(sorted(run.env.items())), process=run.process, scripts=scripts)
+    return ActionPlan("relaunch", host.name, (), command, "", None, tuple(notes), spec)
+
+
+def _plan_relaunch_discovered(host: HostConfig, launch: LaunchRecord,
+                              history: HostHistory) -> ActionPlan:
+    """A discovered run started again as it was started: the recorded cwd, argv (with the
+    resume argument where the framework's convention is known) and environment, less the old
+    login's variables and every secret-named one, which are named so the person knows what the
+    box must supply (U34, U35)."""
+    name = launch.run
+    if not launch.process:
+        return _refused("relaunch", host, (
+            f"run {name} was recorded without a command-line pattern, so gpuwatch cannot tell "
+            "whether it is still alive before starting another copy; add it to the config"))
+    snap, why = _relaunch_blocked(host, name, history, launch.scripts, launch.cwd)
+    if snap is None:
+        return _refused("relaunch", host, why or "no snapshot")
+    series = history.runs.get(name)
+    if series is not None and series.status == "finished":
+        return _refused("relaunch", host, _finished_refusal(name, series, None))
+    latest = series.latest_checkpoint if series else None
+    try:
+        command, _dropped, said = relaunch_command(launch, latest)
+    except RelaunchError as exc:
+        return _refused("relaunch", host, str(exc))
+    log = launch.log or f"{launch.cwd.rstrip('/') or '/'}/{DEFAULT_LOG}"
+    notes = [f"run {name} is not in the config: this is how gpuwatch saw it started "
+             f"{_ago(launch.recorded_at)}", *said]
+    if launch.log is None:
+        notes.append(f"its output went to no file at launch: now to {log}")
+    # A discovered run has no done marker: one whose framework wrote nothing of its end (and
+    # that gpuwatch did not start) reads as dead when it ended on its own.
+    tail = (series.tail or "").strip().splitlines()[-1:] if series else []
+    notes.append("gpuwatch found nothing that says this run finished (no done marker, no end "
+                 "written by its framework), but it may have: check the log's end before "
+                 "confirming" + (f"; it ends: {tail[0][:160]}" if tail else ""))
+    spec = LaunchSpec(run=name, workdir=launch.cwd, log=log, detach=launch.detach,
+                      env=launch.env, process=launch.process, scripts=launch.scripts,
+                      in_workdir=True)
+    return ActionPlan("relaunch", host.name, (), command, "", None, tuple(notes), spec)
+
+
+def _finished_refusal(name: str, series: RunSeries, marker: str | None) -> str:
+    """Why a finished run is not started again (seed 004), and how to allow it."""
+    how = (f"remove its done marker {marker} to run it again" if series.done and marker
+           else "start it by hand if it is to train further")
+    return f"run {name} finished ({series.finished_by()}); {how}"
+
+
+def _ago(at: float) -> str:
+    minutes = max(0, int((time.time() - at) // 60))
+    if minutes < 1:
+        return "under a minute ago"
+    if minutes < 120:
+        return f"{minutes} min ago"
+    return f"{minutes // 60} h ago" if minutes < 48 * 60 else f"{minutes // 1440} days ago"
+
+
+
+
+def _relaunch_blocked(host: HostConfig, name: str, history: HostHistory,
+                      scripts: Sequence[str], workdir: str
+                      ) -> tuple[HostSnapshot | None, str | None]:
+    """The fresh snapshot when nothing forbids starting run `name` again; else (None, why): no
+    fresh snapshot, a process of the run alive (U4), or its launch script being executed by
+    a shell (U2). Only the run's own processes are named: those the probe gave the run
+    (probe.match_runs) and shells running the run's own script file."""
+    snap, why = _current(history)
+    if snap is None:
+        return None, why
+    err = snap.gpu_error
+    if err is not None and err.meaning.relaunch is not None and not (
+            err.kind == "timeout" and slow_start_likely(history)):
+        return None, (f"the GPUs of {host.name} cannot be used now ({err.summary}: "
+                      f"{err.message}); a new CUDA process would fail at once — "
+                      f"{err.meaning.relaunch}")
+    series = history.runs.get(name)
+    alive = sorted({p.pid for p in snap.processes if p.run == name and not p.zombie}
+                   | set(series.pids if series else ()))
+    if alive:
+        return None, (f"run {name} is running (pid {', '.join(map(str, alive))}); kill it "
+                      "first — a kill and a relaunch are never one step")
+    for p in snap.processes:
+        argv0 = os.path.basename(p.cmd.split(" ", 1)[0]) if p.cmd else ""
+        if p.zombie or (p.comm not in SHELLS and argv0 not in SHELLS):
+            continue
+        hit = _runs_script(p, scripts, workdir)
+        if hit is not None:
+            return None, (f"{hit} is being executed by pid {p.pid} ({p.cmd}): a shell reads "
+                          "its script as it goes, so a second start now risks a duplicate "
+                          "run; end it first")
+    return snap, None
+
+
+def _runs_script(shell: ProcessInfo, scripts: Sequence[str], workdir: str) -> str | None:
+    """Which of the run's scripts (words of its command, relative to its workdir) the shell's
+    arguments name as the same file: a word resolved against the shell's cwd, never a word
+    that only looks alike (another folder's run.sh is another run's). Script-like words only
+    (a file name with an extension, or a path): `python` in a shell's argv says nothing. The
+    box checks open files and argv for real, symlinks resolved (actions_box.still_running)."""
+    words = shell.cmd.split()[1:]
+    for s in scripts:
+        if "." not in os.path.basename(s) and "/" not in s:
+            continue
+        if s.startswith("~") or workdir.startswith("~"):  # the box's home: not known here
+            target = None
+        else:
+            target = os.path.normpath(os.path.join(workdir, s))
+        for w in words:
+            if target is None:
+                if w == s:
+                    return s
+            elif (w.startswith("/") or shell.cwd) and \
+                    os.path.normpath(os.path.join(shell.cwd or "/", w)) == target:
+                return s
+    return None
