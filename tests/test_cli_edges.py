@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gpuwatch.remote.config.schema import parse_config
+from gpuwatch.remote.config.load import parse_config
 from gpuwatch.remote.config.starter import starter_text
 from gpuwatch.tui.cli.command import EXIT_OK, EXIT_USAGE, run
 from gpuwatch.tui.cli.scalars import EXIT_NOINPUT, run_scalars

@@ -8,7 +8,8 @@ import json
 import math
 
 import pytest
-from gpuwatch.remote.config.schema import ConfigError, parse_config
+from gpuwatch.remote.config.load import parse_config
+from gpuwatch.remote.config.schema import ConfigError
 from gpuwatch.remote.findings.curve_tags import tags_of
 from gpuwatch.remote.findings.curves import CurveParams, CurveTracker, noisy_band
 from gpuwatch.remote.findings.rules import Thresholds

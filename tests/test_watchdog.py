@@ -254,7 +254,8 @@ def test_a_lease_has_one_holder_until_it_expires(tmp_path: Path) -> None:
 
 
 def test_policy_keys_are_validated_with_their_line(tmp_path: Path) -> None:
-    from gpuwatch.remote.config.schema import ConfigError, load_file
+    from gpuwatch.remote.config.load import load_file
+    from gpuwatch.remote.config.schema import ConfigError
 
     path = tmp_path / "c.toml"
     path.write_text('[hosts.a.runs.r]\nrestart = "always"\nmax_restarts = 1.5\n'
