@@ -89,17 +89,15 @@ def verbs(work: Path, stalled_s: float | None, tmp: Path) -> set[str]:
 
 
 def check(work: Path, stalled_s: float | None, tmp: Path) -> set[str]:
-    (result,) = asyncio.run(check_hosts(_config(work, stalled_s).hosts))
-    assert result.ok and result.outcome is not None
-    report = getattr(result, "report", None)  # what check would show once it judges
-    return {f.code for f in getattr(report, "findings", ())}
+    config = _config(work, stalled_s)
+    (result,) = asyncio.run(check_hosts(config.hosts, thresholds=config.thresholds))
+    assert result.ok and result.report is not None
+    return {f.code for f in result.report.findings}
 
 
 @pytest.mark.parametrize("path", [
     once, tui, verbs,
-    pytest.param(check, marks=pytest.mark.xfail(
-        strict=True, reason="check polls (Collector) but does not judge: tui/cli/check.py "
-                            "must judge with watch.history_from_store(thresholds) + judge")),
+    check,
 ], ids=["once", "tui", "verbs", "check"])
 def test_thresholds_change_the_same_finding_the_same_way(
         quiet_box: Path, tmp_path: Path, path) -> None:  # type: ignore[no-untyped-def]

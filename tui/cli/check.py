@@ -18,13 +18,17 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
 from gpuwatch.remote.config.load import load_config
 from gpuwatch.remote.config.schema import HostConfig, select_hosts
+from gpuwatch.remote.config.thresholds import Thresholds
+from gpuwatch.remote.model.finding import Severity
+from gpuwatch.remote.model.history import HostHistory
 from gpuwatch.remote.model.snapshot import HostSnapshot, ProbeError
+from gpuwatch.remote.report import HostReport
 from gpuwatch.remote.textsafe import visible
 from gpuwatch.remote.wire.collect import Collector, PollOutcome, ssh_files
 from gpuwatch.remote.wire.document import load_document
@@ -46,10 +50,10 @@ def run_verb(args: argparse.Namespace) -> int:
         print(f"  {host.name}: ssh {host.ssh}, python {host.python}, disks "
               f"{' '.join(host.disks)}; {runs}")
     sys.stdout.flush()  # the polls take a while: show what is being checked first
-    checks = asyncio.run(check_hosts(config.hosts,
+    checks = asyncio.run(check_hosts(config.hosts, thresholds=config.thresholds,
                                      accept_new_host_keys=args.accept_new_host_keys))
     for check in checks:
-        for line in [*check.lines, *check.warnings]:
+        for line in [*check.lines, *check.warnings, *found_lines(check)]:
             print(visible(line, multiline=True))  # a poll's error may quote the box
     print(summary(checks))
     return EXIT_OK if all(c.ok for c in checks) else EXIT_UNPOLLED
@@ -68,6 +72,17 @@ class HostCheck:
     outcome: PollOutcome | None = None
     startup_s: float | None = None
     """Session open to the end of a bare `true` (None: local, or not measured)."""
+    report: HostReport | None = None
+    """What the rules made of this one poll (the pipeline's judge, with the config's
+    `[thresholds]`; no history before it, and nothing written to the store)."""
+
+
+def found_lines(check: HostCheck) -> list[str]:
+    """One line per warning or critical finding of the host's one poll."""
+    if check.report is None:
+        return []
+    return [f"{check.host.name}: {f.severity.name.lower()}: {f.message}"
+            for f in check.report.findings if f.severity >= Severity.WARNING]
 
 
 def _ms(seconds: float | None) -> str:
@@ -199,10 +214,11 @@ def loose_runs(host: HostConfig, snap: HostSnapshot) -> list[str]:
     return out
 
 
-async def check_hosts(hosts: Sequence[HostConfig], *,
+async def check_hosts(hosts: Sequence[HostConfig], *, thresholds: Thresholds | None = None,
                       accept_new_host_keys: bool = False) -> list[HostCheck]:
-    """Poll every host once (concurrently, openings bounded per sshd) and judge each."""
-    from gpuwatch.remote.watch import opening
+    """Poll every host once (concurrently, openings bounded per sshd) and judge each through
+    the one pipeline (watch.judge), as the TUI and `--once` do."""
+    from gpuwatch.remote.watch import judge, opening
 
     limiter = OpeningLimiter()
     needs_ssh = any(not h.is_local for h in hosts)
@@ -211,6 +227,13 @@ async def check_hosts(hosts: Sequence[HostConfig], *,
         opening=(lambda h: opening(limiter, h)) if needs_ssh else None)
 
     async def one(host: HostConfig) -> HostCheck:
+        check = await polled(host)
+        if check.outcome is None or not check.outcome.ok:
+            return check
+        history = HostHistory(host.name, thresholds=thresholds or Thresholds())
+        return replace(check, report=judge(history, check.outcome))
+
+    async def polled(host: HostConfig) -> HostCheck:
         outcome = await collector.poll(host)
         if not outcome.ok:
             return failed(outcome)
