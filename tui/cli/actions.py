@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable
 
 from gpuwatch.remote.actions import plan as actions
+from gpuwatch.remote.actions.verify import verify_until
 from gpuwatch.remote.config.load import load_config
 from gpuwatch.remote.config.schema import ConfigError, HostConfig, select_hosts
 from gpuwatch.remote.findings.rules import HostHistory, Thresholds, recent
@@ -106,20 +107,20 @@ async def _run(kind: str, host: HostConfig, store: Store, *, pid: int | None, si
     if outcome.ok is False:
         return EXIT_FAILED
     actions.mark_reaped(plan, history)
-    verdict = None
-    for attempt in range(VERIFY_POLLS):
-        if attempt:
-            await asyncio.sleep(VERIFY_PAUSE_S)
+    errors: list[str] = []
+
+    async def fresh_poll() -> str | None:
         error = await poll_into(host, store, history, accept_new)
         if error is not None:
-            continue
-        verdict = await actions.verify(plan, host, history)
-        if verdict.ok:
-            break
+            errors.append(error)
+        return error
+
+    # the one verify loop (remote/actions/verify.py), its last verdict audited in the store
+    verdict = await verify_until(plan, host, history, fresh_poll, store=store)
     if verdict is None:
-        say(f"gpuwatch: {host.name} could not be polled to verify: {error}", err=True)
+        why = errors[-1] if errors else "no poll landed"
+        say(f"gpuwatch: {host.name} could not be polled to verify: {why}", err=True)
         return EXIT_UNPOLLED
-    await actions.verify(plan, host, history, store=store)  # the last verdict, audited
     say(("verified: " if verdict.ok else "NOT verified: ") + verdict.message)
     return EXIT_OK if verdict.ok else EXIT_FAILED
 
