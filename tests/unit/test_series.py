@@ -28,7 +28,7 @@ from gpuwatch.remote.model.series import (
 from gpuwatch.remote.model.snapshot import Checkpoint, EventFile, LogInfo, RunSample, Scalars
 from gpuwatch.remote.wire.raw_events import RAW_CAP
 
-SCHEMA = Path(__file__).parents[1] / "remote" / "gpuwatch-1.schema.json"
+SCHEMA = Path(__file__).parents[2] / "remote" / "gpuwatch-1.schema.json"
 T0 = 1_700_000_000.0
 
 

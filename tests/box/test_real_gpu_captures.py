@@ -19,7 +19,7 @@ from gpuwatch.remote.box import probe
 from gpuwatch.remote.report import load_schema
 from gpuwatch.remote.wire.document import parse_probe_output
 
-CAPTURES = Path(__file__).with_name("captures")
+CAPTURES = Path(__file__).parents[1] / "captures"
 GPUS = ("h100-driver580", "h200-driver580")
 LABELS = ("idle", "load1", "load2", "load3", "orphan", "after-reap")
 BUS_ID = "00000000:00:06.0"

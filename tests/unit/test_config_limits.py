@@ -29,7 +29,7 @@ from gpuwatch.tui.cli.command import EXIT_CONFIG
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-CONFIGS = Path(__file__).parent / "data" / "configs"
+CONFIGS = Path(__file__).parents[1] / "data" / "configs"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 

@@ -125,7 +125,7 @@ def test_query_compute_apps_matches_capture_bytes(tmp_path: Path, machine: str) 
     assert out.stdout == real
 
 
-OWN_CAPTURES = Path(__file__).with_name("captures")
+OWN_CAPTURES = Path(__file__).parents[1] / "captures"
 
 
 @pytest.mark.parametrize("gpu", ["h100-driver580", "h200-driver580"])
