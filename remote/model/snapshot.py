@@ -1158,7 +1158,8 @@ def _kernel_section(doc: _Node, errors: dict[str, str]) -> _Node | None:
     if kernel is None or kernel.data.get("raw") is None:
         return kernel
     raw = kernel.opt_list("raw", lambda v: isinstance(v, str), "strings") or ()
-    from ..box.probe import DEFAULT_LIMITS, parse_kernel_log  # only here: a box's first Xid
+    from ..box.base import DEFAULT_LIMITS  # only here: a box's first Xid
+    from ..box.kernel_log import parse_kernel_log
 
     parsed = parse_kernel_log(raw, DEFAULT_LIMITS["kernel_events"], DEFAULT_LIMITS["msg_chars"])
     parsed["candidates"] = kernel.opt_int("candidates")
