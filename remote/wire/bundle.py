@@ -66,16 +66,16 @@ POPEN = "gpuwatch_popen"
 """The probe's way to run nvidia-smi and dmesg where os.posix_spawnp is missing (popen.py;
 Python 3.6 and 3.7, PyPy; subprocess, 4 ms more CPU): sent unless the last poll of the host
 said its python has os.posix_spawnp."""
-PARTS = (("gpuwatch_tfevents", ("tfevents",)),
-         ("gpuwatch_discover", ("discover",)),  # issue 8
+PARTS = (("gpuwatch_tfevents", ("tfevents_proto", "tfevents")),
+         ("gpuwatch_discover", ("discover_found", "discover")),  # issue 8
          ("gpuwatch_probe", CORE),
          (RUN_FILES, ("runs", "checkpoints")), (RAW_RECORDS, ("events",)), (METRICS, ("metrics",)),
          (GLOB, ("globs",)), (NVML, ("gpus_nvml",)), (POPEN, ("popen",)),
          (CGROUP_V1, ("cgroup_v1",)), (KERNEL, ("kernel_log",)))
 """What modules_for picks from, in its order: each part is the files of box/ it names."""
-FILES = ("tfevents", "base", "gpus_smi", "host", "disks", "kernel_log", "cgroup_v1", "popen",
-         "runs", "checkpoints", "metrics", "processes", "events", "known_runs", "discover", "globs",
-         "gpus_nvml", "probe")
+FILES = ("tfevents_proto", "tfevents", "base", "gpus_smi", "host", "disks", "kernel_log",
+         "cgroup_v1", "popen", "runs", "checkpoints", "metrics", "processes", "events",
+         "known_runs", "discover_found", "discover", "globs", "gpus_nvml", "probe")
 """The order the loader installs them in: base.py before the rest, a file after those it
 binds at its top (`host = base.load_module("host")`), probe.py last, whose main() runs; else
 the order that zlib packs best (tens of bytes of every poll)."""
