@@ -199,7 +199,7 @@ def number_setting(mapping, key, default):
 
 def load_site():
     """Put the box's site-packages on sys.path, for what lives there (pynvml). The probe runs
-    under `python3 -S` (probe_bundle.build_command): site, and with it every installed
+    under `python3 -S` (bundle.build_command): site, and with it every installed
     package's .pth file, costs 3 ms of a bare Debian python3's start and tens of ms in a
     well-stocked conda env or pyenv, on every poll; it is loaded only where it is needed."""
     if sys.flags.no_site and "site" not in sys.modules:
@@ -216,7 +216,7 @@ def load_module(name):
     shipped = sys.modules.get("gpuwatch_" + name)
     if shipped is not None:
         return shipped
-    if __file__.startswith("<"):  # installed by the bundle's loader (probe_bundle.LOADER)
+    if __file__.startswith("<"):  # installed by the bundle's loader (bundle.LOADER)
         raise ImportError("gpuwatch_%s was not sent with this poll" % name)
     import importlib
 

@@ -15,7 +15,7 @@ def glob_paths(path, cap):
     """glob.iglob(path), sorted (at most cap) → (paths, capped). Written out here: `import
     glob` pulls in re, enum and contextlib, 3.7 ms of every poll of a box whose run names its
     checkpoints by a glob, as discovery names every HuggingFace run's (checkpoint-*): a sixth
-    of the probe's CPU there. Sent only to such polls (probe_bundle.GLOB)."""
+    of the probe's CPU there. Sent only to such polls (bundle.GLOB)."""
     absolute = path.startswith("/")
     parts = path.split("/")[1 if absolute else 0:]
     paths, listed = ["/" if absolute else ""], False

@@ -1,7 +1,10 @@
 """gpuwatch probe: runs ON the box, once per poll, and prints one JSON document.
 
 Stdlib only and Python 3.6+ (old boxes; nothing is installed there, U42): the client sends
-this source and a JSON request over stdin each poll (see probe_bundle.py). pynvml is used
+this file, the files of the sections it reads (base.py, host.py, gpus_smi.py, processes.py,
+disks.py, known_runs.py) and those of the optional parts this poll needs (runs.py, metrics.py,
+gpus_nvml.py, ... see wire/bundle.py, modules_for), and a JSON request over stdin each poll;
+each is installed as a gpuwatch_<name> module and reached through it. pynvml is used
 when it imports and nvmlInit works, else `nvidia-smi`. Nothing read from the box is ever
 executed or evaluated; only `nvidia-smi` and `dmesg` are run, from PATH, under timeouts.
 
