@@ -3,8 +3,6 @@ whichever file of the probe defines it, and setting one sets it there (a test's 
 reaches the code that uses it). For the client's tests and benchmarks: never sent to a box.
 """
 
-from __future__ import annotations
-
 import sys
 import types
 from typing import Any
