@@ -36,59 +36,52 @@ from typing import Any
 
 BOX = Path(__file__).parent.parent / "box"
 PROBE_PATH = BOX / "probe.py"
-MODULES = (("gpuwatch_tfevents", BOX / "tfevents.py"),
-           ("gpuwatch_discover", BOX / "discover.py"),  # issue 8
-           ("gpuwatch_probe", PROBE_PATH))
-"""Installed in this order on the box; the last one's main() runs."""
-RUN_FILES = "gpuwatch_probe:run_files"
-"""The part of the probe that reads runs' files, between these two lines of probe.py: sent
-only to a poll that may read a run (modules_for; a quarter of the probe)."""
-RUN_FILES_LINES = ("# " + "=" * 64 + " run files (issue 4)\n",
-                   "# " + "=" * 64 + " end of run files\n")
-RAW_RECORDS = "gpuwatch_probe:raw_records"
-"""Inside the run files part, between these two lines: the reader that sends event files'
-new records raw (probe.read_raw_records, issue 3), sent only to a poll that reads event files
-without the decoder."""
-RAW_RECORDS_LINES = ("# " + "=" * 64 + " raw records (issue 3)\n",
-                     "# " + "=" * 64 + " end of raw records\n")
-NVML = "gpuwatch_probe:nvml"
-"""The probe's NVML reader, between these two lines: sent unless the last poll of the host
-said its python cannot import pynvml (most boxes' system python3; the probe then reads
-nvidia-smi, and says so when pynvml starts to import)."""
-NVML_LINES = ("# " + "=" * 64 + " nvml (issue 3)\n", "# " + "=" * 64 + " end of nvml\n")
-METRICS = "gpuwatch_probe:metrics"
-"""Inside the run files part, between these two lines: the readers of trainer_state.json,
-metrics CSV and JSONL files, sent only to a poll where a run names some or discovery may find
-them (a third of the run files part)."""
-METRICS_LINES = ("# " + "=" * 64 + " metrics (issue 3)\n",
-                 "# " + "=" * 64 + " end of metrics\n")
-GLOB = "gpuwatch_probe:glob"
-"""Inside the run files part, between these two lines: the probe's own glob (probe.glob_paths:
-`import glob` pulls in re, 3.7 ms of a poll), sent only to a poll where a run's path has glob
-characters (discovery names every HuggingFace run's checkpoints by one; the poll that finds
-the run reads them with the stdlib's glob)."""
-GLOB_LINES = ("# " + "=" * 64 + " glob (issue 3)\n", "# " + "=" * 64 + " end of glob\n")
-CGROUP_V1 = "gpuwatch_probe:cgroup_v1"
-"""The probe's reader of cgroup v1 files, between these two lines: sent unless the last poll
-of the host said its cgroups are v2 (most boxes now)."""
-CGROUP_V1_LINES = ("# " + "=" * 64 + " cgroup v1 (issue 3)\n",
-                   "# " + "=" * 64 + " end of cgroup v1\n")
-KERNEL = "gpuwatch_probe:kernel"
-"""The probe's parser of NVIDIA Xid and OOM kill lines, between these two lines: sent unless
-the last poll of the host saw no such line in its kernel log (most boxes; one that has some
-then sends them raw, and the client parses them, model.py)."""
-KERNEL_LINES = ("# " + "=" * 64 + " kernel (issue 3)\n", "# " + "=" * 64 + " end of kernel\n")
-POPEN = "gpuwatch_probe:popen"
-"""The probe's way to run nvidia-smi and dmesg where os.posix_spawnp is missing (Python 3.6
-and 3.7, PyPy; subprocess, 4 ms more CPU), between these two lines: sent unless the last poll
-of the host said its python has os.posix_spawnp."""
-POPEN_LINES = ("# " + "=" * 64 + " popen (issue 3)\n", "# " + "=" * 64 + " end of popen\n")
-PARTS = ((RAW_RECORDS, RAW_RECORDS_LINES), (METRICS, METRICS_LINES), (GLOB, GLOB_LINES),
-         (RUN_FILES, RUN_FILES_LINES),
-         (NVML, NVML_LINES), (POPEN, POPEN_LINES), (CGROUP_V1, CGROUP_V1_LINES),
-         (KERNEL, KERNEL_LINES))
-"""Optional parts of the probe's source, each cut out of it unless `parts` names it (inner
-ones first: the raw records lie inside the run files)."""
+CORE = ("base", "host", "gpus_smi", "processes", "disks", "known_runs", "probe")
+"""The probe's files that every poll sends (the gpuwatch_probe part): what it always runs."""
+RUN_FILES = "gpuwatch_runs"
+"""The part of the probe that reads runs' files (runs.py and checkpoints.py): sent only to a
+poll that may read a run (modules_for; a quarter of the probe)."""
+RAW_RECORDS = "gpuwatch_events"
+"""The reader that sends event files' new records raw (events.py: read_raw_records, issue 3),
+sent only to a poll that reads event files without the decoder."""
+NVML = "gpuwatch_gpus_nvml"
+"""The probe's NVML reader (gpus_nvml.py): sent unless the last poll of the host said its
+python cannot import pynvml (most boxes' system python3; the probe then reads nvidia-smi, and
+says so when pynvml starts to import)."""
+METRICS = "gpuwatch_metrics"
+"""The readers of trainer_state.json, metrics CSV and JSONL files (metrics.py), sent only to a
+poll where a run names some or discovery may find them (a third of the run files)."""
+GLOB = "gpuwatch_globs"
+"""The probe's own glob (globs.py: `import glob` pulls in re, 3.7 ms of a poll), sent only to
+a poll where a run's path has glob characters (discovery names every HuggingFace run's
+checkpoints by one; the poll that finds the run reads them with the stdlib's glob)."""
+CGROUP_V1 = "gpuwatch_cgroup_v1"
+"""The probe's reader of cgroup v1 files (cgroup_v1.py): sent unless the last poll of the
+host said its cgroups are v2 (most boxes now)."""
+KERNEL = "gpuwatch_kernel_log"
+"""The probe's parser of NVIDIA Xid and OOM kill lines (kernel_log.py): sent unless the last
+poll of the host saw no such line in its kernel log (most boxes; one that has some then sends
+them raw, and the client parses them, model.snapshot)."""
+POPEN = "gpuwatch_popen"
+"""The probe's way to run nvidia-smi and dmesg where os.posix_spawnp is missing (popen.py;
+Python 3.6 and 3.7, PyPy; subprocess, 4 ms more CPU): sent unless the last poll of the host
+said its python has os.posix_spawnp."""
+PARTS = (("gpuwatch_tfevents", ("tfevents_proto", "tfevents")),
+         ("gpuwatch_discover", ("discover_found", "discover")),  # issue 8
+         ("gpuwatch_probe", CORE),
+         (RUN_FILES, ("runs", "checkpoints")), (RAW_RECORDS, ("events",)), (METRICS, ("metrics",)),
+         (GLOB, ("globs",)), (NVML, ("gpus_nvml",)), (POPEN, ("popen",)),
+         (CGROUP_V1, ("cgroup_v1",)), (KERNEL, ("kernel_log",)))
+"""What modules_for picks from, in its order: each part is the files of box/ it names."""
+FILES = ("tfevents_proto", "tfevents", "base", "gpus_smi", "host", "disks", "kernel_log",
+         "cgroup_v1", "popen", "runs", "checkpoints", "metrics", "processes", "events",
+         "known_runs", "discover_found", "discover", "globs", "gpus_nvml", "probe")
+"""The order the loader installs them in: base.py before the rest, a file after those it
+binds at its top (`host = base.load_module("host")`), probe.py last, whose main() runs; else
+the order that zlib packs best (tens of bytes of every poll)."""
+MODULES = tuple(("gpuwatch_" + name, BOX / (name + ".py")) for name in FILES)
+"""(the name installed on the box, the file) of every file the bundle may send, in FILES'
+order."""
 PYTHON_MISSING_EXIT = 127
 REQUEST_COMPRESSED_FROM = 256
 """A request JSON longer than this goes zlib-compressed (the probe tells by its first byte)."""
@@ -166,22 +159,19 @@ def strip_source(text: str) -> str:
     return "".join(line.rstrip() + "\n" for line in out.splitlines() if line.strip())
 
 
-def module_source(name: str, path: Path, parts: tuple[str, ...] | None) -> str:
-    text = path.read_text(encoding="utf-8")
-    for part, lines in PARTS:
-        if name == "gpuwatch_probe" and parts is not None and part not in parts:
-            start, end = (text.index(line) for line in lines)
-            text = text[:start] + text[end:]
-    return text
+def files(parts: tuple[str, ...] | None) -> list[tuple[str, Path]]:
+    """The MODULES that `parts` (names of PARTS; None: every one) are made of, in FILES'
+    order."""
+    chosen = {name for part, names in PARTS if parts is None or part in parts for name in names}
+    return [(module, path) for module, path in MODULES if module[len("gpuwatch_"):] in chosen]
 
 
 def payload(parts: tuple[str, ...] | None = None) -> str:
-    """The Python source the bootstrap executes: the sources of the modules in `parts` (by
-    their `gpuwatch_` names, and RUN_FILES for the probe's whole source; None: everything),
-    then the loader."""
-    sources = [(name, strip_source(module_source(name, path, parts))) for name, path in MODULES
-               if parts is None or name in parts]
-    return f"SOURCES = {sources!r}\n{LOADER}"
+    """The Python source the bootstrap executes: the sources of the files of `parts` (names of
+    PARTS, as modules_for gives them; None: everything), then the loader."""
+    sources = [(name, strip_source(path.read_text(encoding="utf-8")))
+               for name, path in files(parts)]
+    return f"SOURCES = {sources!r}\n{strip_source(LOADER)}"
 
 
 CACHE_MAX_AGE_S = 30 * 86400.0
@@ -201,11 +191,8 @@ def compressed_probe(parts: tuple[str, ...] | None = None) -> bytes:
         from hashlib import blake2b
 
     digest = blake2b(Path(__file__).read_bytes(), digest_size=16)  # strip, loader
-    for name, path in MODULES:
-        if parts is None or name in parts:
-            digest.update(b"\0%s\0%s" % (name.encode(), path.read_bytes()))
-    for part, _lines in PARTS:
-        digest.update(b"\0" + (part.encode() if parts is None or part in parts else b""))
+    for name, path in files(parts):
+        digest.update(b"\0%s\0%s" % (name.encode(), path.read_bytes()))
     path = cache_dir() / f"probe-{digest.hexdigest()}.z"
     try:
         if path.stat().st_uid == os.getuid():  # it is sent to every box: only our own file
@@ -297,9 +284,7 @@ def modules_for(request: dict[str, Any]) -> tuple[str, ...]:
         wanted.add(CGROUP_V1)
     if request.get("kernel_lines") != 0:
         wanted.add(KERNEL)
-    return tuple(part for part in (*(name for name, _ in MODULES), RUN_FILES, RAW_RECORDS,
-                                   METRICS, GLOB, NVML, POPEN, CGROUP_V1, KERNEL)
-                 if part in wanted)
+    return tuple(part for part, _ in PARTS if part in wanted)
 
 
 def _globbed(run: Any) -> bool:

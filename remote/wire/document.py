@@ -207,12 +207,13 @@ def _section(doc: _Node, name: str, errors: dict[str, str]) -> _Node | None:
 def _kernel_section(doc: _Node, errors: dict[str, str]) -> _Node | None:
     """The kernel section. Where the box's probe came without its parser of Xid and OOM lines
     (issue 3: sent only where the last poll saw some), the lines come raw and are parsed here
-    by the same code (probe.parse_kernel_log, the probe's default limits)."""
+    by the same code (box/kernel_log.py, the probe's default limits)."""
     kernel = _section(doc, "kernel", errors)
     if kernel is None or kernel.data.get("raw") is None:
         return kernel
     raw = kernel.opt_list("raw", lambda v: isinstance(v, str), "strings") or ()
-    from ..box.probe import DEFAULT_LIMITS, parse_kernel_log  # only here: a box's first Xid
+    from ..box.base import DEFAULT_LIMITS  # only here: a box's first Xid
+    from ..box.kernel_log import parse_kernel_log
 
     parsed = parse_kernel_log(raw, DEFAULT_LIMITS["kernel_events"], DEFAULT_LIMITS["msg_chars"])
     parsed["candidates"] = kernel.opt_int("candidates")

@@ -16,25 +16,52 @@ are worth another try; a refused login or host key is not.
 Host keys are checked against known_hosts by default. ``accept_new_host_keys`` behaves as
 OpenSSH's ``StrictHostKeyChecking=accept-new``: an unknown key is accepted and recorded; a changed
 key is always refused, with the file and line to remove.
+
+In files: ssh_base.py (targets, bounds, results, SshError), ssh_config.py (the ssh config
+applied to a target), ssh_hosts.py (known_hosts); this one runs the call and names its
+failures, and re-exports what callers use (``__all__``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import hashlib
-import hmac
 import os
 import shlex
 import socket
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, cast
+from typing import Any, cast
 
 import asyncssh
+
+from .ssh_base import (
+    DEFAULT_MAX_STDERR,
+    DEFAULT_MAX_STDOUT,
+    DEFAULT_SSH_PORT,
+    Bounds,
+    ErrorKind,
+    ExecResult,
+    SshBounds,
+    SshError,
+    Target,
+    keepalive_bound_s,
+    parse_target,
+)
+from .ssh_config import (
+    _connect_kwargs,
+    _from_parsed,
+    _identity_files,
+    _known_hosts_files,
+    _resolve,
+    _Resolved,
+    endpoint_keys,
+)
+from .ssh_hosts import (
+    _Client,
+    _HostKeyVerdict,
+    _load_known_hosts,
+)
 
 __all__ = [
     "DEFAULT_MAX_STDERR",
@@ -51,280 +78,10 @@ __all__ = [
     "run_once",
 ]
 
-ErrorKind = Literal["unreachable", "timeout", "auth", "host_key", "probe", "config"]
-
-DEFAULT_MAX_STDOUT = 4 * 1024 * 1024
-DEFAULT_MAX_STDERR = 256 * 1024
 # A clean close normally takes one round trip; past this the connection is dropped instead.
 CLOSE_GRACE_S = 1.0
-DEFAULT_SSH_PORT = 22
-_RETRYABLE_KINDS = frozenset({"unreachable", "timeout"})
 ACK_PROMPTLY = True
 """Re-arm TCP_QUICKACK on every read (see ``_ack_promptly``); a switch for benchmarks."""
-
-
-class SshError(Exception):
-    """A bounded SSH call failed. ``kind`` is a ``--json`` error kind; ``message`` one sentence."""
-
-    def __init__(self, kind: ErrorKind, message: str) -> None:
-        super().__init__(message)
-        self.kind: ErrorKind = kind
-        self.message = message
-
-    @property
-    def retryable(self) -> bool:
-        """True for timeouts and lost/refused connections (try again later); False for a refused
-        login, a host key problem or a bad config, which only a person can fix."""
-        return self.kind in _RETRYABLE_KINDS
-
-    def __repr__(self) -> str:
-        return f"SshError({self.kind!r}, {self.message!r})"
-
-
-class Bounds(Protocol):
-    """The deadlines of one call, in seconds: the config's ``[ssh]`` keys (DESIGN §3).
-    ``gpuwatch.remote.config.schema.SshSettings`` fits, and so does ``SshBounds``."""
-
-    @property
-    def connect_timeout(self) -> float: ...
-    @property
-    def server_alive_interval(self) -> float: ...
-    @property
-    def server_alive_count_max(self) -> int: ...
-    @property
-    def command_timeout(self) -> float: ...
-
-
-@dataclass(frozen=True)
-class SshBounds:
-    """Deadlines of one call, in seconds (the ``[ssh]`` defaults of DESIGN §3)."""
-
-    connect_timeout: float = 10.0
-    """TCP connect + key exchange + login (also asyncssh's ``login_timeout``)."""
-    server_alive_interval: float = 5.0
-    """Keepalive request after this many seconds of silence (OpenSSH ServerAliveInterval)."""
-    server_alive_count_max: int = 3
-    """Unanswered keepalives before the connection is declared dead (ServerAliveCountMax)."""
-    command_timeout: float = 30.0
-    """Overall deadline on the command, from opening the session to its end."""
-
-
-def keepalive_bound_s(bounds: Bounds) -> float:
-    """How long a silent server can hold a call: asyncssh sends a keepalive every interval of
-    silence and gives up when the (count_max + 1)th timer fires with none answered."""
-    return bounds.server_alive_interval * (bounds.server_alive_count_max + 1)
-
-
-@dataclass(frozen=True)
-class Target:
-    """What was typed after ``ssh``, split: ``user`` and ``port`` are None when not given (the
-    ssh config or the defaults decide)."""
-
-    host: str
-    user: str | None = None
-    port: int | None = None
-
-
-def parse_target(text: str) -> Target:
-    """Split ``alias``, ``user@host``, ``host:port``, ``user@host:port``, ``[v6]:port`` or a bare
-    IPv6 address. Raises ``SshError("config")`` when it cannot be read."""
-    raw = text.strip()
-    user: str | None = None
-    if "@" in raw:
-        user, raw = raw.rsplit("@", 1)
-        if not user:
-            raise SshError("config", f"'{text}' has an empty user name before '@'.")
-    port_text: str | None = None
-    if raw.startswith("["):
-        close = raw.find("]")
-        if close < 0:
-            raise SshError("config", f"'{text}' opens '[' without a closing ']'.")
-        host, rest = raw[1:close], raw[close + 1 :]
-        if rest:
-            if not rest.startswith(":"):
-                raise SshError("config", f"'{text}' has '{rest}' after ']'; write [ADDRESS]:PORT.")
-            port_text = rest[1:]
-    elif raw.count(":") == 1:
-        host, port_text = raw.split(":")
-    else:
-        host = raw  # a name, or a bare IPv6 address (several colons, no port)
-    if not host:
-        raise SshError("config", f"'{text}' names no host.")
-    port: int | None = None
-    if port_text is not None:
-        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise SshError("config", f"'{text}' has port '{port_text}'; a port is 1-65535.")
-        port = int(port_text)
-    return Target(host=host, user=user, port=port)
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    """One finished command. Timings are wall-clock seconds on this machine."""
-
-    exit_status: int | None
-    """The command's exit status; None when it died by a signal or output was cut off."""
-    exit_signal: str | None
-    """Signal name (e.g. ``KILL``) when the command died by one."""
-    stdout: bytes
-    stderr: bytes
-    stdout_truncated: bool
-    """stdout passed ``max_stdout``: reading stopped and the channel was closed."""
-    stderr_truncated: bool
-    """stderr passed ``max_stderr``: the rest was discarded."""
-    connect_s: float
-    """TCP connect + key exchange + login."""
-    exec_s: float
-    """Opening the session to the command's end."""
-    total_s: float
-    """The whole call, close included."""
-    bytes_sent: int
-    """Channel payload sent: the command line and stdin."""
-    bytes_received: int
-    """Channel payload received: stdout and stderr, discarded bytes included."""
-
-    @property
-    def ok(self) -> bool:
-        """Exit status 0 and nothing cut off."""
-        return self.exit_status == 0 and not self.stdout_truncated
-
-
-# --------------------------------------------------------------------------------------------
-# known_hosts
-
-
-@dataclass(frozen=True)
-class _KnownHostsFile:
-    path: Path
-    lines: tuple[str, ...]
-    hashed: bool
-
-
-_known_hosts_cache: dict[Path, tuple[int, int, _KnownHostsFile]] = {}
-
-
-def _read_known_hosts(path: Path) -> _KnownHostsFile | None:
-    """The file's lines, cached on (mtime, size): a poll every few seconds must not re-read it."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    cached = _known_hosts_cache.get(path)
-    if cached and cached[:2] == (st.st_mtime_ns, st.st_size):
-        return cached[2]
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return None
-    lines = tuple(text.splitlines())
-    entry = _KnownHostsFile(path, lines, any(ln.startswith("|1|") for ln in lines))
-    _known_hosts_cache[path] = (st.st_mtime_ns, st.st_size, entry)
-    return entry
-
-
-def _load_known_hosts(files: Sequence[_KnownHostsFile]) -> asyncssh.SSHKnownHosts:
-    """One SSHKnownHosts from all files. A line asyncssh cannot read is skipped, as OpenSSH
-    does, instead of failing the whole file."""
-    known = asyncssh.SSHKnownHosts()
-    for kh in files:
-        try:
-            known.load("\n".join(kh.lines))
-        except ValueError:
-            for line in kh.lines:
-                try:
-                    asyncssh.import_known_hosts(line)
-                except ValueError:
-                    continue
-                known.load(line)
-    return known
-
-
-def _known_lines_for(
-    files: Sequence[_KnownHostsFile], host: str, addr: str, port: int | None
-) -> list[tuple[Path, int]]:
-    """(file, line number) of every plain key entry that names this host (asyncssh's matching,
-    port fallback included). Only called when a key was not trusted, so per-line cost is fine."""
-    found: list[tuple[Path, int]] = []
-    for kh in files:
-        for number, line in enumerate(kh.lines, 1):
-            stripped = line.strip()
-            if not stripped or stripped.startswith(("#", "@")):
-                continue
-            try:
-                keys = asyncssh.import_known_hosts(stripped).match(host, addr, port)[0]
-            except ValueError:
-                continue
-            if keys:
-                found.append((kh.path, number))
-    return found
-
-
-def _known_hosts_entry(host: str, port: int, key: asyncssh.SSHKey, hashed: bool) -> str:
-    """One known_hosts line as OpenSSH writes it: ``[host]:port`` off port 22; HMAC-SHA1 hashed
-    (``|1|salt|hash``) when the file already uses hashed names (HashKnownHosts)."""
-    name = host if port == DEFAULT_SSH_PORT else f"[{host}]:{port}"
-    if hashed:
-        salt = os.urandom(20)
-        digest = hmac.new(salt, name.encode(), hashlib.sha1).digest()
-        name = f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
-    alg, data = key.export_public_key("openssh").decode().split()[:2]
-    return f"{name} {alg} {data}\n"
-
-
-def _append_known_host(path: Path, entry: str) -> None:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    with os.fdopen(fd, "a") as fh:
-        if fh.tell() > 0:
-            with open(path, "rb") as check:
-                check.seek(-1, os.SEEK_END)
-                if check.read(1) != b"\n":
-                    entry = "\n" + entry
-        fh.write(entry)
-
-
-@dataclass
-class _HostKeyVerdict:
-    kind: Literal["unknown", "changed", "added"]
-    fingerprint: str
-    lines: list[tuple[Path, int]] = field(default_factory=list)
-    recorded_in: Path | None = None
-
-
-class _Client(asyncssh.SSHClient):
-    """Decides on host keys known_hosts does not already trust, like OpenSSH: unknown (no entry
-    for the host) vs changed (an entry with another key). asyncssh calls
-    ``validate_host_public_key`` only for a key it did not find trusted."""
-
-    def __init__(self, files: Sequence[_KnownHostsFile], append_to: Path, accept_new: bool):
-        self._files = files
-        self._append_to = append_to
-        self._accept_new = accept_new
-        self.verdict: _HostKeyVerdict | None = None
-        self.conn: asyncssh.SSHClientConnection | None = None
-
-    def connection_made(self, conn: asyncssh.SSHClientConnection) -> None:
-        self.conn = conn
-
-    def validate_host_public_key(
-        self, host: str, addr: str, port: int, key: asyncssh.SSHKey
-    ) -> bool:
-        fingerprint = key.get_fingerprint("sha256")
-        match_port = None if port == DEFAULT_SSH_PORT else port
-        lines = _known_lines_for(self._files, host, addr, match_port)
-        if lines:
-            self.verdict = _HostKeyVerdict("changed", fingerprint, lines)
-            return False
-        if not self._accept_new:
-            self.verdict = _HostKeyVerdict("unknown", fingerprint)
-            return False
-        existing = _read_known_hosts(self._append_to)
-        _append_known_host(
-            self._append_to, _known_hosts_entry(host, port, key, bool(existing and existing.hashed))
-        )
-        self.verdict = _HostKeyVerdict("added", fingerprint, recorded_in=self._append_to)
-        return True
-
 
 # --------------------------------------------------------------------------------------------
 # Output
@@ -554,192 +311,6 @@ async def _close(conn: asyncssh.SSHClientConnection, *, cleanly: bool) -> None:
             await conn.wait_closed()
     except TimeoutError:
         conn.abort()
-
-
-# --------------------------------------------------------------------------------------------
-# Options
-
-
-@dataclass(frozen=True)
-class _Resolved:
-    host: str
-    port: int
-    username: str
-    config: Any  # asyncssh's parsed ssh config for this host
-    client_keys: list[str] | None  # IdentityFile entries that exist, when some do not
-    parsed: Any = None  # the options it came from (_parsed): the connection starts from them
-
-
-def _connect_kwargs(
-    tgt: Target,
-    bounds: Bounds,
-    config_file: str | os.PathLike[str] | None,
-    identity_file: str | os.PathLike[str] | None,
-) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {
-        "host": tgt.host,
-        # DESIGN §2: every step bounded. asyncssh's defaults are no connect timeout, a 2 min
-        # login timeout and no keepalive; ssh_config values are overridden by ours.
-        "connect_timeout": bounds.connect_timeout,
-        "login_timeout": bounds.connect_timeout,
-        "keepalive_interval": bounds.server_alive_interval,
-        "keepalive_count_max": bounds.server_alive_count_max,
-        # No GSSAPI round trips (the ssh config may ask for them; a GPU box hardly uses Kerberos).
-        "gss_auth": False,
-        "gss_kex": False,
-    }
-    if tgt.port is not None:
-        kwargs["port"] = tgt.port
-    if tgt.user is not None:
-        kwargs["username"] = tgt.user
-    if config_file is not None:
-        kwargs["config"] = [str(Path(config_file).expanduser())]
-    if identity_file is not None:
-        kwargs["client_keys"] = [str(Path(identity_file).expanduser())]
-    return kwargs
-
-
-def _from_parsed(kwargs: dict[str, Any], resolved: _Resolved) -> dict[str, Any]:
-    """The connection's kwargs, starting from the ssh config as _parsed read it rather than
-    reading the file again: asyncssh parses the whole file on every connection (9 ms of client
-    CPU per poll with a 51-host config, as much as the rest of the poll; issue 3).
-
-    The parsed options were made with no keys, no agent and no known_hosts (only to read the
-    config), and asyncssh's options inherit every keyword of the options they start from: so
-    client_keys and agent_path are given again here as asyncssh's defaults (the config's
-    IdentityFile / IdentityAgent, SSH_AUTH_SOCK) and known_hosts by the caller. A ProxyJump
-    target is left to read the file: asyncssh opens the jump connection with the `config` given
-    to connect, and None there would resolve the jump host without the ssh config."""
-    parsed = resolved.parsed
-    if parsed is None or parsed.tunnel:
-        return kwargs
-    return {**kwargs, "options": parsed, "config": None,
-            "client_keys": kwargs.get("client_keys", ()), "agent_path": ()}
-
-
-def _options(kwargs: dict[str, Any], host: str) -> asyncssh.SSHClientConnectionOptions:
-    """asyncssh's options for these connect kwargs with the ssh config applied, keys not
-    loaded. Config errors become ``SshError("config")``."""
-    probe = {k: v for k, v in kwargs.items() if k != "client_keys"}
-    try:
-        return asyncssh.SSHClientConnectionOptions(
-            **probe, client_keys=None, agent_path=None, known_hosts=None
-        )
-    except asyncssh.ConfigParseError as exc:
-        raise SshError("config", f"cannot read the ssh config: {exc}.") from None
-    except (OSError, ValueError) as exc:
-        raise SshError("config", f"bad ssh options for '{host}': {exc}.") from None
-
-
-PARSED_TTL_S = 30.0
-"""How long one reading of the ssh config is reused while its file is unchanged (a file it
-Includes may change unseen for this long)."""
-_parsed_cache: dict[
-    tuple[Target, str | None], tuple[float, tuple[int, int] | None, Any]
-] = {}
-
-
-def _parsed(
-    tgt: Target, config_file: str | os.PathLike[str] | None
-) -> asyncssh.SSHClientConnectionOptions:
-    """The ssh config applied to a target (host, port, user and the config's other keys), keys
-    not loaded; reused for PARSED_TTL_S while the file is unchanged.
-
-    Why: asyncssh reads the whole file for every target, shlex-splitting each line (about 6 ms
-    for a 50-host config), and each poll needs it twice here (endpoint_keys, _resolve): with N
-    hosts in one ssh config a fleet poll cost O(N^2), on the event loop for endpoint_keys. The
-    connection's own reading (asyncssh's, in its executor) is left as it is.
-    """
-    path = Path(config_file).expanduser() if config_file is not None else None
-    try:
-        st = (path or Path.home() / ".ssh" / "config").stat()
-        stamp: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
-    except OSError:
-        stamp = None
-    key = (tgt, str(path) if path else None)
-    now = time.monotonic()
-    cached = _parsed_cache.get(key)
-    if cached is not None and cached[1] == stamp and now - cached[0] < PARSED_TTL_S:
-        return cast(asyncssh.SSHClientConnectionOptions, cached[2])
-    options = _options(_connect_kwargs(tgt, SshBounds(), config_file, None), tgt.host)
-    if len(_parsed_cache) > 4096:  # a long-running TUI with ad-hoc targets: stay bounded
-        _parsed_cache.clear()
-    _parsed_cache[key] = (now, stamp, options)
-    return options
-
-
-def _resolve(
-    tgt: Target, kwargs: dict[str, Any], config_file: str | os.PathLike[str] | None
-) -> _Resolved:
-    """Apply the ssh config to the target (host, port, user, key and known_hosts files) the way
-    the connection will. Blocking file reads: run it in a thread."""
-    _check_files(config_file, kwargs.get("client_keys"))
-    options = _parsed(tgt, config_file)
-    client_keys = None
-    if "client_keys" not in kwargs:
-        # OpenSSH skips an IdentityFile that does not exist (one ssh config, many machines);
-        # asyncssh fails the connection on it. Hand it only the files that are there.
-        present = _identity_files(options.config)
-        if len(present) != len(cast(list[str], options.config.get("IdentityFile", []))):
-            client_keys = present
-    return _Resolved(
-        host=str(options.host),
-        port=int(options.port or DEFAULT_SSH_PORT),
-        username=str(options.username),
-        config=options.config,
-        client_keys=client_keys,
-        parsed=options,
-    )
-
-
-def endpoint_keys(target: str, config_file: str | os.PathLike[str] | None = None) -> list[str]:
-    """``host:port`` of every sshd a connection to ``target`` opens a connection to: the final
-    sshd and each ProxyJump hop, as the ssh config resolves them (aliases of one sshd give one
-    key). For bounding how many connections are being opened per sshd (MaxStartups)."""
-    keys: list[str] = []
-    hops = [target]
-    while hops and len(keys) < 16:  # a ProxyJump loop in the config must not spin
-        tgt = parse_target(hops.pop(0))
-        options = _parsed(tgt, config_file)
-        keys.append(f"{options.host}:{options.port or DEFAULT_SSH_PORT}")
-        jump = options.tunnel if isinstance(options.tunnel, str) else ""
-        if jump and jump.lower() != "none":
-            hops.extend(h.strip() for h in jump.split(",") if h.strip())
-    return keys
-
-
-def _identity_files(config: Any) -> list[str]:
-    """The ssh config's IdentityFile entries that exist, ``~`` expanded."""
-    paths = (Path(p).expanduser() for p in config.get("IdentityFile", ()))
-    return [str(p) for p in paths if p.is_file()]
-
-
-def _check_files(config_file: str | os.PathLike[str] | None, keys: list[str] | None) -> None:
-    if config_file is not None and not Path(config_file).expanduser().is_file():
-        raise SshError("config", f"ssh config file {config_file} does not exist; fix config_file.")
-    for key in keys or ():
-        if not Path(key).is_file():
-            raise SshError("config", f"identity_file {key} does not exist; fix identity_file.")
-
-
-def _known_hosts_files(
-    resolved: _Resolved, known_hosts: str | os.PathLike[str] | None
-) -> tuple[list[_KnownHostsFile], Path]:
-    """The files to trust keys from and the one to record new keys in, as OpenSSH picks them:
-    UserKnownHostsFile (or ~/.ssh/known_hosts; ``known_hosts`` overrides both) plus
-    GlobalKnownHostsFile (or /etc/ssh/ssh_known_hosts{,2}). New keys go to the first user file."""
-    if known_hosts is not None:
-        user_files = [str(known_hosts)]
-    else:
-        user_files = list(resolved.config.get("UserKnownHostsFile", ())) or ["~/.ssh/known_hosts"]
-    global_files = list(resolved.config.get("GlobalKnownHostsFile", ())) or [
-        "/etc/ssh/ssh_known_hosts",
-        "/etc/ssh/ssh_known_hosts2",
-    ]
-    paths = [Path(p).expanduser() for p in [*user_files, *global_files] if p.lower() != "none"]
-    loaded = [kh for kh in map(_read_known_hosts, paths) if kh is not None]
-    append_to = Path(user_files[0]).expanduser()
-    return loaded, append_to
 
 
 # --------------------------------------------------------------------------------------------

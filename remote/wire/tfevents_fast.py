@@ -38,7 +38,7 @@ from typing import Any
 
 from crc32c import crc32c
 
-from ..box import tfevents
+from ..box import tfevents, tfevents_proto
 
 WINDOW_BYTES = 64 * 1024
 MAX_TAGS = 512  # tags in the bulk matcher; more still decode, one record at a time
@@ -82,8 +82,8 @@ def _step_of(piece: bytes) -> int:
     """The step a step field (b"" or 0x10 + varint) holds, as the general decoder reads it."""
     if not piece:
         return 0
-    value, _ = tfevents._varint(piece, 1, len(piece))
-    return tfevents._signed64(value)
+    value, _ = tfevents_proto._varint(piece, 1, len(piece))
+    return tfevents_proto._signed64(value)
 
 
 class ColumnSink:

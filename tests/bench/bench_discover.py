@@ -64,7 +64,7 @@ def poll(request: dict, env: dict[str, str]) -> tuple[dict, int, int, float]:
 
 def in_process(pid: int, remembered: dict, reuse: dict) -> None:
     """The discovery steps alone, in this process (no interpreter start, no nvidia-smi)."""
-    from gpuwatch.remote.box import probe
+    from gpuwatch.remote.box import names as probe
 
     limits = probe.request_limits({})
 

@@ -45,7 +45,8 @@ from gpuwatch.remote.config.schema import HostConfig, RunConfig, SshSettings
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.watch import opening_keys
 from gpuwatch.remote.wire import bundle as probe_bundle
-from gpuwatch.remote.wire import collect, ssh
+from gpuwatch.remote.wire import collect
+from gpuwatch.remote.wire import ssh_config as ssh
 from gpuwatch.remote.wire.collect import Collector, PollOutcome, build_request
 from gpuwatch.remote.wire.poller import OpeningLimiter
 from harness.faults import silent_port

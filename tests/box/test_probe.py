@@ -19,7 +19,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from gpuwatch.remote.box import probe
+from gpuwatch.remote.box import names as probe
 from gpuwatch.remote.wire.bundle import (
     KERNEL,
     MODULES,
@@ -1237,8 +1237,8 @@ def test_bundle_is_compressed_and_framed():
     assert rest[int(length):] == b'{"v":1}'
     namespace: dict = {}
     exec(payload.split("\n", 1)[0], namespace)  # the first line: SOURCES = [(name, source)]
-    assert [name for name, _ in namespace["SOURCES"]] == ["gpuwatch_tfevents", "gpuwatch_discover",
-                                                          "gpuwatch_probe"]
+    assert [name for name, _ in namespace["SOURCES"]] == [name for name, _ in MODULES]
+    assert [name for name, _ in MODULES][-1] == "gpuwatch_probe"  # installed last: main() runs
     for (name, shipped), (_, path) in zip(namespace["SOURCES"], MODULES, strict=True):
         assert shipped == strip_source(path.read_text()), name
         compile(shipped, name, "exec")

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gpuwatch.remote.box import probe
+from gpuwatch.remote.box import names as probe
 from gpuwatch.remote.config.schema import HostConfig, SshSettings
 from gpuwatch.remote.wire.bundle import build_command, build_stdin
 from gpuwatch.remote.wire.collect import build_request

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpuwatch.remote.box import probe
+from gpuwatch.remote.box import names as probe
 from gpuwatch.remote.report import load_schema
 from gpuwatch.remote.wire.document import parse_probe_output
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from findings_helpers import Watched, host_config, touch
-from gpuwatch.remote.box import probe
+from gpuwatch.remote.box import names as probe
 from gpuwatch.remote.findings.rules import (
     CODES,
     RULES,

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpuwatch.remote.box import probe, tfevents
+from gpuwatch.remote.box import names as probe
+from gpuwatch.remote.box import tfevents
 from gpuwatch.remote.config.load import parse_config
 from gpuwatch.remote.findings.rules import HostHistory
 from gpuwatch.remote.model.snapshot import ProbeError

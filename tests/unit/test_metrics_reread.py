@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from gpuwatch.remote.box import probe as probe_module
+from gpuwatch.remote.box import names as probe_module
 from gpuwatch.remote.config.schema import Config, HostConfig, RunConfig
 from gpuwatch.remote.model.series import RunSeries, TagSeries, file_generation
 from gpuwatch.remote.report import load_schema

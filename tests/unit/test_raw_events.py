@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gpuwatch.remote.box import probe, tfevents
+from gpuwatch.remote.box import names as probe
+from gpuwatch.remote.box import tfevents
 from gpuwatch.remote.config.schema import RunConfig
 from gpuwatch.remote.model.series import RunSeries, run_request
 from gpuwatch.remote.model.snapshot import HostSnapshot, RunSample

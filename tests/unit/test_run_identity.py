@@ -363,7 +363,7 @@ def test_a_loose_run_counts_any_folder_says_so_and_two_jobs_are_not_one(
 def test_loose_matching_is_the_words_of_the_command_line() -> None:
     """What a run without a workdir matches: whole words anywhere in the command line, a path
     before it allowed, an argument with spaces (`bash -c "..."`) too."""
-    from gpuwatch.remote.box import probe
+    from gpuwatch.remote.box import names as probe
 
     def loose(argv: list[str], text: str) -> bool:
         return probe.argv_match(" ".join(argv).split(), text.split()) is not None

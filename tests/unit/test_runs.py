@@ -17,7 +17,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from gpuwatch.remote.box import probe as probe_module
+from gpuwatch.remote.box import names as probe_module
 from gpuwatch.remote.config.schema import RunConfig
 from gpuwatch.remote.model.series import RunSeries, run_request
 from gpuwatch.remote.model.snapshot import HostSnapshot, RunSample
