@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from harness.sshd import SshdBox
+
+# The tests live in layers (unit/, box/, integration/, tui/) and some share helpers across them
+# (test_once_sshd's box, test_actions' rig): every layer's folder is importable by module name.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _layer in ("unit", "box", "integration", "tui"):
+    if os.path.join(_HERE, _layer) not in sys.path:
+        sys.path.insert(0, os.path.join(_HERE, _layer))
+
+from harness.sshd import SshdBox  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="session")
