@@ -11,11 +11,21 @@ from ..format import bar, human_age, human_bytes, human_count, visible
 from ..state import HostData
 
 GAUGE = 20
+"""The bar's widest; it gives way to the numbers in a narrow pane (never "free…")."""
+MIN_GAUGE = 6
 
 
 class DiskGauges(Static):
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._data: HostData | None = None
+
     def show(self, data: HostData | None) -> None:
+        self._data = data
         self.update(self.render_disks(data))
+
+    def on_resize(self) -> None:
+        self.update(self.render_disks(self._data))
 
     def render_disks(self, data: HostData | None) -> Text:
         muted = colour(self.app, "text-muted")
@@ -30,7 +40,9 @@ class DiskGauges(Static):
                 text.append("\n")
             text.append(visible(d.path), style="bold")  # paths are data: Text, not markup
             if d.mount and d.mount != d.path:
-                text.append(f" on {visible(d.mount)}", style=muted)
+                # a folder on a filesystem mounted higher up: say so in words ("/data on /"
+                # read as jargon)
+                text.append(f" (on the {visible(d.mount)} filesystem)", style=muted)
             if d.error:
                 text.append(f"  {visible(d.error)}", style=colour(self.app, "error"))
                 continue
@@ -53,11 +65,20 @@ class DiskGauges(Static):
             return text
         used = 1 - free / total
         level = "gauge-bad" if used >= 0.95 else "gauge-warn" if used >= 0.85 else "gauge-ok"
-        text.append(f"{label}  ")
-        text.append(bar(used, GAUGE), style=colour(self.app, level))
-        text.append(f" {used * 100:3.0f}%  {fmt(free)} free of {fmt(total)}")  # type: ignore[operator]
+        free_s = f"{fmt(free)} free"  # type: ignore[operator]
+        of = f" of {fmt(total)}"  # type: ignore[operator]
+        full = f"  full in ~{human_age(ttf)}" if ttf is not None else ""
+        head = f"{label}  "
+        fixed = len(head) + len(f" {used * 100:3.0f}%  ") + len(free_s) + len(full)
+        width = self.size.width or 80
+        gauge = min(GAUGE, width - fixed - len(of))
+        if gauge < MIN_GAUGE:  # the total goes before the bar gets too short to read
+            of = ""
+            gauge = max(MIN_GAUGE // 2, min(GAUGE, width - fixed))
+        text.append(head)
+        text.append(bar(used, gauge), style=colour(self.app, level))
+        text.append(f" {used * 100:3.0f}%  {free_s}{of}")
         if ttf is not None:
             soon = ttf < 24 * 3600
-            text.append(f"  full in ~{human_age(ttf)}",
-                        style=f"bold {colour(self.app, 'error' if soon else 'warning')}")
+            text.append(full, style=f"bold {colour(self.app, 'error' if soon else 'warning')}")
         return text
