@@ -254,12 +254,12 @@ async def test_k_is_greyed_until_a_process_is_selected_and_asks_with_cancel_defa
         screen = await open_host(pilot, "gpu-healthy")
         assert screen.selected_pid is None  # the cursor is on the run's header row
         assert app.check_action("kill", ()) is None
-        await pilot.press("k")
+        await pilot.press("K")
         assert not isinstance(app.screen, ConfirmAction)
         await pilot.press("down")
         assert screen.selected_pid == 4121
         assert app.check_action("kill", ()) is True
-        await pilot.press("k")
+        await pilot.press("K")
         await pilot.pause()
         modal = app.screen
         assert isinstance(modal, ConfirmAction)
@@ -269,13 +269,13 @@ async def test_k_is_greyed_until_a_process_is_selected_and_asks_with_cancel_defa
         await pilot.press("escape")  # Escape cancels
         await pilot.pause()
         assert isinstance(app.screen, HostScreen) and fake_execute == []
-        await pilot.press("k")
+        await pilot.press("K")
         await pilot.pause()
         await pilot.press("enter")  # Enter on the default button: Cancel
         await pilot.pause()
         assert isinstance(app.screen, HostScreen) and fake_execute == []
         assert any("cancelled" in n for n in notes(app))
-        await pilot.press("k")
+        await pilot.press("K")
         await pilot.pause()
         await pilot.press("tab", "enter")  # a deliberate step to the Kill button
         await app.workers.wait_for_complete()
@@ -290,7 +290,7 @@ async def test_kill_confirmation_shows_box_text_literally(
     async with app.run_test(size=SIZE) as pilot:
         await feed(pilot, fx.latest(app.config))
         await open_host(pilot, "gpu-capped")
-        await pilot.press("down", "k")
+        await pilot.press("down", "K")
         await pilot.pause()
         assert isinstance(app.screen, ConfirmAction)
         assert f"--name {fx.HOSTILE}" in screen_text(app)
@@ -379,7 +379,7 @@ async def test_readonly_greys_every_action(fake_execute: list[tuple[str, Any]]) 
         assert screen.selected_pid == 4121
         for action in ("kill", "reap", "relaunch"):
             assert app.check_action(action, ()) is None, action
-        await pilot.press("k", "z", "r")
+        await pilot.press("K", "z", "r")
         assert isinstance(app.screen, HostScreen) and fake_execute == []
 
 
@@ -784,10 +784,10 @@ async def test_greyed_and_host_only_keys_say_why_in_a_toast(
         # they work. z acts on the highlighted host: gpu-healthy has nothing to reap.
         assert isinstance(app.screen, FleetScreen)
         shown = footer_keys(app)
-        assert "z" in shown and not {"k", "r"} & shown, shown
+        assert "z" in shown and not {"K", "r"} & shown, shown
         said = await toast_after(pilot, "r")
         assert "open the host (Enter)" in said and "relaunch" in said
-        said = await toast_after(pilot, "k")
+        said = await toast_after(pilot, "K")
         assert "open the host (Enter)" in said and "Processes (6)" in said
         said = await toast_after(pilot, "z")
         assert said.startswith("nothing to reap on gpu-healthy")
@@ -795,9 +795,9 @@ async def test_greyed_and_host_only_keys_say_why_in_a_toast(
 
         # The host view: the cursor is on the run's heading, the run is running, no zombie.
         screen = await open_host(pilot, "gpu-healthy")
-        assert {"k", "z", "r"} <= footer_keys(app)  # shown, greyed out
+        assert {"K", "z", "r"} <= footer_keys(app)  # shown, greyed out
         assert screen.selected_pid is None
-        said = await toast_after(pilot, "k")
+        said = await toast_after(pilot, "K")
         assert said.startswith("no process selected") and "Processes (6)" in said
         said = await toast_after(pilot, "z")
         assert said.startswith("nothing to reap on gpu-healthy")
@@ -806,7 +806,7 @@ async def test_greyed_and_host_only_keys_say_why_in_a_toast(
         assert isinstance(app.screen, HostScreen) and fake_execute == []
         await pilot.press("escape")  # back in the fleet view, its footer as it was
         await pilot.pause()
-        assert isinstance(app.screen, FleetScreen) and not {"k", "r"} & footer_keys(app)
+        assert isinstance(app.screen, FleetScreen) and not {"K", "r"} & footer_keys(app)
 
 
 async def test_readonly_keys_say_the_session_is_read_only(
@@ -816,7 +816,7 @@ async def test_readonly_keys_say_the_session_is_read_only(
         await feed(pilot, fx.latest(app.config))
         await open_host(pilot, "gpu-zombie")
         await pilot.press("down")
-        for key in ("k", "z", "r"):
+        for key in ("K", "z", "r"):
             assert "read-only" in await toast_after(pilot, key), key
         assert isinstance(app.screen, HostScreen) and fake_execute == []
 

@@ -295,7 +295,7 @@ def test_box_text_reaches_the_terminal_inert(tmp_path: Path) -> None:
         # k on the process (the row below its run's): the confirmation shows its command line
         # as written, escapes visible
         tmux.keys("Down")
-        tmux.keys("k")
+        tmux.keys("K")
         modal = tmux.wait_for(f"Kill process {hb.PID} on evil?", 10)
         assert f"--tag={hb.SHOWN}" in modal
         tmux.keys("Escape")

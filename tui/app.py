@@ -63,12 +63,13 @@ class GpuwatchApp(App[None]):
     TITLE = "gpuwatch"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("k", "kill", "Kill"),
+        # K as nvitop's kill; k moves the cursor up (vim, htop's and k9s's j / k).
+        Binding("K", "kill", "Kill"),
         Binding("z", "reap", "Reap"),
         Binding("r", "relaunch", "Relaunch"),
         # When the action above is greyed out (or hidden), its key falls through to these: a
         # toast says why nothing happened and what to do, instead of silence.
-        Binding("k", "cannot('kill')", show=False),
+        Binding("K", "cannot('kill')", show=False),
         Binding("z", "cannot('reap')", show=False),
         Binding("r", "cannot('relaunch')", show=False),
         Binding("p", "pause", "Pause"),
@@ -328,9 +329,9 @@ class GpuwatchApp(App[None]):
             why = "actions are not available in this build"
         elif action == "kill":
             why = ("no process selected: go to Processes (6), put the cursor on a process "
-                   "(not a run's heading), then press k" if host is not None else
-                   "k kills a process from a host's view: open the host (Enter), go to "
-                   "Processes (6), pick the process, then press k")
+                   "(not a run's heading), then press K" if host is not None else
+                   "K kills a process from a host's view: open the host (Enter), go to "
+                   "Processes (6), pick the process, then press K")
         elif action == "relaunch":
             if host is None:
                 why = ("r relaunches a run from a host's view: open the host (Enter), pick "
@@ -339,7 +340,7 @@ class GpuwatchApp(App[None]):
                 why = f"no run on {host.host} to relaunch: none is configured or discovered"
             else:
                 why = (f"{host.selected_run} is running: r relaunches a run that has stopped "
-                       "(to restart it, end it first with k on its process)")
+                       "(to restart it, end it first with K on its process)")
         else:
             name = self.current_host()
             why = ("no host selected" if name is None else

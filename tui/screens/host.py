@@ -40,6 +40,7 @@ from ..widgets.host_header import HostHeader
 from ..widgets.key_footer import KeyFooter
 from ..widgets.log_tail import LogTail
 from ..widgets.loss_pane import LossPane
+from ..widgets.process_table import SORTS as PROCESS_SORTS
 from ..widgets.process_table import ProcessTable
 
 if TYPE_CHECKING:
@@ -88,14 +89,16 @@ class HostScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "Back"),
         Binding("left_square_bracket", "tag(-1)", "Tag", show=False),
-        Binding("right_square_bracket", "tag(1)", "Tag"),
+        # A pair's footer entry shows both of its keys (the one left out is still bound).
+        Binding("right_square_bracket", "tag(1)", "Tag", key_display="[ ]"),
         Binding("s", "smoothing(-1)", "Smooth-", show=False),
-        Binding("S", "smoothing(1)", "Smooth+"),
+        Binding("S", "smoothing(1)", "Smooth", key_display="s S"),
         Binding("l", "logy", "Log-y"),
         Binding("x", "axis", "X axis"),
-        Binding("n", "next_run(1)", "Run"),
+        Binding("n", "next_run(1)", "Run", key_display="n N"),
         Binding("N", "next_run(-1)", "Run", show=False),
         Binding("P", "pin", "Pin run"),
+        Binding("o", "sort", "Sort"),
     ]
 
     BINDINGS += [Binding(str(n), f"pane({n - 1})", "Pane", key_display="1-7", show=n == 1)
@@ -108,6 +111,8 @@ class HostScreen(Screen[None]):
         self._tab_names: list[str] = []
         """Run names in tab order (tab id run-N): configured, then discovered as they come."""
         self.selected_run: str | None = None
+        self.process_sort = 0
+        """An index into the process table's SORTS (`o` cycles)."""
 
     @property
     def gw(self) -> GpuwatchApp:
@@ -173,7 +178,8 @@ class HostScreen(Screen[None]):
         self.query_one(GpuPanel).data = data
         self.query_one(DiskGauges).show(data)
         self.query_one(FindingsList).show(data.findings)
-        self.query_one(ProcessTable).show(data, box_now)
+        self.query_one(ProcessTable).show(data, box_now,
+                                          sorted_by=PROCESS_SORTS[self.process_sort][0])
         run = self.run_series()
         self.query_one(LossPane).show_run(run)
         self.query_one(CheckpointTimeline).show(run, box_now)
@@ -260,6 +266,11 @@ class HostScreen(Screen[None]):
     # -- keys ------------------------------------------------------------------------------
     def action_back(self) -> None:
         self.dismiss(None)
+
+    def action_sort(self) -> None:
+        self.process_sort = (self.process_sort + 1) % len(PROCESS_SORTS)
+        self.refresh_data()
+        self.notify(f"processes sorted by {PROCESS_SORTS[self.process_sort][1]}", timeout=2)
 
     def action_tag(self, delta: int) -> None:
         self.query_one(LossPane).cycle_tag(delta)

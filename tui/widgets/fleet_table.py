@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from gpuwatch.remote.findings import Severity
 from rich.cells import cell_len
 from rich.text import Text
+from textual.binding import BindingType
 from textual.widgets import DataTable
 
 from ..colours import (
@@ -26,6 +28,7 @@ from ..colours import (
 )
 from ..format import FINDING_WORDS, level_char, pct, visible
 from ..state import HostData
+from .cursor_keys import CURSOR_KEYS
 
 COLUMNS = (("host", "host"), ("state", "state"), ("util", "GPU util"),
            ("clock", "SM clock"), ("vram", "VRAM"), ("findings", "findings"), ("runs", "runs"))
@@ -61,7 +64,10 @@ SCROLLBAR = 2
 
 
 class FleetTable(DataTable[Text]):
-    """The fleet, one row per host (row key: the host name)."""
+    """The fleet, one row per host (row key: the host name), in the order its screen gives;
+    `sorted_by` (a column key or None) marks that column's header."""
+
+    BINDINGS: ClassVar[list[BindingType]] = CURSOR_KEYS
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
@@ -72,13 +78,15 @@ class FleetTable(DataTable[Text]):
         self._widths: dict[str, dict[str, int]] = {}
         """Each host's widest cells, for the fit: its name, runs (names, glyphs), findings..."""
         self.fit = FITS[0]
+        self.sorted_by: str | None = None
 
     def on_mount(self) -> None:
         self._add_columns()
 
     def _add_columns(self) -> None:
         for key, label in self.fit.columns:
-            self.add_column(label, key=key, width=self.fit.state_width if key == "state"
+            shown = f"{label} ▼" if key == self.sorted_by else label
+            self.add_column(shown, key=key, width=self.fit.state_width if key == "state"
                             else None)
 
     def on_resize(self) -> None:
@@ -87,7 +95,8 @@ class FleetTable(DataTable[Text]):
     def choose_fit(self) -> Fit:
         """The widest fit whose columns all fit the table's width."""
         width = self.size.width - SCROLLBAR
-        widest: dict[str, int] = {key: cell_len(label) for key, label in COLUMNS}
+        widest: dict[str, int] = {key: cell_len(label) + 2 * (key == self.sorted_by)
+                                  for key, label in COLUMNS}
         widest["runs-glyphs"] = widest["error"] = 0
         for cells in self._widths.values():
             for key, w in cells.items():
@@ -123,17 +132,24 @@ class FleetTable(DataTable[Text]):
             self._fill(self._hosts, *self._when)
 
     @property
+    def shown(self) -> list[str]:
+        """The hosts' names in the order of the rows."""
+        return list(self._shown)
+
+    @property
     def selected_host(self) -> str | None:
         if not self._shown or self.cursor_row < 0 or self.cursor_row >= len(self._shown):
             return None
         return self._shown[self.cursor_row]
 
-    def show(self, hosts: Sequence[HostData], now: float, interval: float) -> None:
-        """Replace the rows (a new filter, a theme change); the cursor stays on its host."""
+    def show(self, hosts: Sequence[HostData], now: float, interval: float,
+             sorted_by: str | None = None) -> None:
+        """Replace the rows (a new filter, order or theme); the cursor stays on its host."""
         self._hosts, self._when = list(hosts), (now, interval)
         self._widths = {h.name: self.measure(h) for h in hosts}
         fit = self.choose_fit() if self.size.width else self.fit
-        if fit != self.fit:
+        if fit != self.fit or sorted_by != self.sorted_by:
+            self.sorted_by = sorted_by
             self.fit = fit
             self.clear(columns=True)
             self._add_columns()

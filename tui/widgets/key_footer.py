@@ -10,14 +10,26 @@ every 10 s that was ~190 leaked widgets a second, the whole of issue 7's growing
 Here a refresh recomposes only when what the footer shows (each key, its label, enabled or
 not) differs from what it shows now, and after a recompose the watcher entries of key widgets
 that are gone are dropped.
+
+Where the keys do not fit the width (the host view at 80 columns), the least needed give way,
+in GIVE_WAY's order, rather than the row being cut at its right edge: `?` (which lists every
+key) and `q` always stay.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from rich.cells import cell_len
+from textual.app import ComposeResult
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Footer
+from textual.widgets._footer import FooterKey
+
+GIVE_WAY = ("cycle_theme", "axis", "logy", "smoothing(1)", "pause", "poll_now", "pane(0)",
+            "pin", "tag(1)", "filter", "sort", "back")
+"""Actions whose keys leave a footer too narrow for them, first to go first."""
 
 WATCHERS = "__watchers"
 """Where Textual's reactive machinery keeps `watch`/`data_bind` entries on the watched node."""
@@ -34,6 +46,25 @@ class KeyFooter(Footer):
             return
         if self.is_attached and screen is self.screen:
             self.call_after_refresh(self._recompose_if_changed)
+
+    def compose(self) -> ComposeResult:
+        shown = list(super().compose())
+        width = self.size.width or self.app.size.width
+        keys = [w for w in shown if isinstance(w, FooterKey)]
+
+        def need(widgets: list[Widget]) -> int:
+            return sum(cell_len(w.key_display) + 1 + cell_len(w.description) + 1
+                       for w in widgets if isinstance(w, FooterKey))
+
+        for action in GIVE_WAY:
+            if need(keys) <= width:
+                break
+            keys = [k for k in keys if k.action != action]
+        yield from (w for w in shown if not isinstance(w, FooterKey) or w in keys)
+
+    def on_resize(self) -> None:
+        self._shown = None  # another width: maybe more keys fit, maybe fewer
+        self.call_after_refresh(self._recompose_if_changed)
 
     def _keys(self) -> tuple[object, ...]:
         """What compose would show: the shown bindings with their state, in order."""
