@@ -271,6 +271,7 @@ class ProcessCounts:
     not_listed: int
     fd_unreadable: int  # other users' fds, when the probe is not root
     fd_skipped: tuple[int, ...]  # pids with too many fds to scan for /dev/nvidia*
+    euid: int | None = None  # whom the probe (the login) runs as; None: an older probe
 
 
 @dataclass(frozen=True, slots=True)
@@ -761,7 +762,8 @@ def _counts(section: _Node) -> ProcessCounts:
     return ProcessCounts(
         total=section.get_int("total"), kernel_threads=section.get_int("kernel_threads"),
         zombies=section.get_int("zombies"), not_listed=section.get_int("not_listed"),
-        fd_unreadable=section.get_int("fd_unreadable"), fd_skipped=skipped or ())
+        fd_unreadable=section.get_int("fd_unreadable"), fd_skipped=skipped or (),
+        euid=section.opt_int("euid"))
 
 
 def _disk(node: _Node) -> DiskUsage:

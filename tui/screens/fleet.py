@@ -105,6 +105,7 @@ class FleetScreen(Screen[None]):
         return sorted(hosts, key=lambda h: sort_key(column, h, now, interval))
 
     def refresh_all(self) -> None:
+        self.table.paused = self.gw.paused
         self.table.show(self.ordered_hosts(), self.gw.clock(), self.gw.config.interval,
                         sorted_by=SORTS[self.sort][0])
         self.refresh_title()
@@ -121,6 +122,7 @@ class FleetScreen(Screen[None]):
             if order != self.table.shown:
                 self.refresh_all()
                 return
+        self.table.paused = self.gw.paused
         self.table.update_states(self.visible_hosts(), self.gw.clock(), self.gw.config.interval)
 
     def refresh_title(self) -> None:

@@ -123,6 +123,11 @@ class HostScreen(Screen[None]):
         return self.gw.hosts[self.host]
 
     def compose(self) -> ComposeResult:
+        # The breakpoint's class now, not on the first Resize (Textual sets it there): the
+        # first paint used to be neither layout, one squashed column that reflowed ~0.5 s later.
+        wide = self.app.size.width >= WIDE
+        self.set_class(wide, "-wide")
+        self.set_class(not wide, "-narrow")
         self._tab_names = self.data.run_names()
         yield HostHeader(id="host-header")
         yield Tabs(*(Tab(Text(visible(name)), id=f"run-{i}")

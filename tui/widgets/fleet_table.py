@@ -79,6 +79,8 @@ class FleetTable(DataTable[Text]):
         """Each host's widest cells, for the fit: its name, runs (names, glyphs), findings..."""
         self.fit = FITS[0]
         self.sorted_by: str | None = None
+        self.paused = False
+        """Set by the screen: old data then reads "paused, data N old", not "stale"."""
 
     def on_mount(self) -> None:
         self._add_columns()
@@ -218,7 +220,7 @@ class FleetTable(DataTable[Text]):
     def state_cell(self, data: HostData, now: float, interval: float) -> Text:
         """The host's state, or, where it was polled fine, its worst problem in words: a
         dead run or a wedged driver is not "● ok" (the findings column may not fit)."""
-        status = data.status(now, interval)
+        status = data.status(now, interval, self.paused)
         glyph = {"ok": "●", "stale": "◌", "unreachable": "✗", "waiting": "…"}[status.kind]
         text = f"{glyph} {visible(status.text)}"  # an error's text may quote the box
         style = colour(self.app, STATUS_VARIABLE[status.kind])

@@ -19,7 +19,7 @@ class HostHeader(Static):
         text = Text(no_wrap=True, overflow="ellipsis")
         if data is None:
             return text
-        status = data.status(now, interval)
+        status = data.status(now, interval, paused)
         text.append(visible(data.name), style="bold")
         text.append("  ")
         text.append(visible(status.text),
