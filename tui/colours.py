@@ -13,6 +13,8 @@ SEVERITY_GLYPH = {Severity.CRITICAL: "✖", Severity.WARNING: "▲", Severity.IN
 STATUS_VARIABLE = {"ok": "success", "stale": "warning", "unreachable": "error",
                    "waiting": "text-muted"}
 RUN_GLYPH = {"running": "▶", "finished": "✓", "dead": "✗", "unknown": "?", "left behind": "⊘"}
+RUN_WORDS = {"unknown": "not seen yet"}
+"""A run's status in words where the status's own name would read as jargon ("? unknown")."""
 RUN_VARIABLE = {"running": "success", "finished": "primary", "dead": "error",
                 "unknown": "text-muted", "left behind": "warning"}
 

@@ -219,3 +219,34 @@ def evidence_words(evidence: Mapping[str, object]) -> str:
         name, unit = _unit_of(key)
         parts.append(f"{name.replace('_', ' ')} {_value_words(value, unit)}")
     return visible(" · ".join(parts))
+
+
+# -- plot axes: integer steps, clock times -----------------------------------------------------
+TIME_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
+                43200, 86400)
+
+
+def step_ticks(lo: float, hi: float, count: int) -> list[int]:
+    """About `count` whole steps between lo and hi, at a round interval (1, 2, 5 x 10^n): a step
+    axis never reads 21.8 or 42.5."""
+    count = max(2, count)
+    span = max(1.0, hi - lo)
+    raw = span / (count - 1)
+    magnitude = 10 ** math.floor(math.log10(raw)) if raw >= 1 else 1
+    interval = next((m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw),
+                    10 * magnitude)
+    interval = max(1, int(interval))
+    first = math.ceil(lo / interval) * interval
+    return list(range(int(first), int(hi) + 1, interval)) or [round(lo)]
+
+
+def time_ticks(lo: float, hi: float, count: int) -> tuple[list[float], list[str]]:
+    """About `count` clock times (epoch s) between lo and hi at a round interval, labelled as
+    this computer's time of day: HH:MM, with seconds where the interval is under a minute."""
+    count = max(2, count)
+    raw = max(1.0, hi - lo) / (count - 1)
+    interval = next((s for s in TIME_STEPS_S if s >= raw), TIME_STEPS_S[-1])
+    first = math.ceil(lo / interval) * interval
+    ticks = [float(t) for t in range(int(first), int(hi) + 1, interval)] or [lo]
+    fmt = "%H:%M:%S" if interval < 60 else "%H:%M" if interval < 86400 else "%d %b"
+    return ticks, [time.strftime(fmt, time.localtime(t)) for t in ticks]

@@ -28,7 +28,7 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Static, Tab, Tabs
 
-from ..colours import RUN_GLYPH
+from ..colours import RUN_GLYPH, RUN_WORDS, SEVERITY_GLYPH, SEVERITY_VARIABLE
 from ..format import visible
 from ..messages import ProcessSelected
 from ..state import HostData
@@ -39,7 +39,7 @@ from ..widgets.gpu_panel import GpuPanel
 from ..widgets.host_header import HostHeader
 from ..widgets.key_footer import KeyFooter
 from ..widgets.log_tail import LogTail
-from ..widgets.loss_pane import LossPane
+from ..widgets.loss_pane import LossPane, StepMark
 from ..widgets.process_table import SORTS as PROCESS_SORTS
 from ..widgets.process_table import ProcessTable
 
@@ -174,6 +174,18 @@ class HostScreen(Screen[None]):
             return None
         return self.data.history.runs.get(self.selected_run) or RunSeries(self.selected_run)
 
+    def step_marks(self) -> tuple[StepMark, ...]:
+        """The selected run's findings that name a step (a NaN loss, a spike): marks on its
+        curve, in their severity's glyph and colour."""
+        marks = []
+        for f in self.data.findings:
+            step = f.evidence.get("step")
+            if f.run == self.selected_run and isinstance(step, int) and not isinstance(
+                    step, bool):
+                marks.append(StepMark(step, SEVERITY_GLYPH[f.severity],
+                                      SEVERITY_VARIABLE[f.severity]))
+        return tuple(sorted(marks, key=lambda m: m.step))
+
     def refresh_data(self) -> None:
         """Hand the host's data down to every pane (attributes down)."""
         gw, data = self.gw, self.data
@@ -186,7 +198,7 @@ class HostScreen(Screen[None]):
         self.query_one(ProcessTable).show(data, box_now,
                                           sorted_by=PROCESS_SORTS[self.process_sort][0])
         run = self.run_series()
-        self.query_one(LossPane).show_run(run)
+        self.query_one(LossPane).show_run(run, self.step_marks())
         self.query_one(CheckpointTimeline).show(run, box_now)
         self.query_one(LogTail).show(run.tail if run is not None else None,
                                      "no run configured or discovered yet" if run is None
@@ -201,7 +213,8 @@ class HostScreen(Screen[None]):
             status = data.run_status(name)
             with contextlib.suppress(NoMatches):  # added above, mounting
                 tab = tabs.query_one(f"#run-{i}", Tab)
-                label = Text(f"{visible(name)} {RUN_GLYPH[status]} {status}"
+                label = Text(f"{visible(name)} {RUN_GLYPH[status]} "
+                             f"{RUN_WORDS.get(status, status)}"
                              f"{data.run_progress(name)}")
                 if tab.label.plain != label.plain:
                     tab.label = label

@@ -30,19 +30,21 @@ class CheckpointTimeline(Static):
         cadence = run.cadence_s
         risk = run.work_at_risk_s(box_now)
         latest = run.latest_checkpoint
-        text.append("latest ")
+        # In words: "cadence ?  at risk 7 s" read as jargon.
         if latest is None:
-            text.append("none", style=colour(self.app, "warning"))
+            text.append("no checkpoint yet", style=colour(self.app, "warning"))
         else:
+            text.append("latest ")
             text.append(_name(latest.path), style="bold")
             text.append(f" {human_age(None if box_now is None else box_now - latest.mtime)} ago")
-        text.append(f"  cadence {human_age(cadence) if cadence else '?'}")
+        if cadence:
+            text.append(f" · one every {human_age(cadence)}")
         if risk is not None:
             overdue = cadence is not None and risk > 1.5 * cadence
-            label = "lost" if run.status == "dead" else "at risk"
-            text.append(f"  {label} ")
+            text.append(" · ")
             text.append(human_age(risk),
                         style=f"bold {colour(self.app, 'error' if overdue else 'success')}")
+            text.append(" of work lost" if run.status == "dead" else " of work unsaved")
         if ckpts and box_now is not None:
             text.append("\n")
             text.append_text(self.strip(ckpts[0].mtime, box_now, [c.mtime for c in ckpts]))
@@ -61,8 +63,6 @@ class CheckpointTimeline(Static):
             text.append(_name(left.path))
             text.append(f" {human_bytes(left.bytes)} (a save that never finished)",
                         style=colour(self.app, "warning"))
-        if not ckpts and not run.leftovers:
-            text.append("\nno checkpoints found", style=muted)
         return text
 
     def strip(self, start: float, end: float, marks: list[float]) -> Text:

@@ -9,7 +9,7 @@ clock), VRAM, runs with their status, findings by severity. Scrolls for 64+ host
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from gpuwatch.remote.findings import Severity
@@ -99,7 +99,7 @@ class FleetTable(DataTable[Text]):
         width = self.size.width - SCROLLBAR
         widest: dict[str, int] = {key: cell_len(label) + 2 * (key == self.sorted_by)
                                   for key, label in COLUMNS}
-        widest["runs-glyphs"] = widest["error"] = 0
+        widest["runs-glyphs"] = widest["error"] = widest["state"] = 0
         for cells in self._widths.values():
             for key, w in cells.items():
                 widest[key] = max(widest[key], w)
@@ -119,8 +119,21 @@ class FleetTable(DataTable[Text]):
                     need += widest[key]
                 need += PADDING
             if need <= width:
-                return fit
+                return self.widen(fit, width - need, widest)
         return FITS[-1]
+
+    @staticmethod
+    def widen(fit: Fit, spare: int, widest: dict[str, int]) -> Fit:
+        """The fit with the columns it left over given to the state's words, then to a GPU
+        error's ("▲ busy, low c…" at 80 columns had room beside it)."""
+        grow = min(spare, max(0, min(STATE_WIDTH, widest["state"]) - fit.state_width))
+        fit = replace(fit, state_width=fit.state_width + grow)
+        spare -= grow
+        if fit.error_width is not None and widest["error"] > max(fit.error_width,
+                                                                  widest["util"]):
+            extra = min(spare, widest["error"] - max(fit.error_width, widest["util"]))
+            fit = replace(fit, error_width=fit.error_width + extra)
+        return fit
 
     def _refit(self) -> None:
         if not self.size.width:
@@ -211,6 +224,7 @@ class FleetTable(DataTable[Text]):
         said = cell_len(f"⚠ {snap.gpu_error.summary}") if (
             snap is not None and snap.gpu_error is not None and error) else 0
         return {"host": cell_len(visible(data.name)), "util": 0 if error else util.cell_len,
+                "state": cell_len(self.state_words(data, *self._when)[0]) + 1,
                 "error": said,
                 "clock": clock.cell_len, "vram": vram.cell_len,
                 "findings": self.findings_cell(data).cell_len,
@@ -220,6 +234,14 @@ class FleetTable(DataTable[Text]):
     def state_cell(self, data: HostData, now: float, interval: float) -> Text:
         """The host's state, or, where it was polled fine, its worst problem in words: a
         dead run or a wedged driver is not "● ok" (the findings column may not fit)."""
+        text, style = self.state_words(data, now, interval)
+        width = self.fit.state_width
+        if len(text) > width:
+            text = text[: width - 1] + "…"
+        return Text(text, style=style)
+
+    def state_words(self, data: HostData, now: float, interval: float) -> tuple[str, str]:
+        """The state cell's words, whole, and their colour."""
         status = data.status(now, interval, self.paused)
         glyph = {"ok": "●", "stale": "◌", "unreachable": "✗", "waiting": "…"}[status.kind]
         text = f"{glyph} {visible(status.text)}"  # an error's text may quote the box
@@ -232,10 +254,7 @@ class FleetTable(DataTable[Text]):
             words = FINDING_WORDS.get(worst.code, worst.code)
             text = f"{SEVERITY_GLYPH[worst.severity]} {words}{f' +{more}' if more else ''}"
             style = severity_colour(self.app, worst.severity)
-        width = self.fit.state_width
-        if len(text) > width:
-            text = text[: width - 1] + "…"
-        return Text(text, style=style)
+        return text, style
 
     def gpu_cells(self, data: HostData) -> list[Text]:
         snap = data.snapshot

@@ -16,7 +16,7 @@ from rich.text import Text
 from textual.binding import BindingType
 from textual.widgets import DataTable
 
-from ..colours import RUN_GLYPH, RUN_VARIABLE, colour
+from ..colours import RUN_GLYPH, RUN_VARIABLE, RUN_WORDS, colour
 from ..format import human_age, visible
 from ..messages import ProcessSelected
 from ..state import HostData
@@ -97,7 +97,7 @@ class ProcessTable(DataTable[Text]):
             status = "" if run == NO_RUN else data.run_status(run)
             head = Text(f"▾ {visible(run)}", style="bold")
             if status:
-                head.append(f" {RUN_GLYPH[status]} {status}",
+                head.append(f" {RUN_GLYPH[status]} {RUN_WORDS.get(status, status)}",
                             style=colour(self.app, RUN_VARIABLE[status]))
             self._add(f"run:{run}", [head, Text(""), Text(""), Text(""), Text(""), Text(""),
                                      Text(f"{len(procs)} process{'es' * (len(procs) != 1)}",
