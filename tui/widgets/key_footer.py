@@ -18,6 +18,7 @@ key) and `q` always stay.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.cells import cell_len
@@ -52,7 +53,7 @@ class KeyFooter(Footer):
         width = self.size.width or self.app.size.width
         keys = [w for w in shown if isinstance(w, FooterKey)]
 
-        def need(widgets: list[Widget]) -> int:
+        def need(widgets: Sequence[Widget]) -> int:
             return sum(cell_len(w.key_display) + 1 + cell_len(w.description) + 1
                        for w in widgets if isinstance(w, FooterKey))
 

@@ -188,11 +188,11 @@ class LossPane(Vertical, can_focus=True):
             if x is not None:
                 marks.append(Mark(x, y_at(x), m.glyph, m.variable))
         count = max(2, width // TICK_CELLS)
-        if not xs:
-            ticks, labels = [], []
-        elif use_wall:
+        ticks: list[float] = []
+        labels: list[str] = []
+        if xs and use_wall:
             ticks, labels = time_ticks(min(xs), max(xs), count)
-        else:
+        elif xs:
             steps = step_ticks(min(xs), max(xs), count)
             ticks, labels = [float(t) for t in steps], [str(t) for t in steps]
         legend = f"   {CHECKPOINT_MARK} checkpoint" if run.checkpoint_times else ""
