@@ -155,8 +155,8 @@ async def test_enter_opens_a_host_with_every_pane_and_escape_goes_back() -> None
         assert titles == {"GPUs", "Loss", "Checkpoints", "Disks", "Findings", "Processes",
                           "Log"}
         text = screen_text(app)
-        for word in ("sw_power_cap", "249/250 W", "train/loss", "checkpoint-800", "/data",
-                     "mistral ▶ running"):
+        for word in ("power cap: at its power limit", "249/250 W", "train/loss",
+                     "checkpoint-800", "/data", "mistral ▶ running"):
             assert word in text, word
         await pilot.press("escape")
         assert isinstance(app.screen, FleetScreen)
