@@ -505,13 +505,18 @@ async def test_polls_do_not_pile_up_footer_key_widgets() -> None:
             await feed(pilot, fx.latest(app.config))
             await pilot.pause()
         assert list(footer.query(FooterKey)) == shown  # nothing changed: not rebuilt
-        await pilot.press("down")  # a process selected: `k` is enabled, the keys are rebuilt
+        await pilot.press("down")  # a process selected: `K` is enabled, its widget told so
         await pilot.pause()
         assert app.check_action("kill", ()) is True
+        assert list(footer.query(FooterKey)) == shown
+        kill = next(k for k in footer.query(FooterKey) if k.action == "kill")
+        assert not kill.has_class("-disabled")
+        await pilot.resize_terminal(SIZE[0] - 40, SIZE[1])  # another width: rebuilt
+        await pilot.pause()
         assert list(footer.query(FooterKey)) != shown
-        del shown
-        for _ in range(5):
-            await pilot.press("up", "down")
+        del shown, kill
+        for i in range(5):
+            await pilot.resize_terminal(SIZE[0] - 40 * (i % 2), SIZE[1])
             await pilot.pause()
         gc.collect()
         alive = [k for k in gc.get_objects() if isinstance(k, FooterKey)]

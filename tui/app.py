@@ -84,6 +84,9 @@ class GpuwatchApp(App[None]):
                  clock: Callable[[], float] = time.time, poll: bool = True,
                  themes_dir: Path | None = None, collector: Collector | None = None) -> None:
         super().__init__()
+        # No animations: the run tabs' underline slid for ~0.4 s after each n / N (15 frames
+        # of a screen that should change once); a monitor changes in one step.
+        self.animation_level = "none"
         self.config = config
         self.store = store
         self.readonly = readonly or config.readonly

@@ -197,6 +197,12 @@ class HostScreen(Screen[None]):
         self.query_one(FindingsList).show(data.findings)
         self.query_one(ProcessTable).show(data, box_now,
                                           sorted_by=PROCESS_SORTS[self.process_sort][0])
+        self.refresh_run(box_now)
+
+    def refresh_run(self, box_now: float | None) -> None:
+        """The panes of the selected run, its tab labels and the keys (n / N change only
+        these: the other panes stay as they are painted)."""
+        gw, data = self.gw, self.data
         run = self.run_series()
         self.query_one(LossPane).show_run(run, self.step_marks())
         self.query_one(CheckpointTimeline).show(run, box_now)
@@ -245,7 +251,7 @@ class HostScreen(Screen[None]):
         if 0 <= index < len(names) and names[index] != self.selected_run:
             self.selected_run = names[index]
             self.query_one(LogTail).action_follow()  # another run's log: from its end
-            self.refresh_data()
+            self.refresh_run(self.data.box_now(self.gw.clock()))
 
     def on_process_selected(self, event: ProcessSelected) -> None:
         self.selected_pid = event.pid

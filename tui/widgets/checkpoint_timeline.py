@@ -7,25 +7,25 @@ import itertools
 
 from gpuwatch.remote.series import RunSeries
 from rich.text import Text
-from textual.widgets import Static
 
 from ..colours import colour
 from ..format import human_age, human_bytes, visible
+from .text_pane import TextPane
 
 STRIP_CELLS = 48
 
 
-class CheckpointTimeline(Static):
+class CheckpointTimeline(TextPane):
     """Renders one run's checkpoints; `show(run, box_now)`."""
 
     def show(self, run: RunSeries | None, box_now: float | None) -> None:
-        self._shown = (run, box_now)
-        self.update(self.render_run(run, box_now))
+        self._run_now = (run, box_now)
+        self.show_text(self.render_run(run, box_now))
 
     def on_resize(self) -> None:
-        shown = getattr(self, "_shown", None)
+        shown = getattr(self, "_run_now", None)
         if shown is not None:
-            self.update(self.render_run(*shown))
+            self.show_text(self.render_run(*shown))
 
     def render_run(self, run: RunSeries | None, box_now: float | None) -> Text:
         muted = colour(self.app, "text-muted")

@@ -4,28 +4,28 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from ..colours import colour
 from ..format import bar, human_age, human_bytes, human_count, visible
 from ..state import HostData
+from .text_pane import TextPane
 
 GAUGE = 20
 """The bar's widest; it gives way to the numbers in a narrow pane (never "free…")."""
 MIN_GAUGE = 6
 
 
-class DiskGauges(Static):
+class DiskGauges(TextPane):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self._data: HostData | None = None
 
     def show(self, data: HostData | None) -> None:
         self._data = data
-        self.update(self.render_disks(data))
+        self.show_text(self.render_disks(data))
 
     def on_resize(self) -> None:
-        self.update(self.render_disks(self._data))
+        self.show_text(self.render_disks(self._data))
 
     def render_disks(self, data: HostData | None) -> Text:
         muted = colour(self.app, "text-muted")

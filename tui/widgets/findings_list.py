@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from gpuwatch.remote.findings import Finding
 from rich.text import Text
-from textual.widgets import Static
 
 from ..colours import SEVERITY_GLYPH, colour, severity_colour
 from ..format import evidence_words, visible
+from .text_pane import TextPane
 
 
-class FindingsList(Static):
+class FindingsList(TextPane):
     def show(self, findings: list[Finding] | None) -> None:
-        self.update(self.render_findings(findings or []))
+        self.show_text(self.render_findings(findings or []))
 
     def render_findings(self, findings: list[Finding]) -> Text:
         muted = colour(self.app, "text-muted")

@@ -10,25 +10,25 @@ from __future__ import annotations
 from gpuwatch.remote.model import GpuSample
 from rich.text import Text
 from textual.reactive import reactive
-from textual.widgets import Static
 
 from ..colours import colour
 from ..format import THROTTLE_MEANING, bar, pct, sparkline, visible
 from ..state import HostData
+from .text_pane import TextPane
 
 LABEL = 6
 
 
-class GpuPanel(Static):
+class GpuPanel(TextPane):
     """Renders `data` (a HostData); nothing else."""
 
     data: reactive[HostData | None] = reactive(None, always_update=True)
 
     def watch_data(self) -> None:
-        self.update(self.render_gpus())
+        self.show_text(self.render_gpus())
 
     def on_resize(self) -> None:
-        self.update(self.render_gpus())
+        self.show_text(self.render_gpus())
 
     def numbers(self, g: GpuSample) -> Text:
         """Power against its limit, temperature, VRAM used of total."""

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from ..colours import STATUS_VARIABLE, colour
 from ..format import human_age, visible
 from ..state import HostData
+from .text_pane import TextPane
 
 
-class HostHeader(Static):
+class HostHeader(TextPane):
     def show(self, data: HostData | None, now: float, interval: float, paused: bool) -> None:
-        self.update(self.render_header(data, now, interval, paused))
+        self.show_text(self.render_header(data, now, interval, paused))
 
     def render_header(self, data: HostData | None, now: float, interval: float,
                       paused: bool) -> Text:

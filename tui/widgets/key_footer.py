@@ -39,7 +39,7 @@ WATCHERS = "__watchers"
 class KeyFooter(Footer):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._shown: tuple[object, ...] | None = None
+        self._shown: tuple[tuple[Any, ...], ...] | None = None
 
     def bindings_changed(self, screen: Screen[Any]) -> None:
         self._bindings_ready = True
@@ -67,7 +67,7 @@ class KeyFooter(Footer):
         self._shown = None  # another width: maybe more keys fit, maybe fewer
         self.call_after_refresh(self._recompose_if_changed)
 
-    def _keys(self) -> tuple[object, ...]:
+    def _keys(self) -> tuple[tuple[Any, ...], ...]:
         """What compose would show: the shown bindings with their state, in order."""
         return tuple((binding.key, binding.action, binding.description, enabled, tooltip,
                       binding.group)
@@ -83,7 +83,16 @@ class KeyFooter(Footer):
         keys = self._keys()
         if keys == self._shown:
             return
-        self._shown = keys
+        shown, self._shown = self._shown, keys
+        if shown is not None and [k[:3] + k[4:] for k in keys] == [k[:3] + k[4:] for k in shown]:
+            # Only which keys are enabled changed (n / N to a stopped run enables r): the key
+            # widgets are told, not rebuilt (a rebuild was most of the cost of n).
+            enabled = {(k[0], k[1]): k[3] for k in keys}
+            for widget in self.query(FooterKey):
+                on = enabled.get((widget.key, widget.action), True)
+                widget._disabled = not on
+                widget.set_class(not on, "-disabled")
+            return
         await self.recompose()
         self._drop_dead_watchers()
 
