@@ -14,10 +14,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .collect import PollOutcome
-from .findings import Finding, Severity
-from .model import HostSnapshot, ProcessInfo
+from .findings.rules import Finding, Severity
+from .model.snapshot import HostSnapshot, ProcessInfo
 from .textsafe import visible
+from .wire.collect import PollOutcome
 
 SCHEMA = "gpuwatch/1"
 EXIT_OK, EXIT_FINDING, EXIT_UNPOLLED = 0, 1, 2

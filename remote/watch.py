@@ -13,17 +13,17 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from .collect import Collector, PollOutcome, internal_failure, ssh_config_file
-from .config import HostConfig
-from .discovered import discovered_names, is_discovered_state, record_launches
-from .findings import HostHistory, PollFailure, Thresholds, evaluate
-from .model import ProbeError, parse_probe_output
+from .config.schema import HostConfig
+from .findings.rules import HostHistory, PollFailure, Thresholds, evaluate
+from .model.discovered import discovered_names, is_discovered_state, record_launches
+from .model.series import RunSeries
+from .model.snapshot import ProbeError, parse_probe_output
 from .report import HostReport
-from .series import RunSeries
 from .store import GpuRow, Store
+from .wire.collect import Collector, PollOutcome, internal_failure, ssh_config_file
 
 if TYPE_CHECKING:
-    from .poller import OpeningLimiter
+    from .wire.poller import OpeningLimiter
 
 
 def history_from_store(store: Store, host: HostConfig,
@@ -144,7 +144,7 @@ def opening_keys(host: HostConfig) -> list[str]:
 
     Aliases of one sshd share a key: the ssh layer resolves them through the ssh config
     (ssh.endpoint_keys)."""
-    from . import ssh
+    from .wire import ssh
 
     return ssh.endpoint_keys(host.ssh, ssh_config_file(host))
 

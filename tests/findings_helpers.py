@@ -12,12 +12,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpuwatch.remote.collect import build_request, run_cgroups
-from gpuwatch.remote.config import HostConfig, parse_config
-from gpuwatch.remote.findings import Finding, HostHistory, Thresholds, evaluate
-from gpuwatch.remote.model import HostSnapshot, parse_probe_output
-from gpuwatch.remote.probe_bundle import build_command, build_stdin
+from gpuwatch.remote.config.schema import HostConfig, parse_config
+from gpuwatch.remote.findings.rules import Finding, HostHistory, Thresholds, evaluate
+from gpuwatch.remote.model.snapshot import HostSnapshot, parse_probe_output
 from gpuwatch.remote.sim import Box
+from gpuwatch.remote.wire.bundle import build_command, build_stdin
+from gpuwatch.remote.wire.collect import build_request, run_cgroups
 
 
 def host_config(toml_runs: str = "", disks: tuple[str, ...] = ("/",)) -> HostConfig:

@@ -16,7 +16,7 @@ CAPTURES = sorted(Path(__file__).parent.glob("captures/*/probe/*.json"))
 
 def real_document(root: Path) -> dict[str, Any]:
     """The probe's first document for the fixture box with a run (metrics.csv added)."""
-    from gpuwatch.remote.series import run_request
+    from gpuwatch.remote.model.series import run_request
     from test_probe import box_request, build_box
     from test_runs import full_run, probe
 

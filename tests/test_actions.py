@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-from gpuwatch.remote import actions
-from gpuwatch.remote.collect import Collector
-from gpuwatch.remote.config import HostConfig, RunConfig, SshSettings
-from gpuwatch.remote.findings import HostHistory
-from gpuwatch.remote.model import HostSnapshot
+from gpuwatch.remote.actions import plan as actions
+from gpuwatch.remote.config.schema import HostConfig, RunConfig, SshSettings
+from gpuwatch.remote.findings.rules import HostHistory
+from gpuwatch.remote.model.snapshot import HostSnapshot
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.store import Store
+from gpuwatch.remote.wire.collect import Collector
 from harness.sshd import STD_PATH, SshdBox
 
 PY = sys.executable
@@ -627,8 +627,8 @@ async def test_local_host_kill(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_simulated_procfs_is_never_signalled(tmp_path: Path) -> None:
     """A fixture /proc names pids that are not real processes: the box script refuses."""
-    from gpuwatch.remote.actions import build_stdin
-    from gpuwatch.remote.probe_bundle import build_command
+    from gpuwatch.remote.actions.plan import build_stdin
+    from gpuwatch.remote.wire.bundle import build_command
 
     request = {"v": 1, "op": "signal", "boot_id": "x", "signal": "KILL", "wait_s": 0,
                "targets": [{"pid": os.getpid(), "start_ticks": 0}]}
@@ -643,8 +643,8 @@ def test_box_script_runs_under_python_36(tmp_path: Path) -> None:
     installs = sorted(Path.home().glob(".pyenv/versions/3.6*/bin/python"))
     if not installs:
         pytest.skip("no Python 3.6 interpreter here")
-    from gpuwatch.remote.actions import build_stdin
-    from gpuwatch.remote.probe_bundle import build_command
+    from gpuwatch.remote.actions.plan import build_stdin
+    from gpuwatch.remote.wire.bundle import build_command
 
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
@@ -665,7 +665,7 @@ def test_box_script_runs_under_python_36(tmp_path: Path) -> None:
 
 
 def test_not_your_process_is_said_plainly() -> None:
-    from gpuwatch.remote import actions_box
+    from gpuwatch.remote.box import act as actions_box
 
     status, _ = actions_box.check_target(
         {"pid": os.getpid(), "start_ticks": actions_box.proc_stat(os.getpid())["start_ticks"]},
@@ -678,8 +678,8 @@ def test_a_login_that_is_not_root_may_not_signal_others(tmp_path: Path) -> None:
     """The box script run as `nobody` against a root process: refused, and said plainly."""
     import pwd
 
-    from gpuwatch.remote.actions import build_stdin
-    from gpuwatch.remote.probe_bundle import build_command
+    from gpuwatch.remote.actions.plan import build_stdin
+    from gpuwatch.remote.wire.bundle import build_command
 
     if os.geteuid() != 0:
         pytest.skip("needs root to run the script as another user")
@@ -871,7 +871,7 @@ def _box_answer(request: dict, monkeypatch: pytest.MonkeyPatch,
     request on the real /proc."""
     import io
 
-    from gpuwatch.remote import actions_box
+    from gpuwatch.remote.box import act as actions_box
 
     monkeypatch.delenv("GPUWATCH_PROCFS", raising=False)
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(json.dumps(request).encode())))
@@ -922,7 +922,7 @@ def test_a_pid_reused_between_the_check_and_the_signal_is_not_hit(
     """Issue 15 case 10, with a real pid reuse: the target dies and a new process takes its pid
     right after the box script checked the identity, before it signals. Through the pidfd
     opened before the check, the signal goes to the dead target (gone), not the newcomer."""
-    from gpuwatch.remote import actions_box
+    from gpuwatch.remote.box import act as actions_box
     from harness.captures import missing
 
     _have_pidfds()
@@ -972,7 +972,7 @@ def test_without_pidfds_the_check_is_followed_by_kill_and_the_answer_says_so(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A box without pidfds (Python < 3.9 or Linux < 5.3): today's check, then kill(2), and
     the answer names which was used, so the outcome and the audit row can say it."""
-    from gpuwatch.remote import actions_box
+    from gpuwatch.remote.box import act as actions_box
 
     monkeypatch.setattr(actions_box, "PIDFD_OPEN", None)
     sleeper = subprocess.Popen(["sleep", "120"])

@@ -11,8 +11,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 import pytest
-from gpuwatch.remote import actions
-from gpuwatch.remote.actions import (
+from gpuwatch.remote.actions import plan as actions
+from gpuwatch.remote.actions.plan import (
     ActionPlan,
     LaunchSpec,
     ProcessTarget,
@@ -20,9 +20,9 @@ from gpuwatch.remote.actions import (
     plan_kill,
     plan_relaunch,
 )
-from gpuwatch.remote.config import HostConfig, RunConfig
-from gpuwatch.remote.findings import HostHistory, PollFailure
-from gpuwatch.remote.model import GpuProcess, HostSnapshot, ProcessCounts, ProcessInfo
+from gpuwatch.remote.config.schema import HostConfig, RunConfig
+from gpuwatch.remote.findings.rules import HostHistory, PollFailure
+from gpuwatch.remote.model.snapshot import GpuProcess, HostSnapshot, ProcessCounts, ProcessInfo
 from harness.captures import missing
 
 BOOT = "1f6c1a7e-0000-4000-8000-000000000001"
@@ -150,7 +150,7 @@ def test_relaunch_plan_refusals_and_describe() -> None:
 
 def test_relaunch_plan_of_a_discovered_run_from_its_launch_record() -> None:
     """Not configured: the store's record of how it was started is the plan (issue 8)."""
-    from gpuwatch.remote.discovered import LaunchRecord
+    from gpuwatch.remote.model.discovered import LaunchRecord
 
     record = LaunchRecord(
         host="gpu1", run="train", recorded_at=0.0, boot_id=BOOT, pid=500, start_ticks=9,
@@ -213,7 +213,7 @@ async def test_verify_relaunch_refuses_a_tty_bound_run() -> None:
 
 
 def test_box_script_is_python_36_syntax() -> None:
-    path = Path(actions.__file__).with_name("actions_box.py")
+    path = actions.BOX_SCRIPT
     compile(path.read_text(), "actions_box.py", "exec")
     vermin = Path(sys.executable).with_name("vermin")
     if not vermin.exists():

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import tomli_w
 from gpuwatch.remote.sim import Box, h100_sxm
-from gpuwatch.tui.cli import EXIT_CONFIG, EXIT_OK, EXIT_UNPOLLED
+from gpuwatch.tui.cli.command import EXIT_CONFIG, EXIT_OK, EXIT_UNPOLLED
 from harness.sshd import SshdBox, free_port
 
 BOUNDS = {"connect_timeout": 2, "server_alive_interval": 1, "server_alive_count_max": 2,

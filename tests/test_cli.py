@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpuwatch.tui.cli import EXIT_CANTCREAT, EXIT_CONFIG, EXIT_USAGE, VERBS, run, split_verb
+from gpuwatch.tui.cli.command import EXIT_CANTCREAT, EXIT_CONFIG, EXIT_USAGE, VERBS, run, split_verb
 
 
 def gpuwatch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -77,7 +77,7 @@ def test_interval_on_the_command_line_has_the_configs_range(value: str,
                                                              capsys: pytest.CaptureFixture[str]
                                                              ) -> None:
     """Issue 15: --interval overrides the config's interval; it gets the same range."""
-    from gpuwatch.tui import cli
+    from gpuwatch.tui.cli import command as cli
 
     with pytest.raises(SystemExit) as exit_info:
         cli.run(["--once", "--interval", value, "local"])

@@ -6,7 +6,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from gpuwatch.remote.config import (
+from gpuwatch.remote.config.schema import (
     ConfigError,
     SshSettings,
     find_config,
@@ -14,7 +14,7 @@ from gpuwatch.remote.config import (
     parse_config,
     select_hosts,
 )
-from gpuwatch.remote.starter import starter_data, starter_text, write_starter
+from gpuwatch.remote.config.starter import starter_data, starter_text, write_starter
 
 FULL = """\
 interval = 7

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import tomli_w
-from gpuwatch.remote.config import (
+from gpuwatch.remote.config.schema import (
     SSH_RANGES,
     TOP_RANGES,
     Config,
@@ -25,8 +25,8 @@ from gpuwatch.remote.config import (
     parse_config,
     threshold_ranges,
 )
-from gpuwatch.remote.findings import HISTORY_LEN, Thresholds
-from gpuwatch.tui.cli import EXIT_CONFIG
+from gpuwatch.remote.findings.rules import HISTORY_LEN, Thresholds
+from gpuwatch.tui.cli.command import EXIT_CONFIG
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 

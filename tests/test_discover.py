@@ -15,9 +15,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from gpuwatch.remote import discover
-from gpuwatch.remote.config import HostConfig, RunConfig, parse_config
-from gpuwatch.remote.discovered import (
+from gpuwatch.remote.box import discover
+from gpuwatch.remote.config.pin import pin_run
+from gpuwatch.remote.config.schema import HostConfig, RunConfig, parse_config
+from gpuwatch.remote.model.discovered import (
     Discovery,
     LaunchRecord,
     RelaunchError,
@@ -29,9 +30,8 @@ from gpuwatch.remote.discovered import (
     recorded_launch,
     relaunch_command,
 )
-from gpuwatch.remote.model import parse_probe_output
-from gpuwatch.remote.pin import pin_run
-from gpuwatch.remote.series import RunSeries
+from gpuwatch.remote.model.series import RunSeries
+from gpuwatch.remote.model.snapshot import parse_probe_output
 from gpuwatch.remote.store import Store
 from tensorboardX import SummaryWriter
 from test_probe import Box, build_box, probe_doc, python36, rows
@@ -222,7 +222,7 @@ def test_a_remembered_run_is_running_before_its_ranks_hold_a_gpu(tmp_path: Path)
 def test_the_relaunch_script_strips_the_same_login_variables_as_discovery() -> None:
     """actions_box.py and discover.py are each sent to the box alone, so each has its copy of
     the login's variable names (U34): they must not drift apart."""
-    from gpuwatch.remote import actions_box
+    from gpuwatch.remote.box import act as actions_box
 
     assert actions_box.SESSION_NAMES == discover.SESSION_NAMES
     assert actions_box.SESSION_PREFIXES == discover.SESSION_PREFIXES

@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpuwatch.remote import collect
-from gpuwatch.remote.collect import Collector, PollOutcome
-from gpuwatch.remote.config import HostConfig
-from gpuwatch.remote.findings import HostHistory
-from gpuwatch.remote.model import HostSnapshot, parse_probe_output
-from gpuwatch.remote.probe_bundle import (
+from gpuwatch.remote.config.schema import HostConfig
+from gpuwatch.remote.findings.rules import HostHistory
+from gpuwatch.remote.model.series import RunSeries
+from gpuwatch.remote.model.snapshot import HostSnapshot, parse_probe_output
+from gpuwatch.remote.wire import collect
+from gpuwatch.remote.wire.bundle import (
     CGROUP_V1,
     KERNEL,
     METRICS,
@@ -44,7 +44,7 @@ from gpuwatch.remote.probe_bundle import (
     build_stdin,
     modules_for,
 )
-from gpuwatch.remote.series import RunSeries
+from gpuwatch.remote.wire.collect import Collector, PollOutcome
 from test_probe import Box, build_box
 
 DISCOVER = "gpuwatch_discover"
@@ -296,9 +296,9 @@ def test_a_cron_once_resumes_what_the_last_run_learnt_from_the_store(
     """Issue 3: each `--once` is a new process with a new Collector; what the last one learnt
     of the box (its discovery, python, cgroups, kernel log, pynvml) comes from the store, so
     the second run sends a steady poll's bytes, not a first poll's (and reads the same)."""
-    from gpuwatch.remote.config import Config
-    from gpuwatch.remote.once import poll_once
+    from gpuwatch.remote.config.schema import Config
     from gpuwatch.remote.store import Store
+    from gpuwatch.tui.cli.once import poll_once
 
     rig.box.tool("dmesg", "echo '[    0.045121] Memory: 2029476K/2096632K available'\n")
     config = Config(hosts=(rig.host,))

@@ -24,8 +24,8 @@ from typing import Any
 import jsonschema
 import pytest
 import tomli_w
-from gpuwatch.remote.discovered import recorded_launch, relaunch_command
-from gpuwatch.remote.model import parse_probe_output
+from gpuwatch.remote.model.discovered import recorded_launch, relaunch_command
+from gpuwatch.remote.model.snapshot import parse_probe_output
 from gpuwatch.remote.report import load_schema
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.store import Store

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from findings_helpers import Watched, host_config, touch
-from gpuwatch.remote import probe
-from gpuwatch.remote.findings import (
+from gpuwatch.remote.box import probe
+from gpuwatch.remote.findings.rules import (
     CODES,
     RULES,
     Finding,
@@ -20,7 +20,7 @@ from gpuwatch.remote.findings import (
     Thresholds,
     evaluate,
 )
-from gpuwatch.remote.model import GpuSample
+from gpuwatch.remote.model.snapshot import GpuSample
 from gpuwatch.remote.sim import Box, SimProcess, h100_sxm, training_process, util_without_clock
 from harness.captures import capture
 
@@ -112,7 +112,7 @@ def test_throttled_decodes_reasons_and_grades_them(tmp_path: Path) -> None:
 
 def _history_of(gpus: list[GpuSample], polls: int = 2) -> HostHistory:
     """A history whose snapshots carry these GPU samples (from real nvidia-smi text)."""
-    from gpuwatch.remote.model import HostSnapshot
+    from gpuwatch.remote.model.snapshot import HostSnapshot
 
     history = HostHistory("real")
     for i in range(polls):
@@ -239,7 +239,7 @@ def orphaned_rank(tmp_path: Path) -> Watched:
 
 
 def test_orphaned_holder_on_an_idle_gpu_after_its_run_died(tmp_path: Path) -> None:
-    from gpuwatch.remote.zombies import zombie_holders
+    from gpuwatch.remote.findings.zombies import zombie_holders
 
     w = orphaned_rank(tmp_path)
     assert "gpu.vram_zombie" not in w.codes()  # idle for one poll only
@@ -258,7 +258,7 @@ def test_a_holder_is_no_zombie_on_its_first_sighting(tmp_path: Path) -> None:
     subshell also has ppid 1 and no session of its own, and holds VRAM idle through its CUDA
     start-up. Each holder must itself be seen over the window (U21); so must a pid that only
     the driver lists (invisible)."""
-    from gpuwatch.remote.zombies import zombie_holders
+    from gpuwatch.remote.findings.zombies import zombie_holders
 
     box = box_at(tmp_path, 2)
     w = Watched(box)
@@ -552,7 +552,7 @@ def test_store_keeps_first_seen_last_seen_and_cleared(tmp_path: Path) -> None:
 
 
 def test_thresholds_config_table(tmp_path: Path) -> None:
-    from gpuwatch.remote.config import ConfigError, parse_config
+    from gpuwatch.remote.config.schema import ConfigError, parse_config
 
     config = parse_config('[thresholds]\nsustain_polls = 3\nclock_low_ratio = 0.4\n'
                           'xid_critical = [48, 79, 95]\n[hosts.a]\nssh = "local"\n')
@@ -573,7 +573,7 @@ def test_every_threshold_is_documented() -> None:
     import inspect
     import itertools
 
-    from gpuwatch.remote import findings
+    from gpuwatch.remote.findings import rules as findings
 
     tree = ast.parse(inspect.getsource(findings.Thresholds))
     body = tree.body[0].body  # type: ignore[attr-defined]
@@ -606,9 +606,9 @@ def test_a_discovered_run_that_is_only_a_zombie_reads_left_behind(tmp_path: Path
     # `--once --json`: not among the runs (the schema's statuses would say "running"); the
     # process says why it holds VRAM.
     import jsonschema
-    from gpuwatch.remote.collect import PollOutcome
     from gpuwatch.remote.report import host_json, load_schema
     from gpuwatch.remote.watch import judge
+    from gpuwatch.remote.wire.collect import PollOutcome
 
     outcome = PollOutcome(w.host, time.time(), 0.1, w.snapshot(), b"{}")
     doc = host_json(judge(w.history, outcome))
@@ -629,11 +629,11 @@ def test_a_left_behind_run_is_gone_once_its_zombie_is_reaped(tmp_path: Path) -> 
     and the dead configured run's leftover checkpoint was reported again under its name. Its
     only processes were zombies that gpuwatch reaped: it is gone, not dead; in the TUI's long
     history and in a cron `--once` that rebuilds the history from the store alike."""
-    from gpuwatch.remote.actions import mark_reaped, plan_reap
-    from gpuwatch.remote.collect import PollOutcome
+    from gpuwatch.remote.actions.plan import mark_reaped, plan_reap
+    from gpuwatch.remote.model.series import RunSeries
     from gpuwatch.remote.report import host_json
-    from gpuwatch.remote.series import RunSeries
     from gpuwatch.remote.watch import judge
+    from gpuwatch.remote.wire.collect import PollOutcome
 
     w = orphaned_rank(tmp_path)
     w.poll()
@@ -695,7 +695,7 @@ def test_a_torchrun_rank_whose_torchrun_died_stays_a_zombie(tmp_path: Path) -> N
     ranks, ppid 1 and each leading its own session, were called zombies for one poll only
     (the poll that saw them re-parented), read "running" ever after, and a gpuwatch started
     after the death never flagged them. Their environment says they are torchrun's."""
-    from gpuwatch.remote.zombies import zombie_holders
+    from gpuwatch.remote.findings.zombies import zombie_holders
 
     box = box_at(tmp_path, 2)
     box.add_process(SimProcess(700, ("python", "/usr/bin/torchrun", "train.py"), ppid=1))
@@ -736,7 +736,7 @@ def test_a_shell_job_left_running_at_logout_is_no_zombie(tmp_path: Path) -> None
     in the shell's session. Idle on its GPU for a while (a long checkpoint save), it is still a
     live run: never offered for reaping. A rank its launcher left behind is in the launcher's
     process group, and is (test_orphaned_holder_on_an_idle_gpu_after_its_run_died)."""
-    from gpuwatch.remote.zombies import zombie_holders
+    from gpuwatch.remote.findings.zombies import zombie_holders
 
     box = box_at(tmp_path, 2)
     box.add_process(SimProcess(600, ("-bash",), comm="bash", tty_nr=34816))  # the login shell

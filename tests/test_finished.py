@@ -23,12 +23,13 @@ import jsonschema
 import pytest
 import test_actions
 from findings_helpers import Watched, host_config, touch
-from gpuwatch.remote import actions, actions_box
-from gpuwatch.remote.config import HostConfig, RunConfig
-from gpuwatch.remote.discovered import exit_record_path
-from gpuwatch.remote.findings import HostHistory, Severity
+from gpuwatch.remote.actions import plan as actions
+from gpuwatch.remote.box import act as actions_box
+from gpuwatch.remote.config.schema import HostConfig, RunConfig
+from gpuwatch.remote.findings.rules import HostHistory, Severity
+from gpuwatch.remote.model.discovered import exit_record_path
+from gpuwatch.remote.model.series import completion_line
 from gpuwatch.remote.report import load_schema
-from gpuwatch.remote.series import completion_line
 from gpuwatch.remote.sim import Box, h100_sxm, training_process
 from harness.captures import capture
 from test_actions import PY, Rig, alive, poll, wait_for

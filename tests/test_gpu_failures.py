@@ -22,8 +22,8 @@ from typing import Any
 import jsonschema
 import pytest
 from findings_helpers import Watched
-from gpuwatch.remote.findings import Severity
-from gpuwatch.remote.model import classify_gpu_error
+from gpuwatch.remote.findings.rules import Severity
+from gpuwatch.remote.model.snapshot import classify_gpu_error
 from gpuwatch.remote.report import load_schema
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.sim import nvidia_smi as smi
@@ -208,7 +208,7 @@ def test_a_run_that_dies_as_the_driver_hangs_died_of_that(tmp_path: Path) -> Non
 
 
 def test_relaunch_is_refused_while_the_driver_is_mismatched(tmp_path: Path) -> None:
-    from gpuwatch.remote import actions
+    from gpuwatch.remote.actions import plan as actions
 
     box = box_at(tmp_path)
     w = running(tmp_path, box, relaunch="python train.py")
@@ -287,7 +287,7 @@ def test_a_slow_query_without_persistence_mode_is_not_a_hung_driver(tmp_path: Pa
     """Without persistence mode the GPUs initialise again once their last process exits: the
     poll after a run ends may time out. The run died of its own error, the query failing is a
     warning, and a relaunch is not refused for a hung driver."""
-    from gpuwatch.remote import actions
+    from gpuwatch.remote.actions import plan as actions
 
     box = box_at(tmp_path)
     w = running(tmp_path, box, relaunch="python train.py")
@@ -320,7 +320,7 @@ def test_a_gpu_whose_uuid_reads_na_once_is_not_lost(tmp_path: Path) -> None:
 
 def test_exit_255_is_an_exit_not_a_signal() -> None:
     import tui_fixtures as fx
-    from gpuwatch.remote.diagnosis import diagnose
+    from gpuwatch.remote.findings.diagnosis import diagnose
 
     before = fx.snapshot("h", t=fx.NOW - 10, gpus=[fx.gpu(0, 90, 1900)])
     now = fx.snapshot("h", t=fx.NOW, gpus=[fx.gpu(0, 0, 345)])
@@ -332,7 +332,7 @@ def test_exit_255_is_an_exit_not_a_signal() -> None:
 def test_gpus_the_probe_never_reached_are_not_a_failed_query() -> None:
     """A probe cut short by its deadline before the GPU query: that is the probe's problem
     (said as such), not "nvidia-smi failed"."""
-    from gpuwatch.remote.model import parse_probe_output
+    from gpuwatch.remote.model.snapshot import parse_probe_output
 
     doc = {"v": 1, "errors": {"gpus": "not read"},
            "gpus": {"error": "not read: the probe's deadline passed while it read host",
@@ -342,7 +342,7 @@ def test_gpus_the_probe_never_reached_are_not_a_failed_query() -> None:
 
 
 def test_every_kind_is_in_the_schema_and_has_its_words() -> None:
-    from gpuwatch.remote.model import GPU_ERRORS
+    from gpuwatch.remote.model.snapshot import GPU_ERRORS
 
     props = load_schema()["$defs"]["host"]["properties"]["gpu_error"]["oneOf"][1]["properties"]
     assert props["kind"]["enum"] == list(GPU_ERRORS)

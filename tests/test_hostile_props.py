@@ -26,14 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpuwatch.remote import probe, raw_events, tfevents, tfevents_fast
-from gpuwatch.remote.collect import PollOutcome
-from gpuwatch.remote.config import parse_config
-from gpuwatch.remote.findings import HostHistory
-from gpuwatch.remote.model import ProbeError, parse_probe_output
+from gpuwatch.remote.box import probe, tfevents
+from gpuwatch.remote.config.schema import parse_config
+from gpuwatch.remote.findings.rules import HostHistory
+from gpuwatch.remote.model.snapshot import ProbeError, parse_probe_output
 from gpuwatch.remote.report import document, prometheus_text, text_report, to_json_text
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.watch import history_from_store, judge, remember
+from gpuwatch.remote.wire import raw_events, tfevents_fast
+from gpuwatch.remote.wire.collect import PollOutcome
 from hostile_docs import CAPTURES, real_document
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpuwatch.remote import once as once_module
 from gpuwatch.remote import watch as watch_module
-from gpuwatch.remote.collect import Collector
-from gpuwatch.remote.config import HostConfig, load_file
+from gpuwatch.remote.config.schema import HostConfig, load_file
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.store import Store
+from gpuwatch.remote.wire.collect import Collector
+from gpuwatch.tui.cli import once as once_module
 from harness.sshd import SshdBox
 from test_once_sshd import gpuwatch, ssh_config, start_box
 
@@ -229,7 +229,7 @@ def test_an_internal_error_exits_70_with_one_line_naming_the_log(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A crash is never exit 1 (a finding, to cron): one line, exit 70, the traceback kept."""
-    from gpuwatch.tui import cli
+    from gpuwatch.tui.cli import command as cli
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
@@ -251,7 +251,7 @@ def test_a_poll_that_raises_is_its_hosts_error_and_the_loop_goes_on() -> None:
     read 'waiting for the first poll' forever); the collector turns its own bugs into errors."""
     import asyncio
 
-    from gpuwatch.remote.poller import Poller
+    from gpuwatch.remote.wire.poller import Poller
 
     calls: list[float] = []
     results: list[str] = []
@@ -280,7 +280,7 @@ def test_the_collector_never_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     """A bug anywhere in a poll (here: building the request) is the host's `probe` error."""
     import asyncio
 
-    from gpuwatch.remote import collect
+    from gpuwatch.remote.wire import collect
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
 

@@ -19,16 +19,16 @@ from typing import Any
 
 import jsonschema
 import pytest
-from gpuwatch.remote import model
-from gpuwatch.remote.check import _document
-from gpuwatch.remote.collect import PollOutcome
-from gpuwatch.remote.config import parse_config
-from gpuwatch.remote.findings import HostHistory
-from gpuwatch.remote.model import ProbeError, parse_probe_output
+from gpuwatch.remote.config.schema import parse_config
+from gpuwatch.remote.findings.rules import HostHistory
+from gpuwatch.remote.model import snapshot as model
+from gpuwatch.remote.model.series import RunSeries
+from gpuwatch.remote.model.snapshot import ProbeError, parse_probe_output
 from gpuwatch.remote.report import load_schema
-from gpuwatch.remote.series import RunSeries
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.watch import judge
+from gpuwatch.remote.wire.collect import PollOutcome
+from gpuwatch.tui.cli.check import _document
 from hostile_docs import big_number, deep, fake_python, real_document, zlib_bomb
 from test_once import box_env, gpuwatch
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from gpuwatch.remote import local
+from gpuwatch.remote.wire import local
 
 CAPS = {"max_stdout": 1 << 20, "max_stderr": 4096}
 
@@ -132,9 +132,9 @@ def test_out_of_file_descriptors_is_a_probe_error_of_this_machine(tmp_path: Path
     would read as a finding)."""
     code = """
 import os, resource, sys
-from gpuwatch.remote.collect import Collector, build_request
-from gpuwatch.remote.config import HostConfig
-from gpuwatch.remote.probe_bundle import build_stdin
+from gpuwatch.remote.wire.collect import Collector, build_request
+from gpuwatch.remote.config.schema import HostConfig
+from gpuwatch.remote.wire.bundle import build_stdin
 host = HostConfig("here", "local")
 build_stdin(build_request(host), trim=True)  # the payload, read while files can be opened
 open_now = len(os.listdir("/proc/self/fd"))
@@ -153,8 +153,8 @@ print("OUTCOME", outcome.error_kind, outcome.error_message)
 def test_a_hung_local_probe_is_a_timeout_of_the_poll_both_ways(tmp_path: Path) -> None:
     """Through the Collector, blocking (`--once`) and on the event loop (the TUI): a probe that
     hangs is the poll's `timeout`, within command_timeout, and leaves nothing running."""
-    from gpuwatch.remote.collect import Collector
-    from gpuwatch.remote.config import HostConfig, SshSettings
+    from gpuwatch.remote.config.schema import HostConfig, SshSettings
+    from gpuwatch.remote.wire.collect import Collector
 
     pid_file = tmp_path / "pgid"
     hung = tmp_path / "hung-python3"

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from gpuwatch.remote import probe as probe_module
-from gpuwatch.remote.collect import Collector
-from gpuwatch.remote.config import Config, HostConfig, RunConfig
+from gpuwatch.remote.box import probe as probe_module
+from gpuwatch.remote.config.schema import Config, HostConfig, RunConfig
+from gpuwatch.remote.model.series import RunSeries, TagSeries, file_generation
 from gpuwatch.remote.report import load_schema
-from gpuwatch.remote.series import RunSeries, TagSeries, file_generation
 from gpuwatch.remote.store import Store
+from gpuwatch.remote.wire.collect import Collector
 from gpuwatch.tui.app import build_app
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -13,7 +13,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from gpuwatch.remote.model import HostSnapshot, ProbeError, parse_probe_output
+from gpuwatch.remote.model.snapshot import HostSnapshot, ProbeError, parse_probe_output
 from test_probe import BOOT_ID, BTIME, UUIDS, Box, box_request, build_box, run_probe
 
 DESIGN_GPU_KEYS = ["index", "uuid", "name", "util_pct", "mem_used_mib", "mem_total_mib",
@@ -200,7 +200,7 @@ def test_unknown_keys_and_fields_are_ignored(box: Box):
 
 
 def test_model_imports_neither_textual_nor_asyncssh():
-    code = ("import sys, gpuwatch.remote.model; "
+    code = ("import sys, gpuwatch.remote.model.snapshot; "
             "print([m for m in sys.modules if m.split('.')[0] in ('textual', 'asyncssh')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

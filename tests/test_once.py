@@ -128,7 +128,7 @@ def python_in(home: Path, code: str) -> subprocess.CompletedProcess[str]:
 def test_once_does_not_import_textual_or_asyncssh_for_local_hosts(tmp_path: Path) -> None:
     """Nor asyncio (with the ssl and logging it pulls in): local hosts poll without an event
     loop (issue 3: a cron run's start-up)."""
-    code = ("import sys\nfrom gpuwatch.tui.cli import run\n"
+    code = ("import sys\nfrom gpuwatch.tui.cli.command import run\n"
             "rc = run(['--once', 'local'])\n"
             "bad = [m for m in ('textual', 'asyncssh', 'plotext', 'textual_plotext', "
             "'asyncio', 'ssl') if m in sys.modules]\n"
@@ -159,7 +159,7 @@ def test_the_collector_is_off_only_for_start_up(tmp_path: Path) -> None:
     work: a poll of many hosts must not run without it."""
     code = ("import gc, sys\nfrom gpuwatch.tui import cli\n"
             "seen = []\n"
-            "import gpuwatch.remote.once as once\n"
+            "import gpuwatch.tui.cli.once as once\n"
             "orig = once.run_once\n"
             "def spy(*a, **k):\n"
             "    seen.append((gc.isenabled(), gc.get_freeze_count() > 0))\n"

@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from gpuwatch.remote.collect import Collector, PollOutcome
-from gpuwatch.remote.config import HostConfig, SshSettings
+from gpuwatch.remote.config.schema import HostConfig, SshSettings
 from gpuwatch.remote.sim import Box, h100_sxm, training_process
+from gpuwatch.remote.wire.collect import Collector, PollOutcome
 from harness.sshd import SshdBox
 
 BOX_PATH = "/usr/bin:/bin"

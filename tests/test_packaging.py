@@ -33,7 +33,8 @@ def test_wheel_installs_into_a_clean_venv(tmp_path: Path) -> None:
     (wheel,) = wheels.glob("gpuwatch-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert all(n.startswith(("gpuwatch/", "gpuwatch-")) for n in names), names
-    assert "gpuwatch/remote/config.py" in names and "gpuwatch/tui/cli.py" in names
+    assert "gpuwatch/remote/config/schema.py" in names and "gpuwatch/tui/cli/command.py" in names
+    assert "gpuwatch/remote/box/probe.py" in names and "gpuwatch/remote/wire/bundle.py" in names
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

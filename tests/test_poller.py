@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import random
 
-from gpuwatch.remote.poller import (
+from gpuwatch.remote.wire.poller import (
     BACKOFF_CAP_S,
     OpeningLimiter,
     Poller,

@@ -19,8 +19,8 @@ import zlib
 from pathlib import Path
 
 import pytest
-from gpuwatch.remote import probe
-from gpuwatch.remote.probe_bundle import (
+from gpuwatch.remote.box import probe
+from gpuwatch.remote.wire.bundle import (
     KERNEL,
     MODULES,
     NVML,
@@ -392,10 +392,10 @@ def steady_request(request: dict, env: dict[str, str]) -> dict:
     """The request of the polls after the first, as the client makes it: the runs discovery
     found go back as remembered runs (issue 8), and what it found for the probe to reuse
     instead of the discover module (issue 3)."""
-    from gpuwatch.remote.config import HostConfig, RunConfig
-    from gpuwatch.remote.discovered import discovered_requests
-    from gpuwatch.remote.findings import HostHistory
-    from gpuwatch.remote.model import parse_probe_output
+    from gpuwatch.remote.config.schema import HostConfig, RunConfig
+    from gpuwatch.remote.findings.rules import HostHistory
+    from gpuwatch.remote.model.discovered import discovered_requests
+    from gpuwatch.remote.model.snapshot import parse_probe_output
 
     snapshot = parse_probe_output(run_probe(request, env).stdout, "box")
     assert snapshot.discovery_reuse is not None
@@ -626,7 +626,7 @@ def test_xid_lines_go_raw_without_the_parser_and_read_the_same(box: Box):
     """Issue 3: the parser of Xid and OOM lines goes only where the last poll saw some; a box
     that has some now without it sends the lines as they are, and the client parses them with
     the probe's own code: the same kernel events and counts as the box's parser gives."""
-    from gpuwatch.remote.model import HostSnapshot, parse_probe_output
+    from gpuwatch.remote.model.snapshot import HostSnapshot, parse_probe_output
 
     assert KERNEL in modules_for(box_request(box))  # not known yet: sent
     assert KERNEL in modules_for(box_request(box, kernel_lines=3))
@@ -659,8 +659,8 @@ def test_an_xid_storm_sent_raw_is_reported_once(box: Box):
     poll's counts cover the newest lines only. The next poll has the parser and counts them
     all; the code already reported must not come again for its older lines, while a code
     that only the older lines held is reported then (late, but never before)."""
-    from gpuwatch.remote.findings import HostHistory, Severity, gpu_xid
-    from gpuwatch.remote.model import parse_probe_output
+    from gpuwatch.remote.findings.rules import HostHistory, Severity, gpu_xid
+    from gpuwatch.remote.model.snapshot import parse_probe_output
 
     storm = probe.RAW_KERNEL_LINES + 500
     history = HostHistory("box")
@@ -703,7 +703,7 @@ def test_a_probe_started_with_sigchld_ignored_still_reads_its_commands(box: Box)
     instead of failing. The interpreter is started directly here, past any shell."""
     import signal
 
-    from gpuwatch.remote.probe_bundle import BOOTSTRAP
+    from gpuwatch.remote.wire.bundle import BOOTSTRAP
 
     result = subprocess.run([sys.executable, "-S", "-c", BOOTSTRAP],
                             input=build_stdin(box_request(box)), env=box.env(),
@@ -819,7 +819,7 @@ def test_the_nvml_reader_goes_only_where_pynvml_imports(box: Box, tmp_path: Path
     now = poll({**request, "pynvml": False}, env)  # installed since the client last looked
     assert now["gpus"]["source"] == "nvidia-smi" and now["gpus"]["pynvml"] is True
     assert "next poll" in now["gpus"]["nvml"]
-    from gpuwatch.remote.model import parse_probe_output
+    from gpuwatch.remote.model.snapshot import parse_probe_output
 
     assert parse_probe_output(json.dumps(now).encode(), "box").pynvml is True
     after = poll({**request, "pynvml": True}, env)
@@ -1071,7 +1071,7 @@ def test_process_patterns_match_arguments_and_both_sides_agree():
     a workdir, on the words of its whole command line): the argument itself or a path ending
     in it, never a longer word; several words in a row. The action script that refuses a
     relaunch has its own copy (it runs alone on the box): both agree on every case."""
-    from gpuwatch.remote.actions_box import argv_match as box_match
+    from gpuwatch.remote.box.act import argv_match as box_match
 
     def match(argv: list[str], text: str) -> list[str] | None:
         found = probe.argv_match(argv, text.split())
@@ -1285,7 +1285,7 @@ def test_strip_source_keeps_continued_lines_and_strings():
 def test_payload_is_built_once_and_kept_in_the_cache(tmp_path: Path, monkeypatch):
     """Stripping the sources costs tens of ms of tokenizing: a payload is kept under
     $XDG_CACHE_HOME/gpuwatch, named by what it is made from; a damaged one is rebuilt."""
-    from gpuwatch.remote import probe_bundle
+    from gpuwatch.remote.wire import bundle as probe_bundle
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     probe_bundle.compressed_probe.cache_clear()
@@ -1356,7 +1356,7 @@ def test_pynvml_is_imported_from_where_it_was_last_found_without_site(box: Box,
     it the venv's .pth files (tests/device/probe_cost.py). The probe says which folder pynvml
     came from; told it back, it puts only that folder on sys.path and never loads site. A
     folder that no longer holds pynvml costs nothing but site, as before."""
-    from gpuwatch.remote.model import parse_probe_output
+    from gpuwatch.remote.model.snapshot import parse_probe_output
 
     home = tmp_path / "only-here"
     home.mkdir()

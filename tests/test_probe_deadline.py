@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gpuwatch.remote import probe
-from gpuwatch.remote.collect import build_request
-from gpuwatch.remote.config import HostConfig, SshSettings
-from gpuwatch.remote.probe_bundle import build_command, build_stdin
+from gpuwatch.remote.box import probe
+from gpuwatch.remote.config.schema import HostConfig, SshSettings
+from gpuwatch.remote.wire.bundle import build_command, build_stdin
+from gpuwatch.remote.wire.collect import build_request
 
 WAIT_S = 20.0
 """What a test waits for a probe at most: far past every deadline it sets."""

@@ -20,10 +20,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gpuwatch.remote import probe, raw_events, tfevents
-from gpuwatch.remote.config import RunConfig
-from gpuwatch.remote.model import HostSnapshot, RunSample, parse_probe_output
-from gpuwatch.remote.probe_bundle import (
+from gpuwatch.remote.box import probe, tfevents
+from gpuwatch.remote.config.schema import RunConfig
+from gpuwatch.remote.model.series import RunSeries, run_request
+from gpuwatch.remote.model.snapshot import HostSnapshot, RunSample, parse_probe_output
+from gpuwatch.remote.wire import raw_events
+from gpuwatch.remote.wire.bundle import (
     RAW_RECORDS,
     RUN_FILES,
     build_command,
@@ -31,8 +33,7 @@ from gpuwatch.remote.probe_bundle import (
     modules_for,
     payload,
 )
-from gpuwatch.remote.raw_events import RAW_CAP, decode_raw_entry, expand_raw_events
-from gpuwatch.remote.series import RunSeries, run_request
+from gpuwatch.remote.wire.raw_events import RAW_CAP, decode_raw_entry, expand_raw_events
 from tensorboard.compat.proto import event_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.util import tensor_util

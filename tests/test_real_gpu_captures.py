@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpuwatch.remote import probe
-from gpuwatch.remote.model import parse_probe_output
+from gpuwatch.remote.box import probe
+from gpuwatch.remote.model.snapshot import parse_probe_output
 from gpuwatch.remote.report import load_schema
 
 CAPTURES = Path(__file__).with_name("captures")
@@ -198,8 +198,8 @@ def test_the_client_tells_the_box_where_its_pynvml_is() -> None:
     """The probe's document says which folder pynvml came from; the collector sends it back
     with the next request (and in its memory, for a cron `--once`), and forgets it when the
     box's python no longer imports pynvml."""
-    from gpuwatch.remote.collect import Collector, build_request
-    from gpuwatch.remote.config import parse_config
+    from gpuwatch.remote.config.schema import parse_config
+    from gpuwatch.remote.wire.collect import Collector, build_request
 
     host = parse_config('[hosts.box]\nssh = "box"\n').host("box")
     assert host is not None

@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 from findings_helpers import Watched, host_config
-from gpuwatch.remote import actions, actions_box
-from gpuwatch.remote.check import loose_runs
-from gpuwatch.remote.config import HostConfig, RunConfig
-from gpuwatch.remote.findings import Severity
+from gpuwatch.remote.actions import plan as actions
+from gpuwatch.remote.box import act as actions_box
+from gpuwatch.remote.config.schema import HostConfig, RunConfig
+from gpuwatch.remote.findings.rules import Severity
 from gpuwatch.remote.sim import Box, h100_sxm
+from gpuwatch.tui.cli.check import loose_runs
 from harness.captures import missing
 
 PY = sys.executable
@@ -362,7 +363,7 @@ def test_a_loose_run_counts_any_folder_says_so_and_two_jobs_are_not_one(
 def test_loose_matching_is_the_words_of_the_command_line() -> None:
     """What a run without a workdir matches: whole words anywhere in the command line, a path
     before it allowed, an argument with spaces (`bash -c "..."`) too."""
-    from gpuwatch.remote import probe
+    from gpuwatch.remote.box import probe
 
     def loose(argv: list[str], text: str) -> bool:
         return probe.argv_match(" ".join(argv).split(), text.split()) is not None

@@ -17,10 +17,11 @@ import zlib
 from pathlib import Path
 
 import pytest
-from gpuwatch.remote import probe as probe_module
-from gpuwatch.remote.config import RunConfig
-from gpuwatch.remote.model import HostSnapshot, RunSample, parse_probe_output
-from gpuwatch.remote.probe_bundle import (
+from gpuwatch.remote.box import probe as probe_module
+from gpuwatch.remote.config.schema import RunConfig
+from gpuwatch.remote.model.series import RunSeries, run_request
+from gpuwatch.remote.model.snapshot import HostSnapshot, RunSample, parse_probe_output
+from gpuwatch.remote.wire.bundle import (
     GLOB,
     METRICS,
     RUN_FILES,
@@ -29,7 +30,6 @@ from gpuwatch.remote.probe_bundle import (
     compressed_probe,
     modules_for,
 )
-from gpuwatch.remote.series import RunSeries, run_request
 from tensorboardX import SummaryWriter
 from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto import event_pb2

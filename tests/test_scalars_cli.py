@@ -8,7 +8,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from gpuwatch.remote.scalars_cli import EXIT_CORRUPT, EXIT_NOINPUT, EXIT_OK, run_scalars
+from gpuwatch.tui.cli.scalars import EXIT_CORRUPT, EXIT_NOINPUT, EXIT_OK, run_scalars
 from tensorboardX import SummaryWriter
 
 

@@ -11,10 +11,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 import pytest
-from gpuwatch.remote.config import RunConfig
-from gpuwatch.remote.model import Checkpoint, EventFile, LogInfo, RunSample, Scalars
-from gpuwatch.remote.raw_events import RAW_CAP
-from gpuwatch.remote.series import (
+from gpuwatch.remote.config.schema import RunConfig
+from gpuwatch.remote.model.series import (
     FLEET_POINTS,
     MAX_POINTS,
     MIN_POINTS,
@@ -27,6 +25,8 @@ from gpuwatch.remote.series import (
     run_request,
     run_status,
 )
+from gpuwatch.remote.model.snapshot import Checkpoint, EventFile, LogInfo, RunSample, Scalars
+from gpuwatch.remote.wire.raw_events import RAW_CAP
 
 SCHEMA = Path(__file__).parents[1] / "remote" / "gpuwatch-1.schema.json"
 T0 = 1_700_000_000.0

@@ -26,11 +26,11 @@ from typing import Any
 
 import asyncssh
 import pytest
-from gpuwatch.remote import probe_bundle
-from gpuwatch.remote.config import parse_config
+from gpuwatch.remote.config.schema import parse_config
 from gpuwatch.remote.sim import trainer
 from gpuwatch.remote.sim.fleet import BOX_NAMES, DemoFleet, Timeline, fleet_pids, scan_processes
 from gpuwatch.remote.sim.sshserver import HANGUP_GRACE_S, SERVER_VERSION
+from gpuwatch.remote.wire import bundle as probe_bundle
 from harness.sshd import require_ssh
 
 FAST = Timeline(step_s=0.1, capped_step_s=0.2, save_every=5, capped_interval_s=0.3,
@@ -614,9 +614,9 @@ async def test_every_demo_scenario_raises_its_finding_within_a_minute(
     /data was deduplicated with the real / by mount). Polled as `--once` polls (the same
     collector, judge and store), each scenario's finding must show, and the healthy box must
     raise nothing critical."""
-    from gpuwatch.remote.config import load_file
-    from gpuwatch.remote.once import poll_once
+    from gpuwatch.remote.config.schema import load_file
     from gpuwatch.remote.store import Store
+    from gpuwatch.tui.cli.once import poll_once
 
     # The demo's own pace but for the OOM (its trainer must be seen alive before it dies)
     fleet = await start_fleet(timeline=replace(FAST, oom_after_s=12.0), tick_s=0.5)

@@ -1,4 +1,4 @@
-"""remote/ssh.py against a real sshd: results, and every fault ending within its bound."""
+"""remote/wire/ssh.py against a real sshd: results, and every fault ending within its bound."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpuwatch.remote.ssh import (
+from gpuwatch.remote.wire.ssh import (
     ExecResult,
     SshBounds,
     SshError,

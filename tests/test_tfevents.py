@@ -19,7 +19,8 @@ from typing import Any
 import crc32c
 import numpy as np
 import pytest
-from gpuwatch.remote import tfevents, tfevents_fast
+from gpuwatch.remote.box import tfevents
+from gpuwatch.remote.wire import tfevents_fast
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader

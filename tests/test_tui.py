@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 import tui_fixtures as fx
-from gpuwatch.remote import actions
-from gpuwatch.remote.collect import Collector, PollOutcome
-from gpuwatch.remote.config import Config, HostConfig
-from gpuwatch.remote.findings import HostHistory, Severity
-from gpuwatch.remote.series import MAX_POINTS, MIN_POINTS, points_share
+from gpuwatch.remote.actions import plan as actions
+from gpuwatch.remote.config.schema import Config, HostConfig
+from gpuwatch.remote.findings.rules import HostHistory, Severity
+from gpuwatch.remote.model.series import MAX_POINTS, MIN_POINTS, points_share
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.watch import judge, remember
+from gpuwatch.remote.wire.collect import Collector, PollOutcome
 from gpuwatch.tui.app import GpuwatchApp, build_app
 from gpuwatch.tui.messages import SnapshotReady
 from gpuwatch.tui.screens.confirm import ConfirmAction
@@ -560,7 +560,7 @@ async def test_overnight_the_store_is_shown_stale_before_the_first_poll(
 async def test_relaunch_of_a_discovered_run_plans_from_the_stores_launch_record() -> None:
     """`r` on a run nobody configured (issue 8): the plan comes from how the store recorded it
     was started; a configured run's never does."""
-    from gpuwatch.remote.discovered import LaunchRecord
+    from gpuwatch.remote.model.discovered import LaunchRecord
 
     app = make_app()
     async with app.run_test(size=SIZE):
@@ -580,8 +580,8 @@ async def test_a_discovered_run_gets_a_tab_shows_what_was_found_and_p_pins_it(
     """Issue 8 in the TUI: a run nobody configured is a tab like a configured one (added when
     it appears), the line under the tabs says what was found where (box text, never markup),
     and P writes it into the config."""
-    from gpuwatch.remote.discovered import Discovery
-    from gpuwatch.remote.series import RunSeries
+    from gpuwatch.remote.model.discovered import Discovery
+    from gpuwatch.remote.model.series import RunSeries
 
     config_path = tmp_path / "config.toml"
     config_path.write_text("# mine\n[hosts.gpu-healthy]\nssh = \"gpu-healthy\"\n")
@@ -636,7 +636,7 @@ def test_a_discovered_run_left_behind_as_a_zombie_is_shown_so_not_as_running() -
     """U11 with issue 8: findings mark a discovered run whose every process is a VRAM zombie
     as left behind (tests/test_findings.py); every place the TUI shows a run's status says
     so, with its own glyph, instead of the series' "running"."""
-    from gpuwatch.remote.series import RunSeries
+    from gpuwatch.remote.model.series import RunSeries
     from gpuwatch.tui.colours import RUN_GLYPH, RUN_VARIABLE
     from gpuwatch.tui.state import HostData
 
@@ -688,7 +688,7 @@ async def test_a_failed_relaunchs_log_line_is_shown_as_written_not_as_markup(
 async def test_the_tui_judges_with_the_configs_thresholds() -> None:
     """The TUI restored each host's history with the default thresholds whatever the config's
     `[thresholds]` said (a `stalled_s = 60` read 1800 there, while `--once` used 60)."""
-    from gpuwatch.remote.findings import Thresholds
+    from gpuwatch.remote.findings.rules import Thresholds
 
     cfg = replace(fx.config(), thresholds=Thresholds(stalled_s=60.0, sustain_polls=3))
     app = make_app(cfg)
@@ -848,7 +848,7 @@ def test_user_text_says_things_in_words_not_gotcha_codes() -> None:
     to one (docs/findings.md explains the codes; code comments cite them)."""
     import re
 
-    from gpuwatch.remote.diagnosis import CAUSES, Diagnosis
+    from gpuwatch.remote.findings.diagnosis import CAUSES, Diagnosis
     from gpuwatch.tui.screens.help import HelpScreen
 
     code = re.compile(r"\bU\d+\b|\bseed 00\d\b")
@@ -908,7 +908,7 @@ async def test_help_explains_every_glyph_the_screens_use() -> None:
 
 
 async def test_a_timed_out_host_says_so_first() -> None:
-    from gpuwatch.remote.config import HostConfig as Host
+    from gpuwatch.remote.config.schema import HostConfig as Host
 
     cfg = fx.config()
     app = make_app(cfg)

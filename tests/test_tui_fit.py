@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import tui_fixtures as fx
 from gpuwatch.remote import watch
-from gpuwatch.remote.findings import Finding, Severity
+from gpuwatch.remote.findings.rules import Finding, Severity
 from gpuwatch.tui import app as app_module
 from gpuwatch.tui.app import GpuwatchApp, build_app
 from gpuwatch.tui.colours import contrast_ratio

@@ -12,10 +12,9 @@ from collections.abc import Iterable
 from dataclasses import replace
 from types import MappingProxyType
 
-from gpuwatch.remote.collect import PollOutcome
-from gpuwatch.remote.config import Config, HostConfig, RunConfig
-from gpuwatch.remote.findings import HostHistory
-from gpuwatch.remote.model import (
+from gpuwatch.remote.config.schema import Config, HostConfig, RunConfig
+from gpuwatch.remote.findings.rules import HostHistory
+from gpuwatch.remote.model.snapshot import (
     CgroupInfo,
     Checkpoint,
     DiskUsage,
@@ -30,6 +29,7 @@ from gpuwatch.remote.model import (
 )
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.watch import judge, remember
+from gpuwatch.remote.wire.collect import PollOutcome
 
 NOW = 1_784_100_000.0
 """The frozen clock of every TUI test (this machine's and the boxes' alike)."""

@@ -19,13 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from gpuwatch.remote.collect import Collector, PollOutcome
-from gpuwatch.remote.config import Config, HostConfig
-from gpuwatch.remote.findings import evaluate
-from gpuwatch.remote.series import FLEET_POINTS, apply_budget
+from gpuwatch.remote.config.schema import Config, HostConfig
+from gpuwatch.remote.findings.rules import evaluate
+from gpuwatch.remote.model.series import FLEET_POINTS, apply_budget
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.textsafe import visible
 from gpuwatch.remote.watch import history_from_store, judge, remember, resume
+from gpuwatch.remote.wire.collect import Collector, PollOutcome
 from gpuwatch.themes import BUILTIN, DEFAULT_THEME, SERIES_VARIABLES, load_user_themes
 from textual import work
 from textual.app import App
@@ -52,7 +52,7 @@ RUNS_SAVE_S = 60.0
 def _actions() -> Any:
     """remote/actions, or None while this build has none (actions are then greyed out)."""
     try:
-        from gpuwatch.remote import actions
+        from gpuwatch.remote.actions import plan as actions
     except ImportError:
         return None
     return actions
@@ -380,7 +380,7 @@ class GpuwatchApp(App[None]):
         """How a discovered (not configured) run was started, as the store recorded it."""
         if any(r.name == run for r in host.runs):
             return None
-        from gpuwatch.remote.discovered import recorded_launch
+        from gpuwatch.remote.model.discovered import recorded_launch
 
         try:
             return recorded_launch(self.store, host.name, run)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuwatch.remote.collect import PollOutcome
+from gpuwatch.remote.wire.collect import PollOutcome
 from textual.message import Message
 
 

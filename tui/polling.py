@@ -1,18 +1,19 @@
 """The app's side of polling: one Poller for the fleet, run in the app's event loop.
 
-The Poller (remote/poller.py) is asyncio-native: one loop per host, each awaiting its poll before
-arming the next, so polls never overlap (U16, U17) and a slow host only delays itself. Results
-are handed to `on_result` (the app posts a SnapshotReady message); nothing here touches a widget.
+The Poller (remote/wire/poller.py) is asyncio-native: one loop per host, each awaiting its poll
+before arming the next, so polls never overlap (U16, U17) and a slow host only delays itself.
+Results are handed to `on_result` (the app posts a SnapshotReady message); nothing here touches
+a widget.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from gpuwatch.remote.collect import Collector, PollOutcome
-from gpuwatch.remote.config import Config, HostConfig
-from gpuwatch.remote.findings import HostHistory
-from gpuwatch.remote.poller import OpeningLimiter, Poller
+from gpuwatch.remote.config.schema import Config, HostConfig
+from gpuwatch.remote.findings.rules import HostHistory
+from gpuwatch.remote.wire.collect import Collector, PollOutcome
+from gpuwatch.remote.wire.poller import OpeningLimiter, Poller
 
 
 class PollFeed:

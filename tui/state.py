@@ -12,12 +12,12 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gpuwatch.remote.collect import PollOutcome
-from gpuwatch.remote.config import HostConfig
-from gpuwatch.remote.discovered import Discovery, discovered_names
-from gpuwatch.remote.findings import Finding, HostHistory, Severity
-from gpuwatch.remote.model import DiskUsage, HostSnapshot
+from gpuwatch.remote.config.schema import HostConfig
+from gpuwatch.remote.findings.rules import Finding, HostHistory, Severity
+from gpuwatch.remote.model.discovered import Discovery, discovered_names
+from gpuwatch.remote.model.snapshot import DiskUsage, HostSnapshot
 from gpuwatch.remote.store import GpuRow
+from gpuwatch.remote.wire.collect import PollOutcome
 
 from .format import human_age
 

@@ -24,9 +24,9 @@ import zlib
 from pathlib import Path
 
 import pytest
-from gpuwatch.remote.discovered import parse_discovery
-from gpuwatch.remote.probe_bundle import build_command, build_stdin
+from gpuwatch.remote.model.discovered import parse_discovery
 from gpuwatch.remote.sim import Box, h100_sxm
+from gpuwatch.remote.wire.bundle import build_command, build_stdin
 from tensorboardX import SummaryWriter
 
 POLLS = 9
@@ -64,7 +64,7 @@ def poll(request: dict, env: dict[str, str]) -> tuple[dict, int, int, float]:
 
 def in_process(pid: int, remembered: dict, reuse: dict) -> None:
     """The discovery steps alone, in this process (no interpreter start, no nvidia-smi)."""
-    from gpuwatch.remote import probe
+    from gpuwatch.remote.box import probe
 
     limits = probe.request_limits({})
 

@@ -41,12 +41,13 @@ from typing import Any
 import asyncssh
 import pytest
 import tomli_w
-from gpuwatch.remote import collect, probe_bundle, ssh
-from gpuwatch.remote.collect import Collector, PollOutcome, build_request
-from gpuwatch.remote.config import HostConfig, RunConfig, SshSettings
-from gpuwatch.remote.poller import OpeningLimiter
+from gpuwatch.remote.config.schema import HostConfig, RunConfig, SshSettings
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.watch import opening_keys
+from gpuwatch.remote.wire import bundle as probe_bundle
+from gpuwatch.remote.wire import collect, ssh
+from gpuwatch.remote.wire.collect import Collector, PollOutcome, build_request
+from gpuwatch.remote.wire.poller import OpeningLimiter
 from harness.faults import silent_port
 from harness.sshd import SshdBox
 
@@ -246,7 +247,7 @@ def busy_box_figures(tmp_path: Path, sshd_factory: Callable[..., SshdBox],
                      bare_own: float) -> None:
     """Real polls of the busy box through its own sshd, as `gpuwatch` polls it (the host's
     history carried from poll to poll); then the probe's CPU on the last poll's input."""
-    from gpuwatch.remote.findings import HostHistory
+    from gpuwatch.remote.findings.rules import HostHistory
 
     sim = busy_box(tmp_path / "busy")
     sshd = sshd_factory(env=sim.env(base_path=BOX_PATH))
@@ -307,7 +308,7 @@ def event_run_polls(tmp_path: Path, host: HostConfig) -> None:
     """Issue 3: real polls of the box with a run whose event file grows between them. The
     decoder goes with the run's first poll only; after it, the new records go raw (the client
     decodes them) and the poll sends no decoder."""
-    from gpuwatch.remote.series import RunSeries
+    from gpuwatch.remote.model.series import RunSeries
     from tensorboardX.event_file_writer import EventsWriter
     from tensorboardX.proto import event_pb2
     from tensorboardX.summary import scalar

@@ -145,7 +145,7 @@ def test_read_rates(bench_file: Path) -> None:
 
 
 def test_probe_first_load_in_poll_budgets(bench_file: Path) -> None:
-    from gpuwatch.remote import tfevents
+    from gpuwatch.remote.box import tfevents
 
     size = bench_file.stat().st_size
     real = tfevents.crc32c
@@ -170,7 +170,8 @@ def test_probe_first_load_in_poll_budgets(bench_file: Path) -> None:
 
 
 def test_incremental_read_after_append(bench_file: Path, tmp_path: Path) -> None:
-    from gpuwatch.remote import tfevents, tfevents_fast
+    from gpuwatch.remote.box import tfevents
+    from gpuwatch.remote.wire import tfevents_fast
     from tensorboardX import SummaryWriter
 
     big = tmp_path / "events.out.tfevents.big"

@@ -30,9 +30,9 @@ from typing import Any
 
 import pytest
 import tui_fixtures as fx
-from gpuwatch.remote.collect import PollOutcome
-from gpuwatch.remote.config import Config, HostConfig
+from gpuwatch.remote.config.schema import Config, HostConfig
 from gpuwatch.remote.store import Store
+from gpuwatch.remote.wire.collect import PollOutcome
 from gpuwatch.tui.app import build_app
 from gpuwatch.tui.screens.host import HostScreen
 
@@ -128,7 +128,7 @@ async def test_loop_lag_polling_64_simulated_hosts(tmp_path: Path, interval: flo
 
 
 async def test_loop_lag_polling_64_hosts_over_demo_ssh(tmp_path: Path) -> None:
-    from gpuwatch.remote.config import load_file
+    from gpuwatch.remote.config.schema import load_file
     from gpuwatch.remote.sim.fleet import DemoFleet
 
     async with DemoFleet.start(tmp_path / "fleet") as fleet:

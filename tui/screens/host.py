@@ -14,10 +14,10 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, ClassVar
 
-from gpuwatch.remote.config import find_config
-from gpuwatch.remote.discovered import Discovery
-from gpuwatch.remote.pin import pin_run
-from gpuwatch.remote.series import RunSeries
+from gpuwatch.remote.config.pin import pin_run
+from gpuwatch.remote.config.schema import find_config
+from gpuwatch.remote.model.discovered import Discovery
+from gpuwatch.remote.model.series import RunSeries
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult

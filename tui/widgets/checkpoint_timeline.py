@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from gpuwatch.remote.series import RunSeries
+from gpuwatch.remote.model.series import RunSeries
 from rich.text import Text
 
 from ..colours import colour

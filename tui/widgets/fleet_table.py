@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from gpuwatch.remote.findings import Severity
+from gpuwatch.remote.findings.rules import Severity
 from rich.cells import cell_len
 from rich.text import Text
 from textual.binding import BindingType

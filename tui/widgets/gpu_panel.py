@@ -7,7 +7,7 @@ short clock. The two sparklines share one 0-100 scale so the gap is the finding.
 
 from __future__ import annotations
 
-from gpuwatch.remote.model import GpuSample
+from gpuwatch.remote.model.snapshot import GpuSample
 from rich.text import Text
 from textual.reactive import reactive
 

@@ -16,7 +16,7 @@ import re
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from gpuwatch.remote.series import RunSeries, TagSeries
+from gpuwatch.remote.model.series import RunSeries, TagSeries
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical

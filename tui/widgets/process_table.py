@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from gpuwatch.remote.model import ProcessInfo
+from gpuwatch.remote.model.snapshot import ProcessInfo
 from rich.text import Text
 from textual.binding import BindingType
 from textual.widgets import DataTable

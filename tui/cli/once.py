@@ -13,12 +13,12 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .collect import Collector, PollOutcome
-from .config import Config, HostConfig
-from .findings import HostHistory
-from .report import HostReport
-from .store import Store
-from .watch import history_from_store, judge, opening, remember, resume
+from gpuwatch.remote.config.schema import Config, HostConfig
+from gpuwatch.remote.findings.rules import HostHistory
+from gpuwatch.remote.report import HostReport
+from gpuwatch.remote.store import Store
+from gpuwatch.remote.watch import history_from_store, judge, opening, remember, resume
+from gpuwatch.remote.wire.collect import Collector, PollOutcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,7 @@ def run_once(config: Config, store: Store, *, accept_new_host_keys: bool = False
 
 async def poll_once(config: Config, store: Store, *, accept_new_host_keys: bool = False,
                     hosts: Sequence[HostConfig] | None = None) -> OnceResult:
-    from .poller import OpeningLimiter, poll_all_once
+    from gpuwatch.remote.wire.poller import OpeningLimiter, poll_all_once
 
     hosts = list(config.hosts if hosts is None else hosts)
     limiter = OpeningLimiter()
@@ -93,7 +93,7 @@ def _conclude(store: Store, collector: Collector, histories: dict[str, HostHisto
                                       f"hold its write lock)" if "lock" in str(exc)
                                       else str(exc))
         except Exception as exc:  # this host's data; the others are still saved
-            from . import errorlog
+            from gpuwatch.remote import errorlog
 
             where = errorlog.record(exc, f"saving {name}")
             unsaved[name] = f"{errorlog.summary(exc)}; traceback in {where}"

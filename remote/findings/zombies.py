@@ -34,8 +34,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .findings import HostHistory, recent
-from .model import HostSnapshot, ProcessInfo
+from ..model.snapshot import HostSnapshot, ProcessInfo
+from .rules import HostHistory, recent
 
 SUBREAPERS = frozenset({"systemd", "init", "tini", "dumb-init", "docker-init", "s6-svscan",
                         "runsvdir", "supervisord"})

@@ -17,14 +17,14 @@ import asyncio
 import sys
 from collections.abc import Callable
 
-from . import actions
-from .collect import Collector
-from .config import ConfigError, HostConfig, load_config, select_hosts
-from .discovered import recorded_launch
-from .findings import HostHistory, Thresholds, recent
-from .store import Store
-from .textsafe import visible
-from .watch import history_from_store, judge, remember, resume
+from gpuwatch.remote.actions import plan as actions
+from gpuwatch.remote.config.schema import ConfigError, HostConfig, load_config, select_hosts
+from gpuwatch.remote.findings.rules import HostHistory, Thresholds, recent
+from gpuwatch.remote.model.discovered import recorded_launch
+from gpuwatch.remote.store import Store
+from gpuwatch.remote.textsafe import visible
+from gpuwatch.remote.watch import history_from_store, judge, remember, resume
+from gpuwatch.remote.wire.collect import Collector
 
 EXIT_OK, EXIT_FAILED, EXIT_UNPOLLED = 0, 1, 2
 VERIFY_POLLS, VERIFY_PAUSE_S = actions.VERIFY_POLLS, actions.VERIFY_PAUSE_S

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
+from ..model.series import RunSeries
+from ..model.snapshot import GPU_ERRORS, Scalars, same_gpu_ids
 from .diagnosis import (
     Diagnosis,
     ancestry,
@@ -22,11 +24,9 @@ from .diagnosis import (
     new_kernel_events,
     xid_gpu,
 )
-from .model import GPU_ERRORS, Scalars, same_gpu_ids
-from .series import RunSeries
 
 if TYPE_CHECKING:
-    from .model import HostSnapshot, ProcessInfo, RunSample
+    from ..model.snapshot import HostSnapshot, ProcessInfo, RunSample
 
 
 class Severity(IntEnum):
@@ -785,7 +785,7 @@ def gpu_xid(history: HostHistory) -> Iterable[Finding]:
 
 def gpu_vram_zombie(history: HostHistory) -> Iterable[Finding]:
     """U11: VRAM held by a process that is defunct, orphaned from a dead run, in another PID
-    namespace, or by nobody visible (see remote/zombies.py); one finding per GPU."""
+    namespace, or by nobody visible (see remote/findings/zombies.py); one finding per GPU."""
     from .zombies import zombie_holders
 
     per_gpu: dict[int | None, list[Any]] = {}

@@ -46,11 +46,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from .config import HostConfig, RunConfig
-from .discovered import LaunchRecord, RelaunchError, relaunch_command
-from .findings import HostHistory, slow_start_likely
-from .model import HostSnapshot, ProcessInfo
-from .probe_bundle import build_command, strip_source
+from ..config.schema import HostConfig, RunConfig
+from ..findings.rules import HostHistory, slow_start_likely
+from ..model.discovered import LaunchRecord, RelaunchError, relaunch_command
+from ..model.snapshot import HostSnapshot, ProcessInfo
+from ..wire.bundle import build_command, strip_source
 
 VERIFY_POLLS = 6
 """Fresh polls after an action before its verdict, for the TUI and the action verbs alike: a
@@ -58,8 +58,8 @@ killed process may take a moment to go, a relaunched run a poll or two to show i
 VERIFY_PAUSE_S = 1.0
 
 if TYPE_CHECKING:
-    from .series import RunSeries
-    from .store import Store
+    from ..model.series import RunSeries
+    from ..store import Store
 
 __all__ = [
     "ActionError",
@@ -86,7 +86,7 @@ DEFAULT_LOG = "gpuwatch-relaunch.log"
 SETTLE_S = 1.0
 """How long the box watches a relaunched run before saying it started (an exit at once, e.g. a
 typo in the command, is reported then rather than at the next poll)."""
-BOX_SCRIPT = Path(__file__).with_name("actions_box.py")
+BOX_SCRIPT = Path(__file__).parent.parent / "box" / "act.py"
 MAX_STDOUT = 1024 * 1024
 MAX_STDERR = 64 * 1024
 
@@ -317,7 +317,7 @@ def plan_kill(host: HostConfig, history: HostHistory, pid: int,
 def plan_reap(host: HostConfig, history: HostHistory) -> ActionPlan:
     """End exactly the VRAM zombies zombies.py finds that a signal can free (U11); explain the
     ones it cannot."""
-    from .zombies import zombie_holders
+    from ..findings.zombies import zombie_holders
 
     snap, why = _current(history)
     if snap is None:
@@ -611,8 +611,8 @@ async def _call(host: HostConfig, request: Mapping[str, Any], *,
 
 async def _remote(host: HostConfig, command: str, stdin: bytes,
                   accept_new_host_keys: bool) -> tuple[int | None, bytes, bytes]:
-    from . import ssh
-    from .collect import ssh_files
+    from ..wire import ssh
+    from ..wire.collect import ssh_files
 
     logged_in = False
 
@@ -635,9 +635,9 @@ async def _remote(host: HostConfig, command: str, stdin: bytes,
 
 
 async def _local(command: str, stdin: bytes, deadline: float) -> tuple[int | None, bytes, bytes]:
-    """The action on this machine, under the bounds of an SSH exec (remote/local.py): its
+    """The action on this machine, under the bounds of an SSH exec (remote/wire/local.py): its
     output capped like the remote one's, its process group killed past the deadline."""
-    from . import local
+    from ..wire import local
 
     try:
         result = await local.run_async(command, stdin, deadline, max_stdout=MAX_STDOUT,

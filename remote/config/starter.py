@@ -13,7 +13,7 @@ from typing import Any
 
 import tomli_w
 
-from .config import LOCAL, SshSettings, host_name_for
+from .schema import LOCAL, SshSettings, host_name_for
 
 _HEADER = """\
 # gpuwatch config. Every key is optional; these are the defaults.

@@ -29,11 +29,11 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .config import RunConfig
-from .diagnosis import crash_line
+from ..config.schema import RunConfig
+from ..findings.diagnosis import crash_line
+from ..wire.raw_events import RAW_CAP
 from .discovered import Discovery, exit_record_path
-from .model import Checkpoint, MetricsFile, RunSample
-from .raw_events import RAW_CAP
+from .snapshot import Checkpoint, MetricsFile, RunSample
 
 MAX_POINTS = 100_000
 """Points kept per tag (24 bytes each: 2.4 MB at most per tag)."""

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
-    from gpuwatch.remote.config import Config
+    from gpuwatch.remote.config.schema import Config
 
 EXIT_OK, EXIT_FINDING, EXIT_UNPOLLED = 0, 1, 2
 EXIT_SOFTWARE = 70  # sysexits EX_SOFTWARE: an internal error (a bug), never a finding
@@ -92,7 +92,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def _interval(text: str) -> float:
     """--interval: the config's own range for `interval` (nan, inf and 1e-9 are no interval)."""
-    from gpuwatch.remote.config import TOP_RANGES
+    from gpuwatch.remote.config.schema import TOP_RANGES
 
     allowed = TOP_RANGES["interval"]
     try:
@@ -201,7 +201,7 @@ def run(argv: Sequence[str]) -> int:
     args = build_parser(verb).parse_args(rest)
     if verb is not None:  # the TUI and `--once` turn the collector on after their imports
         _started()
-    from gpuwatch.remote.config import ConfigError
+    from gpuwatch.remote.config.schema import ConfigError
 
     try:
         if verb == "init":
@@ -209,7 +209,7 @@ def run(argv: Sequence[str]) -> int:
         if verb == "check":
             return _check(args)
         if verb == "scalars":
-            from gpuwatch.remote.scalars_cli import run_scalars
+            from gpuwatch.tui.cli.scalars import run_scalars
 
             return run_scalars(list(args.paths), args.tag, args.json)
         if verb == "kill":
@@ -262,8 +262,8 @@ def _relaunch(args: argparse.Namespace) -> int:
 
 
 def _act(kind: str, args: argparse.Namespace, **what: object) -> int:
-    """kill / reap / relaunch: poll, plan, confirm, execute, verify (remote/actions_cli.py)."""
-    from gpuwatch.remote.actions_cli import run_action
+    """kill / reap / relaunch: poll, plan, confirm, execute, verify (tui/cli/actions.py)."""
+    from gpuwatch.tui.cli.actions import run_action
 
     return run_action(kind, host_name=args.host, config_path=args.config, yes=args.yes,
                       readonly=args.readonly, accept_new_host_keys=args.accept_new_host_keys,
@@ -271,8 +271,8 @@ def _act(kind: str, args: argparse.Namespace, **what: object) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
-    from gpuwatch.remote.config import find_config, load_file
-    from gpuwatch.remote.starter import write_starter
+    from gpuwatch.remote.config.schema import find_config, load_file
+    from gpuwatch.remote.config.starter import write_starter
 
     path, _ = find_config(args.config)
     try:
@@ -291,7 +291,7 @@ def _init(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace) -> Config:
     """The config with the command line applied: hosts named, --interval, --readonly."""
-    from gpuwatch.remote.config import load_config, select_hosts
+    from gpuwatch.remote.config.schema import load_config, select_hosts
 
     config = select_hosts(load_config(args.config), list(args.hosts))
     if args.interval:
@@ -302,8 +302,7 @@ def _load(args: argparse.Namespace) -> Config:
 
 
 def _once(args: argparse.Namespace) -> int:
-    from gpuwatch.remote.findings import Severity
-    from gpuwatch.remote.once import run_once
+    from gpuwatch.remote.findings.rules import Severity
     from gpuwatch.remote.report import (
         document,
         exit_code,
@@ -312,10 +311,11 @@ def _once(args: argparse.Namespace) -> int:
         to_json_text,
     )
     from gpuwatch.remote.store import Store
+    from gpuwatch.tui.cli.once import run_once
 
     config = _load(args)
     if not all(h.is_local for h in config.hosts):
-        import gpuwatch.remote.ssh  # noqa: F401  asyncssh (~0.2 s), imported with gc off too
+        import gpuwatch.remote.wire.ssh  # noqa: F401  asyncssh (~0.2 s), imported with gc off too
     _started()
     with Store.open() as store:
         if store.warning:
@@ -364,7 +364,7 @@ def _demo(args: argparse.Namespace) -> int:
     lives with the fleet's files, so a demo never mixes into the person's own history."""
     import asyncio
 
-    from gpuwatch.remote.config import load_file
+    from gpuwatch.remote.config.schema import load_file
     from gpuwatch.remote.sim.fleet import DemoFleet
     from gpuwatch.remote.store import Store
     from gpuwatch.tui.app import build_app
@@ -389,9 +389,9 @@ def _check(args: argparse.Namespace) -> int:
     """Validate the config, poll each host once, explain each failure (exit 0 / 2 / 78)."""
     import asyncio
 
-    from gpuwatch.remote.check import check_hosts, summary
-    from gpuwatch.remote.config import load_config, select_hosts
+    from gpuwatch.remote.config.schema import load_config, select_hosts
     from gpuwatch.remote.textsafe import visible
+    from gpuwatch.tui.cli.check import check_hosts, summary
 
     config = select_hosts(load_config(args.config), list(args.hosts))
     where = str(config.path) if config.path else "no config file (defaults)"

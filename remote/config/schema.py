@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .findings import Thresholds
+    from ..findings.rules import Thresholds
 
 LOCAL = "local"
 """The host name that means this machine: the probe runs as a subprocess, no SSH."""
@@ -279,7 +279,7 @@ the probe's own deadline sits a little under it, and a kill waits on the box ins
 def threshold_ranges() -> dict[str, NumberRange]:
     """`[thresholds]` numbers (the fields of remote.findings.Thresholds; for a list of integers,
     the range of each item). A test holds every numeric field to having one."""
-    from .findings import HISTORY_LEN  # findings → series → config: import when needed
+    from ..findings.rules import HISTORY_LEN  # findings → series → config: import when needed
 
     return {
         "sustain_polls": NumberRange(1, HISTORY_LEN, integer=True),  # more are never kept
@@ -418,7 +418,7 @@ class _Validator:
     def thresholds(self, value: Any, key: Key) -> Thresholds:
         """`[thresholds]`: any field of remote.findings.Thresholds (documented there), a number
         in its range (threshold_ranges), or a list for the tuple fields."""
-        from .findings import Thresholds  # findings → series → config: import when needed
+        from ..findings.rules import Thresholds  # findings → series → config: import when needed
 
         table = self.table(value, key)
         defaults = Thresholds()

@@ -30,8 +30,8 @@ import os
 import sys
 from typing import Any, TextIO
 
-from . import tfevents_fast
-from .tfevents_fast import Series
+from gpuwatch.remote.wire import tfevents_fast
+from gpuwatch.remote.wire.tfevents_fast import Series
 
 EXIT_OK = 0
 EXIT_CORRUPT = 1

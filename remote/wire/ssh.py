@@ -83,7 +83,7 @@ class SshError(Exception):
 
 class Bounds(Protocol):
     """The deadlines of one call, in seconds: the config's ``[ssh]`` keys (DESIGN §3).
-    ``gpuwatch.remote.config.SshSettings`` fits, and so does ``SshBounds``."""
+    ``gpuwatch.remote.config.schema.SshSettings`` fits, and so does ``SshBounds``."""
 
     @property
     def connect_timeout(self) -> float: ...

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from ..wire.raw_events import expand_raw_events
 from .discovered import Discovery, parse_discovery
-from .raw_events import expand_raw_events
 
 PROBE_VERSION = 1
 
@@ -1160,7 +1160,7 @@ def _kernel_section(doc: _Node, errors: dict[str, str]) -> _Node | None:
     if kernel is None or kernel.data.get("raw") is None:
         return kernel
     raw = kernel.opt_list("raw", lambda v: isinstance(v, str), "strings") or ()
-    from .probe import DEFAULT_LIMITS, parse_kernel_log  # only here: a box's first Xid
+    from ..box.probe import DEFAULT_LIMITS, parse_kernel_log  # only here: a box's first Xid
 
     parsed = parse_kernel_log(raw, DEFAULT_LIMITS["kernel_events"], DEFAULT_LIMITS["msg_chars"])
     parsed["candidates"] = kernel.opt_int("candidates")

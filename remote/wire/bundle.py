@@ -34,9 +34,10 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-PROBE_PATH = Path(__file__).with_name("probe.py")
-MODULES = (("gpuwatch_tfevents", Path(__file__).with_name("tfevents.py")),
-           ("gpuwatch_discover", Path(__file__).with_name("discover.py")),  # issue 8
+BOX = Path(__file__).parent.parent / "box"
+PROBE_PATH = BOX / "probe.py"
+MODULES = (("gpuwatch_tfevents", BOX / "tfevents.py"),
+           ("gpuwatch_discover", BOX / "discover.py"),  # issue 8
            ("gpuwatch_probe", PROBE_PATH))
 """Installed in this order on the box; the last one's main() runs."""
 RUN_FILES = "gpuwatch_probe:run_files"

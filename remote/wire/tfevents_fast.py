@@ -38,7 +38,7 @@ from typing import Any
 
 from crc32c import crc32c
 
-from . import tfevents
+from ..box import tfevents
 
 WINDOW_BYTES = 64 * 1024
 MAX_TAGS = 512  # tags in the bulk matcher; more still decode, one record at a time

@@ -1939,7 +1939,7 @@ client decodes them; more than this, and the next poll ships the decoder."""
 def read_raw_records(entry, path, offset, size, budget):
     """The whole TFRecords from `offset` on, within RAW_CAP and the poll's byte budget, walked
     by their lengths alone (8-byte length, its 4-byte CRC, data, the data's 4-byte CRC): the
-    client checks both CRCs and decodes them (remote/raw_events.py) into what read_scalars
+    client checks both CRCs and decodes them (remote/wire/raw_events.py) into what read_scalars
     would have given; nothing of a file read from 0 that is larger than that (a first load:
     the decoder, shipped next poll, reads it on the box). A record cut short at the end of the
     file stays for the next poll, as the decoder leaves it; its header goes as "head" so that

@@ -28,10 +28,10 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .config import HostConfig
-    from .model import Checkpoint, HostSnapshot
+    from ..config.schema import HostConfig
+    from ..store import Store
     from .series import RunSeries
-    from .store import Store
+    from .snapshot import Checkpoint, HostSnapshot
 
 MAX_REMEMBERED = 8
 """Discovered runs a request carries back (the most recently alive first)."""

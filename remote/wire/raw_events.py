@@ -32,7 +32,7 @@ ERRORS_PER_SOURCE = 8
 
 
 def _tfevents() -> ModuleType:
-    from . import tfevents  # not on --once's start-up path: only when a raw entry comes
+    from ..box import tfevents  # not on --once's start-up path: only when a raw entry comes
 
     return tfevents
 

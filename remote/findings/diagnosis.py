@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model import HostSnapshot, KernelEvent, ProcessInfo, same_gpu_ids
+from ..model.snapshot import HostSnapshot, KernelEvent, ProcessInfo, same_gpu_ids
 
 CAUSES = ("reboot", "oom_cgroup", "oom_kernel", "xid", "gpu_lost", "exception", "sighup",
           "killed", "exited", "unknown")

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .collect import Collector, PollOutcome, ssh_files
-from .config import HostConfig
-from .model import HostSnapshot, ProbeError, load_document
-from .poller import OpeningLimiter, poll_all_once
+from gpuwatch.remote.config.schema import HostConfig
+from gpuwatch.remote.model.snapshot import HostSnapshot, ProbeError, load_document
+from gpuwatch.remote.wire.collect import Collector, PollOutcome, ssh_files
+from gpuwatch.remote.wire.poller import OpeningLimiter, poll_all_once
 
 STARTUP_WARN_S = 0.05
 """A bare command that takes longer than this after the connection is up is worth a warning."""
@@ -129,7 +129,7 @@ def loose_runs(host: HostConfig, snap: HostSnapshot) -> list[str]:
 async def check_hosts(hosts: Sequence[HostConfig], *,
                       accept_new_host_keys: bool = False) -> list[HostCheck]:
     """Poll every host once (concurrently, openings bounded per sshd) and judge each."""
-    from .watch import opening
+    from gpuwatch.remote.watch import opening
 
     limiter = OpeningLimiter()
     needs_ssh = any(not h.is_local for h in hosts)
@@ -143,7 +143,7 @@ async def check_hosts(hosts: Sequence[HostConfig], *,
             return failed(outcome)
         if host.is_local:
             return healthy(outcome)
-        from . import ssh
+        from gpuwatch.remote.wire import ssh
 
         try:
             files = ssh_files(host)

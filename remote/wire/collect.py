@@ -16,11 +16,11 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from .config import HostConfig, SshSettings
-from .discovered import discovered_requests
-from .model import HostSnapshot, ProbeError, parse_probe_output
-from .probe_bundle import PYTHON_MISSING_EXIT, build_command, build_stdin
-from .series import RunSeries, run_request
+from ..config.schema import HostConfig, SshSettings
+from ..model.discovered import discovered_requests
+from ..model.series import RunSeries, run_request
+from ..model.snapshot import HostSnapshot, ProbeError, parse_probe_output
+from .bundle import PYTHON_MISSING_EXIT, build_command, build_stdin
 
 if TYPE_CHECKING:
     from .local import LocalResult
@@ -318,7 +318,7 @@ def internal_failure(host: HostConfig, started_at: float, exc: Exception, doing:
                      poll_s: float = 0.0) -> PollOutcome:
     """An exception of ours while `doing` something with one host's poll, as that host's
     `probe` error: its one-line summary for the person, its traceback in the error log."""
-    from . import errorlog
+    from .. import errorlog
 
     where = errorlog.record(exc, f"{doing} {host.name}")
     told = f"; traceback in {where}" if where is not None else ""
@@ -421,7 +421,7 @@ def _snapshot(host: HostConfig, result: _Exec) -> HostSnapshot:
     except (RecursionError, MemoryError, ValueError, TypeError, ArithmeticError) as exc:
         # The parser's limits should have said ProbeError; whatever slips past them is still
         # this document's fault, so this host's error (its traceback kept for a bug report).
-        from . import errorlog
+        from .. import errorlog
 
         logged = errorlog.record(exc, f"parsing {host.name}'s document")
         raise _Failed("probe", f"{where} sent a document gpuwatch cannot read "

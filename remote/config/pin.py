@@ -18,8 +18,8 @@ from typing import Any
 
 import tomli_w
 
-from .config import ConfigError, parse_config
-from .discovered import Discovery, resume_argv
+from ..model.discovered import Discovery, resume_argv
+from .schema import ConfigError, parse_config
 
 ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "WANDB_",
                 "OMP_", "MKL_", "PYTHONPATH", "ACCELERATE_", "DS_", "TOKENIZERS_", "XLA_")

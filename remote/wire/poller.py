@@ -158,7 +158,7 @@ class Poller(Generic[H, R]):
             try:
                 result = await self._poll(loop.host)
             except Exception as exc:  # `poll` should say its failures; a loop never dies of one
-                from . import errorlog
+                from .. import errorlog
 
                 errorlog.record(exc, f"polling {loop.host}")
                 loop.failures += 1
