@@ -40,6 +40,7 @@ from .screens.fleet import FleetScreen
 from .screens.help import HelpScreen
 from .screens.host import HostScreen
 from .state import HostData
+from .why_not import TITLES, why_not
 
 OVERNIGHT_S = 12 * 3600.0
 """How far back the GPU plots reach into the store's history at start."""
@@ -321,34 +322,13 @@ class GpuwatchApp(App[None]):
         return not (modal and action in ("pause", "poll_now", "cycle_theme", "help"))
 
     def action_cannot(self, action: str) -> None:
-        """k, z or r pressed while greyed out (or hidden): why, and what to do instead."""
-        title = {"kill": "Kill", "reap": "Reap", "relaunch": "Relaunch"}[action]
+        """K, z or r pressed while greyed out (or hidden): why, and what to do instead."""
         screen = self.screen
         host = screen if isinstance(screen, HostScreen) else None
-        if self.readonly:
-            why = ("actions are off: this gpuwatch was started read-only (--readonly, or "
-                   "readonly in the config)")
-        elif _actions() is None:
-            why = "actions are not available in this build"
-        elif action == "kill":
-            why = ("no process selected: go to Processes (6), put the cursor on a process "
-                   "(not a run's heading), then press K" if host is not None else
-                   "K kills a process from a host's view: open the host (Enter), go to "
-                   "Processes (6), pick the process, then press K")
-        elif action == "relaunch":
-            if host is None:
-                why = ("r relaunches a run from a host's view: open the host (Enter), pick "
-                       "the run (n / N), then press r")
-            elif host.selected_run is None:
-                why = f"no run on {host.host} to relaunch: none is configured or discovered"
-            else:
-                why = (f"{host.selected_run} is running: r relaunches a run that has stopped "
-                       "(to restart it, end it first with K on its process)")
-        else:
-            name = self.current_host()
-            why = ("no host selected" if name is None else
-                   f"nothing to reap on {name}: no process holds VRAM without a live run")
-        self.notify(why, title=title, severity="warning")
+        why = why_not(action, readonly=self.readonly, available=_actions() is not None,
+                      in_host=host is not None, host=self.current_host(),
+                      selected_run=host.selected_run if host is not None else None)
+        self.notify(why, title=TITLES[action], severity="warning")
 
     def action_kill(self) -> None:
         screen = self.screen
