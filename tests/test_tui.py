@@ -106,7 +106,7 @@ async def test_fleet_shows_every_host_state_gpus_runs_and_findings() -> None:
         assert cell("gpu-healthy", "state") == "● ok"
         # the kind in words first, then the reason (no "unreachable (unreachable)")
         assert cell("gpu-down", "state").startswith("✗ unreachable: connect to")
-        assert cell("gpu-new", "state") == "… waiting for the first poll"
+        assert cell("gpu-new", "state") == "… not polled yet"
         assert cell("gpu-healthy", "util").startswith("████")  # one cell per GPU
         assert cell("gpu-capped", "clock").endswith(" 37%")  # util 100 % at 37 % clock: U21
         assert cell("gpu-healthy", "vram") == "240/319 GiB"

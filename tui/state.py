@@ -212,7 +212,7 @@ class HostData:
             return HostStatus("unreachable", f"{said}: {failure.message}{where}", age)
         if self.outcome is None:
             if age is None:
-                return HostStatus("waiting", "waiting for the first poll", None)
+                return HostStatus("waiting", "not polled yet", None)
             return HostStatus("stale", f"stale {human_age(age)} (from the store)", age)
         if age is not None and age > 3 * interval + 5:
             if paused:

@@ -71,10 +71,9 @@ class CheckpointTimeline(TextPane):
                 text.append(f"  +{human_age(ck.mtime - prev.mtime)}", style=muted)
         for left in run.leftovers:
             text.append("\n")
-            text.append("leftover ", style=colour(self.app, "warning"))
+            text.append("unfinished save ", style=colour(self.app, "warning"))
             text.append(_name(left.path))
-            text.append(f" {human_bytes(left.bytes)} (a save that never finished)",
-                        style=colour(self.app, "warning"))
+            text.append(f" {human_bytes(left.bytes)}", style=colour(self.app, "warning"))
         return text
 
     def strip(self, start: float, end: float, marks: list[float], width: int) -> Text:

@@ -11,8 +11,15 @@ from .text_pane import TextPane
 
 
 class HostHeader(TextPane):
+    _args: tuple[HostData | None, float, float, bool] | None = None
+
     def show(self, data: HostData | None, now: float, interval: float, paused: bool) -> None:
+        self._args = (data, now, interval, paused)
         self.show_text(self.render_header(data, now, interval, paused))
+
+    def on_resize(self) -> None:
+        if self._args is not None:  # the facts that fit depend on the width
+            self.show_text(self.render_header(*self._args))
 
     def render_header(self, data: HostData | None, now: float, interval: float,
                       paused: bool) -> Text:
@@ -27,19 +34,27 @@ class HostHeader(TextPane):
         snap = data.snapshot
         muted = colour(self.app, "text-muted")
         if snap is not None:
+            # Most needed first (the box's name for itself, then its limits): where the line
+            # is too narrow the last ones go whole rather than a number be cut ("cgroup mem
+            # 62…" at 80 columns).
             facts = []
             if snap.hostname:
                 facts.append(visible(snap.hostname))  # the box's own name for itself
-            if snap.uptime_s is not None:
-                facts.append(f"up {human_age(snap.uptime_s)}")
-            if snap.loadavg:
-                facts.append(f"load {snap.loadavg[0]:.1f}/{snap.ncpu or '?'} CPUs")
             if snap.cgroup is not None and snap.cgroup.memory_max_bytes:
                 cur = snap.cgroup.memory_current_bytes or 0
                 facts.append(f"cgroup mem {cur / snap.cgroup.memory_max_bytes:.0%}")
+            if snap.loadavg:
+                facts.append(f"load {snap.loadavg[0]:.1f}/{snap.ncpu or '?'} CPUs")
+            if snap.uptime_s is not None:
+                facts.append(f"up {human_age(snap.uptime_s)}")
             if data.outcome is not None and data.outcome.poll_s:
                 facts.append(f"poll {data.outcome.poll_s:.2f} s")
-            text.append("  " + " · ".join(facts), style=muted)
+            room = (self.size.width or 200) - text.cell_len - (
+                len("  polling paused (p)") if paused else 0)
+            while facts and len("  " + " · ".join(facts)) > room:
+                facts.pop()
+            if facts:
+                text.append("  " + " · ".join(facts), style=muted)
         if paused:
             text.append("  polling paused (p)", style=f"bold {colour(self.app, 'warning')}")
         return text
