@@ -228,12 +228,13 @@ class HostScreen(Screen[None]):
         gw.refresh_bindings()
 
     def _show_found(self) -> None:
-        """For a discovered run: what was found, and where (box text: never markup)."""
+        """For a discovered run: what was found, and where (box text: never markup). Its lines
+        are kept, blank, while a configured run of a host that has discovered ones is shown, so
+        that n / N do not move every pane up and down."""
         found = self.query_one("#run-found", Static)
         d = self.data.discovery(self.selected_run)
-        found.display = d is not None
-        if d is not None:
-            found.update(found_text(d))
+        found.display = any(self.data.discovery(name) is not None for name in self._tab_names)
+        found.update(found_text(d) if d is not None else Text(" \n "))
 
     def tick(self) -> None:
         gw = self.gw

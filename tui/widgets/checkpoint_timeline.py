@@ -19,15 +19,9 @@ class CheckpointTimeline(TextPane):
     """Renders one run's checkpoints; `show(run, box_now)`."""
 
     def show(self, run: RunSeries | None, box_now: float | None) -> None:
-        self._run_now = (run, box_now)
-        self.show_text(self.render_run(run, box_now))
+        self.show_built(lambda width: self.render_run(run, box_now, width))
 
-    def on_resize(self) -> None:
-        shown = getattr(self, "_run_now", None)
-        if shown is not None:
-            self.show_text(self.render_run(*shown))
-
-    def render_run(self, run: RunSeries | None, box_now: float | None) -> Text:
+    def render_run(self, run: RunSeries | None, box_now: float | None, width: int) -> Text:
         muted = colour(self.app, "text-muted")
         text = Text(no_wrap=True, overflow="ellipsis")
         if run is None:
@@ -56,7 +50,7 @@ class CheckpointTimeline(TextPane):
             text.append(" of work lost" if run.status == "dead" else " of work unsaved")
         if ckpts and box_now is not None:
             text.append("\n")
-            cells = max(8, min(STRIP_CELLS, (self.size.width or 80) - 5))
+            cells = max(8, min(STRIP_CELLS, width - 5))
             text.append_text(self.strip(ckpts[0].mtime, box_now, [c.mtime for c in ckpts],
                                         cells))
         name_w = min(22, max((len(_name(c.path)) for c in ckpts), default=0))

@@ -16,18 +16,10 @@ MIN_GAUGE = 6
 
 
 class DiskGauges(TextPane):
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
-        self._data: HostData | None = None
-
     def show(self, data: HostData | None) -> None:
-        self._data = data
-        self.show_text(self.render_disks(data))
+        self.show_built(lambda width: self.render_disks(data, width))
 
-    def on_resize(self) -> None:
-        self.show_text(self.render_disks(self._data))
-
-    def render_disks(self, data: HostData | None) -> Text:
+    def render_disks(self, data: HostData | None, width: int) -> Text:
         muted = colour(self.app, "text-muted")
         snap = data.snapshot if data is not None else None
         if data is None or snap is None:
@@ -35,7 +27,6 @@ class DiskGauges(TextPane):
         if not snap.disks:
             return Text("no disks reported", style=muted)
         text = Text(no_wrap=True, overflow="ellipsis")
-        width = self.size.width or 80
         rows: list[tuple[str, int | None, int | None, object, float | None]] = []
         for d in snap.disks:
             if not d.error:

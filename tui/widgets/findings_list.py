@@ -13,7 +13,7 @@ from .text_pane import TextPane
 
 class FindingsList(TextPane):
     def show(self, findings: list[Finding] | None) -> None:
-        self.show_text(self.render_findings(findings or []))
+        self.show_built(lambda _width: self.render_findings(findings or []))
 
     def render_findings(self, findings: list[Finding]) -> Text:
         muted = colour(self.app, "text-muted")

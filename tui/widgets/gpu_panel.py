@@ -25,10 +25,7 @@ class GpuPanel(TextPane):
     data: reactive[HostData | None] = reactive(None, always_update=True)
 
     def watch_data(self) -> None:
-        self.show_text(self.render_gpus())
-
-    def on_resize(self) -> None:
-        self.show_text(self.render_gpus())
+        self.show_built(self.render_gpus)
 
     def numbers(self, g: GpuSample) -> Text:
         """Power against its limit, temperature, VRAM used of total."""
@@ -47,7 +44,7 @@ class GpuPanel(TextPane):
                        f"{g.mem_total_mib / 1024:.0f} GiB", style=colour(self.app, "vram"))
         return out
 
-    def render_gpus(self) -> Text:
+    def render_gpus(self, pane_width: int) -> Text:
         data = self.data
         muted = colour(self.app, "text-muted")
         if data is None or data.snapshot is None:
@@ -58,7 +55,7 @@ class GpuPanel(TextPane):
             reason = snap.section_errors.get("gpus")
             return Text(f"no GPUs reported{': ' + visible(reason) if reason else ''}",
                         style=muted)
-        width = max(10, self.size.width - LABEL - 6)
+        width = max(10, pane_width - LABEL - 6)
         util_c, clock_c = colour(self.app, "util"), colour(self.app, "sm-clock")
         out = Text(no_wrap=True, overflow="ellipsis")
         if err is not None:  # a wedged driver or a lost GPU, first and in the error colour
@@ -76,7 +73,7 @@ class GpuPanel(TextPane):
             if g.mig:
                 name.append(" MIG", style=colour(self.app, "warning"))
             out.append_text(name)
-            if name.cell_len + 2 + numbers.cell_len > self.size.width and self.size.width:
+            if name.cell_len + 2 + numbers.cell_len > pane_width:
                 out.append("\n")
             else:
                 out.append("  ")

@@ -11,18 +11,11 @@ from .text_pane import TextPane
 
 
 class HostHeader(TextPane):
-    _args: tuple[HostData | None, float, float, bool] | None = None
-
     def show(self, data: HostData | None, now: float, interval: float, paused: bool) -> None:
-        self._args = (data, now, interval, paused)
-        self.show_text(self.render_header(data, now, interval, paused))
-
-    def on_resize(self) -> None:
-        if self._args is not None:  # the facts that fit depend on the width
-            self.show_text(self.render_header(*self._args))
+        self.show_built(lambda width: self.render_header(data, now, interval, paused, width))
 
     def render_header(self, data: HostData | None, now: float, interval: float,
-                      paused: bool) -> Text:
+                      paused: bool, width: int) -> Text:
         text = Text(no_wrap=True, overflow="ellipsis")
         if data is None:
             return text
@@ -49,7 +42,7 @@ class HostHeader(TextPane):
                 facts.append(f"up {human_age(snap.uptime_s)}")
             if data.outcome is not None and data.outcome.poll_s:
                 facts.append(f"poll {data.outcome.poll_s:.2f} s")
-            room = (self.size.width or 200) - text.cell_len - (
+            room = width - text.cell_len - (
                 len("  polling paused (p)") if paused else 0)
             while facts and len("  " + " · ".join(facts)) > room:
                 facts.pop()
