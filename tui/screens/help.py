@@ -46,7 +46,7 @@ GLYPHS: tuple[tuple[str, str], ...] = (
     ("● ok", "the host was polled and nothing at warning or worse was found"),
     ("◌ stale", "the last good poll is old; the data shown is that poll's"),
     ("✗ (state)", "the host could not be polled: the reason follows"),
-    ("… waiting", "no poll has landed yet"),
+    ("…", "not polled yet: no poll has landed"),
     ("✖  ▲  ●", "a critical finding, a warning, an info (in the state and findings columns)"),
     ("▶  ✓  ✗", "a run running, finished, dead"),
     ("⊘", "left behind: what a dead run left holding VRAM (z reaps it)"),
