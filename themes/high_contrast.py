@@ -19,6 +19,8 @@ THEME = Theme(
     luminosity_spread=0.3,
     text_alpha=1.0,
     variables={
+        # the footer's keys: readable on its panel, and far from a disabled key's grey
+        "footer-key-foreground": "#FFFF00",
         "util": "#00FF00",
         "sm-clock": "#00FFFF",
         "power": "#FFFF00",

@@ -16,6 +16,8 @@ THEME = Theme(
     panel="#EAEEF2",
     dark=False,
     variables={
+        # the footer's keys: readable on its panel, and far from a disabled key's grey
+        "footer-key-foreground": "#7D4E00",
         "util": "#1A7F37",
         "sm-clock": "#0969DA",
         "power": "#9A6700",

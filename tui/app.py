@@ -41,6 +41,7 @@ from .screens.help import HelpScreen
 from .screens.host import HostScreen
 from .state import HostData
 from .watching import Watching
+from .why_not import TITLES, why_not
 
 OVERNIGHT_S = 12 * 3600.0
 """How far back the GPU plots reach into the store's history at start."""
@@ -61,12 +62,13 @@ class GpuwatchApp(App[None]):
     TITLE = "gpuwatch"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("k", "kill", "Kill"),
+        # K as nvitop's kill; k moves the cursor up (vim, htop's and k9s's j / k).
+        Binding("K", "kill", "Kill"),
         Binding("z", "reap", "Reap"),
         Binding("r", "relaunch", "Relaunch"),
         # When the action above is greyed out (or hidden), its key falls through to these: a
         # toast says why nothing happened and what to do, instead of silence.
-        Binding("k", "cannot('kill')", show=False),
+        Binding("K", "cannot('kill')", show=False),
         Binding("z", "cannot('reap')", show=False),
         Binding("r", "cannot('relaunch')", show=False),
         Binding("p", "pause", "Pause"),
@@ -81,6 +83,9 @@ class GpuwatchApp(App[None]):
                  clock: Callable[[], float] = time.time, poll: bool = True,
                  themes_dir: Path | None = None, collector: Collector | None = None) -> None:
         super().__init__()
+        # No animations: the run tabs' underline slid for ~0.4 s after each n / N (15 frames
+        # of a screen that should change once); a monitor changes in one step.
+        self.animation_level = "none"
         self.config = config
         self.store = store
         self.readonly = readonly or config.readonly
@@ -318,32 +323,13 @@ class GpuwatchApp(App[None]):
         return not (modal and action in ("pause", "poll_now", "cycle_theme", "help"))
 
     def action_cannot(self, action: str) -> None:
-        """k, z or r pressed while greyed out (or hidden): why, and what to do instead."""
-        title = {"kill": "Kill", "reap": "Reap", "relaunch": "Relaunch"}[action]
+        """K, z or r pressed while greyed out (or hidden): why, and what to do instead."""
         screen = self.screen
         host = screen if isinstance(screen, HostScreen) else None
-        if self.readonly:
-            why = ("actions are off: this gpuwatch was started read-only (--readonly, or "
-                   "readonly in the config)")
-        elif action == "kill":
-            why = ("no process selected: go to Processes (6), put the cursor on a process "
-                   "(not a run's heading), then press k" if host is not None else
-                   "k kills a process from a host's view: open the host (Enter), go to "
-                   "Processes (6), pick the process, then press k")
-        elif action == "relaunch":
-            if host is None:
-                why = ("r relaunches a run from a host's view: open the host (Enter), pick "
-                       "the run (n / N), then press r")
-            elif host.selected_run is None:
-                why = f"no run on {host.host} to relaunch: none is configured or discovered"
-            else:
-                why = (f"{host.selected_run} is running: r relaunches a run that has stopped "
-                       "(to restart it, end it first with k on its process)")
-        else:
-            name = self.current_host()
-            why = ("no host selected" if name is None else
-                   f"nothing to reap on {name}: no process holds VRAM without a live run")
-        self.notify(why, title=title, severity="warning")
+        why = why_not(action, readonly=self.readonly, in_host=host is not None,
+                      host=self.current_host(),
+                      selected_run=host.selected_run if host is not None else None)
+        self.notify(why, title=TITLES[action], severity="warning")
 
     def action_kill(self) -> None:
         screen = self.screen

@@ -13,6 +13,8 @@ SEVERITY_GLYPH = {Severity.CRITICAL: "✖", Severity.WARNING: "▲", Severity.IN
 STATUS_VARIABLE = {"ok": "success", "stale": "warning", "unreachable": "error",
                    "waiting": "text-muted"}
 RUN_GLYPH = {"running": "▶", "finished": "✓", "dead": "✗", "unknown": "?", "left behind": "⊘"}
+RUN_WORDS = {"unknown": "not seen yet"}
+"""A run's status in words where the status's own name would read as jargon ("? unknown")."""
 RUN_VARIABLE = {"running": "success", "finished": "primary", "dead": "error",
                 "unknown": "text-muted", "left behind": "warning"}
 
@@ -47,3 +49,17 @@ def rgb(app: App[object], name: str) -> tuple[int, int, int]:
 
 def severity_colour(app: App[object], severity: Severity) -> str:
     return colour(app, SEVERITY_VARIABLE[severity])
+
+
+def contrast_ratio(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
+    """WCAG 2's contrast ratio of two sRGB colours: 1 (the same) to 21 (black on white)."""
+
+    def luminance(rgb: tuple[int, int, int]) -> float:
+        def channel(v: int) -> float:
+            c = v / 255
+            return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+        r, g, b = rgb
+        return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b)
+
+    light, dark = sorted((luminance(a), luminance(b)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)

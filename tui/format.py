@@ -9,7 +9,8 @@ the terminal (STYLE 14).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 
 from gpuwatch.remote.textsafe import visible
 
@@ -19,15 +20,16 @@ SPARK = "▁▂▃▄▅▆▇█"
 EIGHTHS = " ▏▎▍▌▋▊▉█"
 
 THROTTLE_MEANING = {
-    # U23: what each active reason means for the person watching the run
-    "gpu_idle": "idle (clocks down: nothing to do)",
-    "applications_clocks_setting": "application clocks set below max",
-    "sw_power_cap": "software power cap (the power limit is reached)",
-    "hw_slowdown": "HARDWARE SLOWDOWN (power brake or overheating)",
-    "hw_thermal_slowdown": "HARDWARE THERMAL SLOWDOWN (too hot)",
-    "hw_power_brake_slowdown": "HARDWARE POWER BRAKE (PSU or chassis)",
-    "sw_thermal_slowdown": "software thermal slowdown (hot)",
-    "sync_boost": "sync boost (held to a slower GPU in its group)",
+    # U23: what each active reason means for the person watching the run, short enough for a
+    # narrow pane (the driver's own names are in docs/findings.md)
+    "gpu_idle": "idle: clocks down, nothing to do",
+    "applications_clocks_setting": "clocks set below max (application clocks)",
+    "sw_power_cap": "power cap: at its power limit",
+    "hw_slowdown": "HARDWARE SLOWDOWN: power brake or too hot",
+    "hw_thermal_slowdown": "HARDWARE THERMAL SLOWDOWN: too hot",
+    "hw_power_brake_slowdown": "HARDWARE POWER BRAKE: PSU or chassis",
+    "sw_thermal_slowdown": "thermal slowdown: hot",
+    "sync_boost": "sync boost: held to a slower GPU of its group",
     "display_clock_setting": "display clock setting",
 }
 
@@ -141,3 +143,112 @@ def ema(values: Sequence[float], weight: float) -> list[float]:
         n += 1
         out.append(last / (1 - weight ** n))
     return out
+
+
+# -- a finding's evidence, in words and numbers (never a Python dict on screen) --------------
+UNIT_SUFFIXES = (("_mib", "mib"), ("_bytes", "bytes"), ("_pct", "pct"), ("_mhz", "mhz"),
+                 ("_s", "s"), ("_at", "at"), ("_w", "w"), ("_c", "c"))
+LIST_SHOWN = 6
+"""Items of a list shown before "+N more"."""
+
+
+def _unit_of(key: str) -> tuple[str, str | None]:
+    if key == "bytes":
+        return "size", "bytes"
+    for suffix, unit in UNIT_SUFFIXES:
+        if key.endswith(suffix) and len(key) > len(suffix):
+            return key[: -len(suffix)], unit
+    return key, None
+
+
+def _value_words(value: object, unit: str | None) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None:
+        return "?"
+    if isinstance(value, Mapping):
+        return "(" + ", ".join(f"{_unit_of(k)[0].replace('_', ' ')} "
+                               f"{_value_words(v, _unit_of(k)[1])}"
+                               for k, v in _flat(value) if v is not None) + ")"
+    if isinstance(value, list | tuple):
+        shown = ", ".join(_value_words(v, unit) for v in value[:LIST_SHOWN])
+        more = len(value) - LIST_SHOWN
+        return shown + (f" (+{more} more)" if more > 0 else "")
+    if isinstance(value, int | float):
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)
+        if unit == "s":
+            return human_age(float(value))
+        if unit == "at":
+            return time.strftime("%H:%M:%S", time.localtime(value))
+        if unit == "bytes":
+            return human_bytes(value)
+        if unit == "mib":
+            return f"{value / 1024:.1f} GiB"
+        if unit == "pct":
+            return f"{value:.0f}%"
+        if unit == "mhz":
+            return f"{value:.0f} MHz"
+        if unit == "w":
+            return f"{value:.0f} W"
+        if unit == "c":
+            return f"{value:.0f}°C"
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+    return str(value)
+
+
+def _flat(evidence: Mapping[str, object]) -> list[tuple[str, object]]:
+    """The (key, value) pairs, a nested mapping's pairs in its place ({"diagnosis": {"cause":
+    ..., "evidence": {...}}} is read as its items), a pair said twice once."""
+    out: list[tuple[str, object]] = []
+    for key, value in evidence.items():
+        if isinstance(value, Mapping) and value:
+            for pair in _flat(value):
+                if pair not in out:
+                    out.append(pair)
+        elif (key, value) not in out:
+            out.append((str(key), value))
+    return out
+
+
+def evidence_words(evidence: Mapping[str, object]) -> str:
+    """A finding's evidence as "polls 2 · span 2 s · SM clock 724, 742 MHz": keys in words,
+    values in their units (seconds as ages, MiB as GiB, epochs as clock times)."""
+    parts = []
+    for key, value in _flat(evidence):
+        if value is None or value == [] or value == ():
+            continue
+        name, unit = _unit_of(key)
+        parts.append(f"{name.replace('_', ' ')} {_value_words(value, unit)}")
+    return visible(" · ".join(parts))
+
+
+# -- plot axes: integer steps, clock times -----------------------------------------------------
+TIME_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
+                43200, 86400)
+
+
+def step_ticks(lo: float, hi: float, count: int) -> list[int]:
+    """About `count` whole steps between lo and hi, at a round interval (1, 2, 5 x 10^n): a step
+    axis never reads 21.8 or 42.5."""
+    count = max(2, count)
+    span = max(1.0, hi - lo)
+    raw = span / (count - 1)
+    magnitude = 10 ** math.floor(math.log10(raw)) if raw >= 1 else 1
+    interval = next((m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw),
+                    10 * magnitude)
+    interval = max(1, int(interval))
+    first = math.ceil(lo / interval) * interval
+    return list(range(int(first), int(hi) + 1, interval)) or [round(lo)]
+
+
+def time_ticks(lo: float, hi: float, count: int) -> tuple[list[float], list[str]]:
+    """About `count` clock times (epoch s) between lo and hi at a round interval, labelled as
+    this computer's time of day: HH:MM, with seconds where the interval is under a minute."""
+    count = max(2, count)
+    raw = max(1.0, hi - lo) / (count - 1)
+    interval = next((s for s in TIME_STEPS_S if s >= raw), TIME_STEPS_S[-1])
+    first = math.ceil(lo / interval) * interval
+    ticks = [float(t) for t in range(int(first), int(hi) + 1, interval)] or [lo]
+    fmt = "%H:%M:%S" if interval < 60 else "%H:%M" if interval < 86400 else "%d %b"
+    return ticks, [time.strftime(fmt, time.localtime(t)) for t in ticks]

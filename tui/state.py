@@ -203,7 +203,9 @@ class HostData:
             ring.append(DiskPoint(at, d.bytes_free, d.inodes_free))
 
     # -- what the views ask ------------------------------------------------------------------
-    def status(self, now: float, interval: float) -> HostStatus:
+    def status(self, now: float, interval: float, paused: bool = False) -> HostStatus:
+        """Paused, old data says so ("paused, data 2 m old"): it is old because nothing is
+        polled, not because the host stopped answering."""
         last_ok = self.history.last_ok_at
         age = None if last_ok is None else max(0.0, now - last_ok)
         failure = self.history.failure
@@ -213,9 +215,11 @@ class HostData:
             return HostStatus("unreachable", f"{said}: {failure.message}{where}", age)
         if self.outcome is None:
             if age is None:
-                return HostStatus("waiting", "waiting for the first poll", None)
+                return HostStatus("waiting", "not polled yet", None)
             return HostStatus("stale", f"stale {human_age(age)} (from the store)", age)
         if age is not None and age > 3 * interval + 5:
+            if paused:
+                return HostStatus("stale", f"paused, data {human_age(age)} old", age)
             return HostStatus("stale", f"stale {human_age(age)}", age)
         return HostStatus("ok", "ok", age)
 

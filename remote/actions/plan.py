@@ -97,7 +97,9 @@ def plan_kill(host: HostConfig, history: HostHistory, pid: int,
     if family:
         notes.append(f"its {len(family)} child process{'es' * (len(family) != 1)} in the same "
                      "session (workers, ranks) are signalled with it")
-    notes.append("only your own processes can be signalled unless you log in as root")
+    euid = snap.process_counts.euid if snap.process_counts is not None else None
+    if euid != 0:  # said to root, it read as a warning that did not apply
+        notes.append("only your own processes can be signalled unless you log in as root")
     targets = tuple(_target(p, snap.boot_id) for p in [proc, *family])
     return ActionPlan("kill", host.name, targets, None, signal, None, tuple(notes))
 

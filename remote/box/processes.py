@@ -297,6 +297,7 @@ def collect_processes(request, limits, gpu_pids, found):
         "not_listed": len(procs) - len(rows),
         "fd_unreadable": fd_unreadable,
         "fd_skipped": fd_skipped,
+        "euid": os.geteuid(),  # whom the probe runs as: root can signal anyone's processes
     }
 
 

@@ -233,6 +233,7 @@ class ProcessCounts:
     not_listed: int
     fd_unreadable: int  # other users' fds, when the probe is not root
     fd_skipped: tuple[int, ...]  # pids with too many fds to scan for /dev/nvidia*
+    euid: int | None = None  # whom the probe (the login) runs as; None: an older probe
 
 
 @dataclass(frozen=True, slots=True)

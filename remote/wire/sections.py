@@ -116,7 +116,8 @@ def _counts(section: _Node) -> ProcessCounts:
     return ProcessCounts(
         total=section.get_int("total"), kernel_threads=section.get_int("kernel_threads"),
         zombies=section.get_int("zombies"), not_listed=section.get_int("not_listed"),
-        fd_unreadable=section.get_int("fd_unreadable"), fd_skipped=skipped or ())
+        fd_unreadable=section.get_int("fd_unreadable"), fd_skipped=skipped or (),
+        euid=section.opt_int("euid"))
 
 
 def _disk(node: _Node) -> DiskUsage:

@@ -106,7 +106,7 @@ async def test_fleet_shows_every_host_state_gpus_runs_and_findings() -> None:
         assert cell("gpu-healthy", "state") == "● ok"
         # the kind in words first, then the reason (no "unreachable (unreachable)")
         assert cell("gpu-down", "state").startswith("✗ unreachable: connect to")
-        assert cell("gpu-new", "state") == "… waiting for the first poll"
+        assert cell("gpu-new", "state") == "… not polled yet"
         assert cell("gpu-healthy", "util").startswith("████")  # one cell per GPU
         assert cell("gpu-capped", "clock").endswith(" 37%")  # util 100 % at 37 % clock: U21
         assert cell("gpu-healthy", "vram") == "240/319 GiB"
@@ -155,8 +155,8 @@ async def test_enter_opens_a_host_with_every_pane_and_escape_goes_back() -> None
         assert titles == {"GPUs", "Loss", "Checkpoints", "Disks", "Findings", "Processes",
                           "Log"}
         text = screen_text(app)
-        for word in ("sw_power_cap", "249/250 W", "train/loss", "checkpoint-800", "/data",
-                     "mistral ▶ running"):
+        for word in ("power cap: at its power limit", "249/250 W", "train/loss",
+                     "checkpoint-800", "/data", "mistral ▶ running"):
             assert word in text, word
         await pilot.press("escape")
         assert isinstance(app.screen, FleetScreen)
@@ -206,9 +206,9 @@ async def test_loss_keys_change_tag_smoothing_log_and_axis() -> None:
         await pilot.press("x")
         assert pane.settings.wall
         plot = pane.query_one("#loss-plot")
-        assert plot.series.xlabel == "hours since the first point" and plot.series.logy  # type: ignore[attr-defined]
-        assert plot.series.checkpoints  # type: ignore[attr-defined]
-        assert "log-y  x: wall" in screen_text(app)
+        assert plot.series.xlabel.startswith("time of day") and plot.series.logy  # type: ignore[attr-defined]
+        assert [m for m in plot.series.marks if m.variable == "checkpoint"]  # type: ignore[attr-defined]
+        assert "log-y  x: time" in screen_text(app)
 
 
 async def test_markup_in_cmdlines_and_log_lines_renders_literally() -> None:
@@ -254,12 +254,12 @@ async def test_k_is_greyed_until_a_process_is_selected_and_asks_with_cancel_defa
         screen = await open_host(pilot, "gpu-healthy")
         assert screen.selected_pid is None  # the cursor is on the run's header row
         assert app.check_action("kill", ()) is None
-        await pilot.press("k")
+        await pilot.press("K")
         assert not isinstance(app.screen, ConfirmAction)
         await pilot.press("down")
         assert screen.selected_pid == 4121
         assert app.check_action("kill", ()) is True
-        await pilot.press("k")
+        await pilot.press("K")
         await pilot.pause()
         modal = app.screen
         assert isinstance(modal, ConfirmAction)
@@ -269,13 +269,13 @@ async def test_k_is_greyed_until_a_process_is_selected_and_asks_with_cancel_defa
         await pilot.press("escape")  # Escape cancels
         await pilot.pause()
         assert isinstance(app.screen, HostScreen) and fake_execute == []
-        await pilot.press("k")
+        await pilot.press("K")
         await pilot.pause()
         await pilot.press("enter")  # Enter on the default button: Cancel
         await pilot.pause()
         assert isinstance(app.screen, HostScreen) and fake_execute == []
         assert any("cancelled" in n for n in notes(app))
-        await pilot.press("k")
+        await pilot.press("K")
         await pilot.pause()
         await pilot.press("tab", "enter")  # a deliberate step to the Kill button
         await app.workers.wait_for_complete()
@@ -290,7 +290,7 @@ async def test_kill_confirmation_shows_box_text_literally(
     async with app.run_test(size=SIZE) as pilot:
         await feed(pilot, fx.latest(app.config))
         await open_host(pilot, "gpu-capped")
-        await pilot.press("down", "k")
+        await pilot.press("down", "K")
         await pilot.pause()
         assert isinstance(app.screen, ConfirmAction)
         assert f"--name {fx.HOSTILE}" in screen_text(app)
@@ -379,7 +379,7 @@ async def test_readonly_greys_every_action(fake_execute: list[tuple[str, Any]]) 
         assert screen.selected_pid == 4121
         for action in ("kill", "reap", "relaunch"):
             assert app.check_action(action, ()) is None, action
-        await pilot.press("k", "z", "r")
+        await pilot.press("K", "z", "r")
         assert isinstance(app.screen, HostScreen) and fake_execute == []
 
 
@@ -505,13 +505,18 @@ async def test_polls_do_not_pile_up_footer_key_widgets() -> None:
             await feed(pilot, fx.latest(app.config))
             await pilot.pause()
         assert list(footer.query(FooterKey)) == shown  # nothing changed: not rebuilt
-        await pilot.press("down")  # a process selected: `k` is enabled, the keys are rebuilt
+        await pilot.press("down")  # a process selected: `K` is enabled, its widget told so
         await pilot.pause()
         assert app.check_action("kill", ()) is True
+        assert list(footer.query(FooterKey)) == shown
+        kill = next(k for k in footer.query(FooterKey) if k.action == "kill")
+        assert not kill.has_class("-disabled")
+        await pilot.resize_terminal(SIZE[0] - 40, SIZE[1])  # another width: rebuilt
+        await pilot.pause()
         assert list(footer.query(FooterKey)) != shown
-        del shown
-        for _ in range(5):
-            await pilot.press("up", "down")
+        del shown, kill
+        for i in range(5):
+            await pilot.resize_terminal(SIZE[0] - 40 * (i % 2), SIZE[1])
             await pilot.pause()
         gc.collect()
         alive = [k for k in gc.get_objects() if isinstance(k, FooterKey)]
@@ -784,10 +789,10 @@ async def test_greyed_and_host_only_keys_say_why_in_a_toast(
         # they work. z acts on the highlighted host: gpu-healthy has nothing to reap.
         assert isinstance(app.screen, FleetScreen)
         shown = footer_keys(app)
-        assert "z" in shown and not {"k", "r"} & shown, shown
+        assert "z" in shown and not {"K", "r"} & shown, shown
         said = await toast_after(pilot, "r")
         assert "open the host (Enter)" in said and "relaunch" in said
-        said = await toast_after(pilot, "k")
+        said = await toast_after(pilot, "K")
         assert "open the host (Enter)" in said and "Processes (6)" in said
         said = await toast_after(pilot, "z")
         assert said.startswith("nothing to reap on gpu-healthy")
@@ -795,9 +800,9 @@ async def test_greyed_and_host_only_keys_say_why_in_a_toast(
 
         # The host view: the cursor is on the run's heading, the run is running, no zombie.
         screen = await open_host(pilot, "gpu-healthy")
-        assert {"k", "z", "r"} <= footer_keys(app)  # shown, greyed out
+        assert {"K", "z", "r"} <= footer_keys(app)  # shown, greyed out
         assert screen.selected_pid is None
-        said = await toast_after(pilot, "k")
+        said = await toast_after(pilot, "K")
         assert said.startswith("no process selected") and "Processes (6)" in said
         said = await toast_after(pilot, "z")
         assert said.startswith("nothing to reap on gpu-healthy")
@@ -806,7 +811,7 @@ async def test_greyed_and_host_only_keys_say_why_in_a_toast(
         assert isinstance(app.screen, HostScreen) and fake_execute == []
         await pilot.press("escape")  # back in the fleet view, its footer as it was
         await pilot.pause()
-        assert isinstance(app.screen, FleetScreen) and not {"k", "r"} & footer_keys(app)
+        assert isinstance(app.screen, FleetScreen) and not {"K", "r"} & footer_keys(app)
 
 
 async def test_readonly_keys_say_the_session_is_read_only(
@@ -816,7 +821,7 @@ async def test_readonly_keys_say_the_session_is_read_only(
         await feed(pilot, fx.latest(app.config))
         await open_host(pilot, "gpu-zombie")
         await pilot.press("down")
-        for key in ("k", "z", "r"):
+        for key in ("K", "z", "r"):
             assert "read-only" in await toast_after(pilot, key), key
         assert isinstance(app.screen, HostScreen) and fake_execute == []
 

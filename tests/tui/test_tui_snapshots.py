@@ -1,10 +1,15 @@
-"""Snapshot tests (pytest-textual-snapshot): the fleet and host views at 80×24 and 200×50 in
-the default (dark) and light themes, on the deterministic fleet of tests/tui_fixtures.py with a
-frozen clock. Update after a deliberate change with `pytest tests/test_tui_snapshots.py
---snapshot-update` and look at the report before committing the SVGs."""
+"""Snapshot tests (pytest-textual-snapshot): the fleet view and the host view of every host of
+the deterministic fleet of tests/tui_fixtures.py (healthy, capped, zombie, could not be polled,
+never polled), at 80×24 and 160×48, in the default (dark) and light themes, with a frozen clock
+and the clock times in UTC. 24 snapshots, about a minute on a 2-core machine. Update after a
+deliberate change with `pytest tests/test_tui_snapshots.py --snapshot-update` and look at the
+report before committing the SVGs."""
 
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,8 +18,23 @@ from gpuwatch.tui.app import build_app
 from gpuwatch.tui.messages import SnapshotReady
 from textual.pilot import Pilot
 
-SIZES = {"80x24": (80, 24), "200x50": (200, 50)}
+SIZES = {"80x24": (80, 24), "160x48": (160, 48)}
 THEMES = ("gpuwatch-dark", "gpuwatch-light")
+HOSTS = ("gpu-healthy", "gpu-capped", "gpu-zombie", "gpu-down", "gpu-new")
+
+
+@pytest.fixture(autouse=True)
+def utc() -> Iterator[None]:
+    """Clock times on screen (a finding's evidence) the same on every machine."""
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    yield
+    if old is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = old
+    time.tzset()
 
 
 def snapshot_app(theme: str) -> Any:
@@ -47,8 +67,10 @@ def test_fleet_view(snap_compare: Any, size: str, theme: str) -> None:
 
 @pytest.mark.parametrize("theme", THEMES)
 @pytest.mark.parametrize("size", SIZES)
-def test_host_view(snap_compare: Any, size: str, theme: str) -> None:
+@pytest.mark.parametrize("host", HOSTS)
+def test_host_view(snap_compare: Any, host: str, size: str, theme: str) -> None:
     # gpu-capped: U21 (util 100 % at 37 % clock), a throttle reason, box text that looks like
-    # markup in a command line and a log line.
+    # markup in a command line and a log line; gpu-zombie: VRAM a dead run left behind;
+    # gpu-down: could not be polled; gpu-new: never polled.
     assert snap_compare(snapshot_app(theme), terminal_size=SIZES[size],
-                        run_before=before("gpu-capped"))
+                        run_before=before(host))

@@ -22,7 +22,7 @@ from gpuwatch.remote.actions.plan import (
 )
 from gpuwatch.remote.config.schema import HostConfig, RunConfig
 from gpuwatch.remote.findings.rules import HostHistory, PollFailure
-from gpuwatch.remote.model.snapshot import GpuProcess, HostSnapshot, ProcessInfo
+from gpuwatch.remote.model.snapshot import GpuProcess, HostSnapshot, ProcessCounts, ProcessInfo
 from harness.captures import missing
 
 BOOT = "1f6c1a7e-0000-4000-8000-000000000001"
@@ -221,3 +221,19 @@ def test_box_script_is_python_36_syntax() -> None:
     done = subprocess.run([str(vermin), "-t=3.6-", "--no-tips", "--violations", str(path)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_kill_plan_tells_only_a_non_root_login_that_it_signals_only_its_own() -> None:
+    """Root was told "only your own processes can be signalled unless you log in as root"."""
+    parent = proc(100, ppid=1, gpu=0, mem=40960, run="llama")
+    note = "only your own processes can be signalled unless you log in as root"
+
+    def notes(euid: int | None) -> tuple[str, ...]:
+        counts = ProcessCounts(total=1, kernel_threads=0, zombies=0, not_listed=0,
+                               fd_unreadable=0, fd_skipped=(), euid=euid)
+        snap = replace(snapshot(parent), process_counts=counts)
+        return plan_kill(HOST, history(snap), 100).notes
+
+    assert note not in notes(0)
+    assert note in notes(1000)
+    assert note in notes(None)  # an older probe did not say: the note stays

@@ -1,4 +1,4 @@
-"""FleetScreen: every host in one table; `/` filters, Enter opens a host."""
+"""FleetScreen: every host in one table; `/` filters, `o` sorts, Enter opens a host."""
 
 from __future__ import annotations
 
@@ -16,16 +16,42 @@ from ..widgets.key_footer import KeyFooter
 if TYPE_CHECKING:
     from ..app import GpuwatchApp
 
+SORTS: tuple[tuple[str | None, str], ...] = (
+    (None, "the config's order"), ("host", "name"), ("state", "state, worst first"),
+    ("util", "GPU util, busiest first"), ("vram", "VRAM used, most first"))
+"""What `o` cycles through: the fleet table's column it sorts by (its header is marked)."""
+STATE_RANK = {"unreachable": 0, "stale": 3, "waiting": 4, "ok": 3}
+
+
+def sort_key(column: str, h: HostData, now: float, interval: float) -> tuple[object, ...]:
+    """Where host `h` goes when the fleet is sorted by `column`."""
+    snap = h.snapshot
+    gpus = snap.gpus if snap is not None else ()
+    if column == "host":
+        return (h.name.lower(),)
+    if column == "state":  # unreachable, then critical, then warning, then the rest
+        kind = h.status(now, interval).kind
+        worst = max((int(f.severity) for f in h.findings), default=-1)
+        return (STATE_RANK[kind], -worst)
+    if column == "util":
+        utils = [g.util_pct for g in gpus if g.util_pct is not None]
+        return (-(sum(utils) / len(utils)) if utils else 1.0,)
+    used = sum(g.mem_used_mib or 0 for g in gpus)
+    return (-used,)
+
 
 class FleetScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "filter", "Filter"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
+        Binding("o", "sort", "Sort"),
     ]
 
     def __init__(self) -> None:
         super().__init__(id="fleet")
         self.filter_text = ""
+        self.sort = 0
+        """An index into SORTS: the config's order, then by name, state, util, VRAM."""
 
     @property
     def gw(self) -> GpuwatchApp:
@@ -68,8 +94,20 @@ class FleetScreen(Screen[None]):
 
         return [h for h in hosts if needle in words(h)]
 
+    def ordered_hosts(self) -> list[HostData]:
+        """The hosts shown, in the order picked with `o` (the sort is stable: ties keep the
+        config's order)."""
+        hosts = self.visible_hosts()
+        column = SORTS[self.sort][0]
+        if column is None:
+            return hosts
+        now, interval = self.gw.clock(), self.gw.config.interval
+        return sorted(hosts, key=lambda h: sort_key(column, h, now, interval))
+
     def refresh_all(self) -> None:
-        self.table.show(self.visible_hosts(), self.gw.clock(), self.gw.config.interval)
+        self.table.paused = self.gw.paused
+        self.table.show(self.ordered_hosts(), self.gw.clock(), self.gw.config.interval,
+                        sorted_by=SORTS[self.sort][0])
         self.refresh_title()
 
     def refresh_host(self, name: str) -> None:
@@ -79,6 +117,12 @@ class FleetScreen(Screen[None]):
     def tick(self) -> None:
         if not self.is_mounted:
             return
+        if SORTS[self.sort][0] is not None:  # a sorted table follows its values as they move
+            order = [h.name for h in self.ordered_hosts()]
+            if order != self.table.shown:
+                self.refresh_all()
+                return
+        self.table.paused = self.gw.paused
         self.table.update_states(self.visible_hosts(), self.gw.clock(), self.gw.config.interval)
 
     def refresh_title(self) -> None:
@@ -88,6 +132,8 @@ class FleetScreen(Screen[None]):
         bits = [f"gpuwatch · {n} host{'s' * (n != 1)}"]
         if shown != n:
             bits.append(f"{shown} shown (filter {self.filter_text!r})")
+        if self.sort:
+            bits.append(f"sorted by {SORTS[self.sort][1]}")
         bits.append(f"polling every {gw.config.interval:g} s")
         if gw.paused:
             bits.append("PAUSED (p resumes)")
@@ -103,6 +149,11 @@ class FleetScreen(Screen[None]):
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self.gw.refresh_bindings()
+
+    def action_sort(self) -> None:
+        self.sort = (self.sort + 1) % len(SORTS)
+        self.refresh_all()
+        self.notify(f"hosts sorted by {SORTS[self.sort][1]}", timeout=2)
 
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)

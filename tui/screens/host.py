@@ -28,7 +28,7 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Static, Tab, Tabs
 
-from ..colours import RUN_GLYPH
+from ..colours import RUN_GLYPH, RUN_WORDS, SEVERITY_GLYPH, SEVERITY_VARIABLE
 from ..format import visible
 from ..messages import ProcessSelected
 from ..state import HostData
@@ -39,7 +39,8 @@ from ..widgets.gpu_panel import GpuPanel
 from ..widgets.host_header import HostHeader
 from ..widgets.key_footer import KeyFooter
 from ..widgets.log_tail import LogTail
-from ..widgets.loss_pane import LossPane
+from ..widgets.loss_pane import LossPane, StepMark
+from ..widgets.process_table import SORTS as PROCESS_SORTS
 from ..widgets.process_table import ProcessTable
 
 if TYPE_CHECKING:
@@ -89,14 +90,16 @@ class HostScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "Back"),
         Binding("left_square_bracket", "tag(-1)", "Tag", show=False),
-        Binding("right_square_bracket", "tag(1)", "Tag"),
+        # A pair's footer entry shows both of its keys (the one left out is still bound).
+        Binding("right_square_bracket", "tag(1)", "Tag", key_display="[ ]"),
         Binding("s", "smoothing(-1)", "Smooth-", show=False),
-        Binding("S", "smoothing(1)", "Smooth+"),
+        Binding("S", "smoothing(1)", "Smooth", key_display="s S"),
         Binding("l", "logy", "Log-y"),
         Binding("x", "axis", "X axis"),
-        Binding("n", "next_run(1)", "Run"),
+        Binding("n", "next_run(1)", "Run", key_display="n N"),
         Binding("N", "next_run(-1)", "Run", show=False),
         Binding("P", "pin", "Pin run"),
+        Binding("o", "sort", "Sort"),
     ]
 
     BINDINGS += [Binding(str(n), f"pane({n - 1})", "Pane", key_display="1-7", show=n == 1)
@@ -109,6 +112,8 @@ class HostScreen(Screen[None]):
         self._tab_names: list[str] = []
         """Run names in tab order (tab id run-N): configured, then discovered as they come."""
         self.selected_run: str | None = None
+        self.process_sort = 0
+        """An index into the process table's SORTS (`o` cycles)."""
 
     @property
     def gw(self) -> GpuwatchApp:
@@ -119,6 +124,11 @@ class HostScreen(Screen[None]):
         return self.gw.hosts[self.host]
 
     def compose(self) -> ComposeResult:
+        # The breakpoint's class now, not on the first Resize (Textual sets it there): the
+        # first paint used to be neither layout, one squashed column that reflowed ~0.5 s later.
+        wide = self.app.size.width >= WIDE
+        self.set_class(wide, "-wide")
+        self.set_class(not wide, "-narrow")
         self._tab_names = self.data.run_names()
         yield HostHeader(id="host-header")
         yield Tabs(*(Tab(Text(visible(name)), id=f"run-{i}")
@@ -165,6 +175,18 @@ class HostScreen(Screen[None]):
             return None
         return self.data.history.runs.get(self.selected_run) or RunSeries(self.selected_run)
 
+    def step_marks(self) -> tuple[StepMark, ...]:
+        """The selected run's findings that name a step (a NaN loss, a spike): marks on its
+        curve, in their severity's glyph and colour."""
+        marks = []
+        for f in self.data.findings:
+            step = f.evidence.get("step")
+            if f.run == self.selected_run and isinstance(step, int) and not isinstance(
+                    step, bool):
+                marks.append(StepMark(step, SEVERITY_GLYPH[f.severity],
+                                      SEVERITY_VARIABLE[f.severity]))
+        return tuple(sorted(marks, key=lambda m: m.step))
+
     def refresh_data(self) -> None:
         """Hand the host's data down to every pane (attributes down)."""
         gw, data = self.gw, self.data
@@ -174,9 +196,16 @@ class HostScreen(Screen[None]):
         self.query_one(GpuPanel).data = data
         self.query_one(DiskGauges).show(data)
         self.query_one(FindingsList).show(data.findings)
-        self.query_one(ProcessTable).show(data, box_now)
+        self.query_one(ProcessTable).show(data, box_now,
+                                          sorted_by=PROCESS_SORTS[self.process_sort][0])
+        self.refresh_run(box_now)
+
+    def refresh_run(self, box_now: float | None) -> None:
+        """The panes of the selected run, its tab labels and the keys (n / N change only
+        these: the other panes stay as they are painted)."""
+        gw, data = self.gw, self.data
         run = self.run_series()
-        self.query_one(LossPane).show_run(run)
+        self.query_one(LossPane).show_run(run, self.step_marks())
         self.query_one(CheckpointTimeline).show(run, box_now)
         self.query_one(LogTail).show(run.tail if run is not None else None,
                                      "no run configured or discovered yet" if run is None
@@ -191,7 +220,8 @@ class HostScreen(Screen[None]):
             status = data.run_status(name)
             with contextlib.suppress(NoMatches):  # added above, mounting
                 tab = tabs.query_one(f"#run-{i}", Tab)
-                label = Text(f"{visible(name)} {RUN_GLYPH[status]} {status}"
+                label = Text(f"{visible(name)} {RUN_GLYPH[status]} "
+                             f"{RUN_WORDS.get(status, status)}"
                              f"{data.run_progress(name)}")
                 if tab.label.plain != label.plain:
                     tab.label = label
@@ -199,15 +229,20 @@ class HostScreen(Screen[None]):
         gw.refresh_bindings()
 
     def _show_found(self) -> None:
-        """For a discovered run: what was found, and where (box text: never markup)."""
+        """For a discovered run: what was found, and where (box text: never markup). Its lines
+        are kept, blank, while a configured run of a host that has discovered ones is shown, so
+        that n / N do not move every pane up and down."""
         found = self.query_one("#run-found", Static)
         d = self.data.discovery(self.selected_run)
         watch = self.data.watchdog.get(self.selected_run or "")  # the watchdog's line
-        found.display = d is not None or bool(watch)
+        found.display = bool(watch) or any(self.data.discovery(name) is not None
+                                           for name in self._tab_names)
         if d is not None:
             found.update(found_text(d))
         elif watch:
             found.update(Text(watch))
+        else:
+            found.update(Text(" \n "))
 
     def tick(self) -> None:
         gw = self.gw
@@ -225,7 +260,7 @@ class HostScreen(Screen[None]):
         if 0 <= index < len(names) and names[index] != self.selected_run:
             self.selected_run = names[index]
             self.query_one(LogTail).action_follow()  # another run's log: from its end
-            self.refresh_data()
+            self.refresh_run(self.data.box_now(self.gw.clock()))
 
     def on_process_selected(self, event: ProcessSelected) -> None:
         self.selected_pid = event.pid
@@ -264,6 +299,11 @@ class HostScreen(Screen[None]):
     # -- keys ------------------------------------------------------------------------------
     def action_back(self) -> None:
         self.dismiss(None)
+
+    def action_sort(self) -> None:
+        self.process_sort = (self.process_sort + 1) % len(PROCESS_SORTS)
+        self.refresh_data()
+        self.notify(f"processes sorted by {PROCESS_SORTS[self.process_sort][1]}", timeout=2)
 
     def action_tag(self, delta: int) -> None:
         self.query_one(LossPane).cycle_tag(delta)

@@ -7,21 +7,21 @@ import itertools
 
 from gpuwatch.remote.model.series import RunSeries
 from rich.text import Text
-from textual.widgets import Static
 
 from ..colours import colour
 from ..format import human_age, human_bytes, visible
+from .text_pane import TextPane
 
 STRIP_CELLS = 48
 
 
-class CheckpointTimeline(Static):
+class CheckpointTimeline(TextPane):
     """Renders one run's checkpoints; `show(run, box_now)`."""
 
     def show(self, run: RunSeries | None, box_now: float | None) -> None:
-        self.update(self.render_run(run, box_now))
+        self.show_built(lambda width: self.render_run(run, box_now, width))
 
-    def render_run(self, run: RunSeries | None, box_now: float | None) -> Text:
+    def render_run(self, run: RunSeries | None, box_now: float | None, width: int) -> Text:
         muted = colour(self.app, "text-muted")
         text = Text(no_wrap=True, overflow="ellipsis")
         if run is None:
@@ -30,47 +30,52 @@ class CheckpointTimeline(Static):
         cadence = run.cadence_s
         risk = run.work_at_risk_s(box_now)
         latest = run.latest_checkpoint
-        text.append("latest ")
+        # In words: "cadence ?  at risk 7 s" read as jargon.
         if latest is None:
-            text.append("none", style=colour(self.app, "warning"))
+            text.append("no checkpoint yet", style=colour(self.app, "warning"))
         else:
+            text.append("latest ")
             text.append(_name(latest.path), style="bold")
             text.append(f" {human_age(None if box_now is None else box_now - latest.mtime)} ago")
-        text.append(f"  cadence {human_age(cadence) if cadence else '?'}")
+        # The cadence and the work at risk on a line of their own (a narrow pane cut them).
+        said = False
+        if cadence:
+            text.append(f"\none every {human_age(cadence)}")
+            said = True
         if risk is not None:
             overdue = cadence is not None and risk > 1.5 * cadence
-            label = "lost" if run.status == "dead" else "at risk"
-            text.append(f"  {label} ")
+            text.append(" · " if said else "\n")
             text.append(human_age(risk),
                         style=f"bold {colour(self.app, 'error' if overdue else 'success')}")
+            text.append(" of work lost" if run.status == "dead" else " of work unsaved")
         if ckpts and box_now is not None:
             text.append("\n")
-            text.append_text(self.strip(ckpts[0].mtime, box_now, [c.mtime for c in ckpts]))
+            cells = max(8, min(STRIP_CELLS, width - 5))
+            text.append_text(self.strip(ckpts[0].mtime, box_now, [c.mtime for c in ckpts],
+                                        cells))
+        name_w = min(22, max((len(_name(c.path)) for c in ckpts), default=0))
         for prev, ck in itertools.pairwise([None, *ckpts]):
             assert ck is not None
             text.append("\n")
             age = None if box_now is None else box_now - ck.mtime
             text.append(f"{human_age(age):>8} ago  ", style=muted)
-            text.append(_name(ck.path).ljust(22))  # a path from the box: plain Text, never markup
+            text.append(_name(ck.path).ljust(name_w))  # from the box: plain Text, never markup
             text.append(f" {human_bytes(ck.bytes) + ('+' if ck.capped else ''):>10}")
             if prev is not None:
                 text.append(f"  +{human_age(ck.mtime - prev.mtime)}", style=muted)
         for left in run.leftovers:
             text.append("\n")
-            text.append("leftover ", style=colour(self.app, "warning"))
+            text.append("unfinished save ", style=colour(self.app, "warning"))
             text.append(_name(left.path))
-            text.append(f" {human_bytes(left.bytes)} (a save that never finished)",
-                        style=colour(self.app, "warning"))
-        if not ckpts and not run.leftovers:
-            text.append("\nno checkpoints found", style=muted)
+            text.append(f" {human_bytes(left.bytes)}", style=colour(self.app, "warning"))
         return text
 
-    def strip(self, start: float, end: float, marks: list[float]) -> Text:
+    def strip(self, start: float, end: float, marks: list[float], width: int) -> Text:
         """A time line from the first checkpoint to now with ● at each checkpoint."""
         span = max(1.0, end - start)
-        cells = ["─"] * STRIP_CELLS
+        cells = ["─"] * width
         for m in marks:
-            cells[min(STRIP_CELLS - 1, int((m - start) / span * (STRIP_CELLS - 1)))] = "●"
+            cells[min(width - 1, int((m - start) / span * (width - 1)))] = "●"
         text = Text("".join(cells), style=colour(self.app, "checkpoint"))
         text.append("┤now", style=colour(self.app, "text-muted"))
         return text

@@ -4,20 +4,22 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from ..colours import colour
 from ..format import bar, human_age, human_bytes, human_count, visible
 from ..state import HostData
+from .text_pane import TextPane
 
 GAUGE = 20
+"""The bar's widest; it gives way to the numbers in a narrow pane (never "free…")."""
+MIN_GAUGE = 6
 
 
-class DiskGauges(Static):
+class DiskGauges(TextPane):
     def show(self, data: HostData | None) -> None:
-        self.update(self.render_disks(data))
+        self.show_built(lambda width: self.render_disks(data, width))
 
-    def render_disks(self, data: HostData | None) -> Text:
+    def render_disks(self, data: HostData | None, width: int) -> Text:
         muted = colour(self.app, "text-muted")
         snap = data.snapshot if data is not None else None
         if data is None or snap is None:
@@ -25,39 +27,80 @@ class DiskGauges(Static):
         if not snap.disks:
             return Text("no disks reported", style=muted)
         text = Text(no_wrap=True, overflow="ellipsis")
+        rows: list[tuple[str, int | None, int | None, object, float | None]] = []
+        for d in snap.disks:
+            if not d.error:
+                rows.append(("bytes ", d.bytes_total, d.bytes_free, human_bytes,
+                             data.disk_forecast(d.path)))
+                if d.inodes_total:
+                    rows.append(("inodes", d.inodes_total, d.inodes_free, human_count,
+                                 data.disk_forecast(d.path, True)))
+        # One bar width for every gauge, so the percentages line up; the totals go first,
+        # then the forecast takes a line of its own, before the bar gets too short to read.
+        shape = (GAUGE, True, False)
+        for with_total, forecast_below in ((True, False), (False, False), (False, True)):
+            bar_w = min([GAUGE] + [width - self.fixed(r, with_total, forecast_below)
+                                   for r in rows])
+            shape = (bar_w, with_total, forecast_below)
+            if bar_w >= MIN_GAUGE:
+                break
         for n, d in enumerate(snap.disks):
             if n:
                 text.append("\n")
             text.append(visible(d.path), style="bold")  # paths are data: Text, not markup
             if d.mount and d.mount != d.path:
-                text.append(f" on {visible(d.mount)}", style=muted)
+                # a folder on a filesystem mounted higher up: say so in words ("/data on /"
+                # read as jargon)
+                text.append(f" (on the {visible(d.mount)} filesystem)", style=muted)
             if d.error:
                 text.append(f"  {visible(d.error)}", style=colour(self.app, "error"))
                 continue
             text.append("\n")
             text.append_text(self.gauge("bytes ", d.bytes_total, d.bytes_free, human_bytes,
-                                        data.disk_forecast(d.path)))
+                                        data.disk_forecast(d.path), shape))
             text.append("\n")
             if d.inodes_total:
                 text.append_text(self.gauge("inodes", d.inodes_total, d.inodes_free,
-                                            human_count, data.disk_forecast(d.path, True)))
+                                            human_count, data.disk_forecast(d.path, True),
+                                            shape))
             else:
                 text.append("inodes  not counted by this filesystem", style=muted)
         return text
 
+    @staticmethod
+    def parts(label: str, total: int, free: int, fmt: object,
+              ttf: float | None) -> tuple[str, str, str, str]:
+        """The words of a gauge line but its bar: head, percentage and free, total, forecast."""
+        used = 1 - free / total
+        return (f"{label}  ", f" {used * 100:3.0f}%  {fmt(free)} free",  # type: ignore[operator]
+                f" of {fmt(total)}",  # type: ignore[operator]
+                f"full in ~{human_age(ttf)}" if ttf is not None else "")
+
+    def fixed(self, row: tuple[str, int | None, int | None, object, float | None],
+              with_total: bool, forecast_below: bool) -> int:
+        """The cells a gauge line needs besides its bar."""
+        label, total, free, fmt, ttf = row
+        if not total or free is None:
+            return 0
+        head, middle, of, full = self.parts(label, total, free, fmt, ttf)
+        return len(head) + len(middle) + (len(of) if with_total else 0) + (
+            len(full) + 2 if full and not forecast_below else 0)
+
     def gauge(self, label: str, total: int | None, free: int | None, fmt: object,
-              ttf: float | None) -> Text:
+              ttf: float | None, shape: tuple[int, bool, bool]) -> Text:
         text = Text()
         if not total or free is None:
             text.append(f"{label}  ?", style=colour(self.app, "text-muted"))
             return text
+        bar_w, with_total, forecast_below = shape
         used = 1 - free / total
         level = "gauge-bad" if used >= 0.95 else "gauge-warn" if used >= 0.85 else "gauge-ok"
-        text.append(f"{label}  ")
-        text.append(bar(used, GAUGE), style=colour(self.app, level))
-        text.append(f" {used * 100:3.0f}%  {fmt(free)} free of {fmt(total)}")  # type: ignore[operator]
+        head, middle, of, full = self.parts(label, total, free, fmt, ttf)
+        text.append(head)
+        text.append(bar(used, max(MIN_GAUGE // 2, bar_w)), style=colour(self.app, level))
+        text.append(middle + (of if with_total else ""))
         if ttf is not None:
             soon = ttf < 24 * 3600
-            text.append(f"  full in ~{human_age(ttf)}",
-                        style=f"bold {colour(self.app, 'error' if soon else 'warning')}")
+            text.append("\n" + " " * len(head) if forecast_below else "  ")
+            text.append(full, style=f"bold {colour(self.app, 'error' if soon else 'warning')}")
         return text

@@ -3,20 +3,17 @@ person acts on, then the evidence behind it. Messages carry box text: Text, neve
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from gpuwatch.remote.findings.rules import Finding
 from rich.text import Text
-from textual.widgets import Static
 
 from ..colours import SEVERITY_GLYPH, colour, severity_colour
-from ..format import visible
+from ..format import evidence_words, visible
+from .text_pane import TextPane
 
 
-class FindingsList(Static):
+class FindingsList(TextPane):
     def show(self, findings: list[Finding] | None) -> None:
-        self.update(self.render_findings(findings or []))
+        self.show_built(lambda _width: self.render_findings(findings or []))
 
     def render_findings(self, findings: list[Finding]) -> Text:
         muted = colour(self.app, "text-muted")
@@ -36,17 +33,9 @@ class FindingsList(Static):
                 text.append(f"  {where}", style=muted)
             text.append("\n  ")
             text.append(visible(f.message))
-            evidence = _evidence(f.evidence)
+            evidence = evidence_words(f.evidence)
             if evidence:
                 text.append("\n  ")
                 text.append(evidence, style=muted)
         return text
 
-
-def _evidence(evidence: Mapping[str, Any]) -> str:
-    parts = []
-    for key, value in evidence.items():
-        if isinstance(value, float):
-            value = f"{value:.4g}"
-        parts.append(f"{key}={value}")
-    return visible(", ".join(parts))

@@ -9,11 +9,13 @@ clock), VRAM, runs with their status, findings by severity. Scrolls for 64+ host
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from gpuwatch.remote.findings.rules import Severity
 from rich.cells import cell_len
 from rich.text import Text
+from textual.binding import BindingType
 from textual.widgets import DataTable
 
 from ..colours import (
@@ -26,6 +28,7 @@ from ..colours import (
 )
 from ..format import FINDING_WORDS, level_char, pct, visible
 from ..state import HostData
+from .cursor_keys import CURSOR_KEYS
 
 COLUMNS = (("host", "host"), ("state", "state"), ("util", "GPU util"),
            ("clock", "SM clock"), ("vram", "VRAM"), ("findings", "findings"), ("runs", "runs"))
@@ -61,7 +64,10 @@ SCROLLBAR = 2
 
 
 class FleetTable(DataTable[Text]):
-    """The fleet, one row per host (row key: the host name)."""
+    """The fleet, one row per host (row key: the host name), in the order its screen gives;
+    `sorted_by` (a column key or None) marks that column's header."""
+
+    BINDINGS: ClassVar[list[BindingType]] = CURSOR_KEYS
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
@@ -72,13 +78,17 @@ class FleetTable(DataTable[Text]):
         self._widths: dict[str, dict[str, int]] = {}
         """Each host's widest cells, for the fit: its name, runs (names, glyphs), findings..."""
         self.fit = FITS[0]
+        self.sorted_by: str | None = None
+        self.paused = False
+        """Set by the screen: old data then reads "paused, data N old", not "stale"."""
 
     def on_mount(self) -> None:
         self._add_columns()
 
     def _add_columns(self) -> None:
         for key, label in self.fit.columns:
-            self.add_column(label, key=key, width=self.fit.state_width if key == "state"
+            shown = f"{label} ▼" if key == self.sorted_by else label
+            self.add_column(shown, key=key, width=self.fit.state_width if key == "state"
                             else None)
 
     def on_resize(self) -> None:
@@ -87,8 +97,9 @@ class FleetTable(DataTable[Text]):
     def choose_fit(self) -> Fit:
         """The widest fit whose columns all fit the table's width."""
         width = self.size.width - SCROLLBAR
-        widest: dict[str, int] = {key: cell_len(label) for key, label in COLUMNS}
-        widest["runs-glyphs"] = widest["error"] = 0
+        widest: dict[str, int] = {key: cell_len(label) + 2 * (key == self.sorted_by)
+                                  for key, label in COLUMNS}
+        widest["runs-glyphs"] = widest["error"] = widest["state"] = 0
         for cells in self._widths.values():
             for key, w in cells.items():
                 widest[key] = max(widest[key], w)
@@ -108,8 +119,21 @@ class FleetTable(DataTable[Text]):
                     need += widest[key]
                 need += PADDING
             if need <= width:
-                return fit
+                return self.widen(fit, width - need, widest)
         return FITS[-1]
+
+    @staticmethod
+    def widen(fit: Fit, spare: int, widest: dict[str, int]) -> Fit:
+        """The fit with the columns it left over given to the state's words, then to a GPU
+        error's ("▲ busy, low c…" at 80 columns had room beside it)."""
+        grow = min(spare, max(0, min(STATE_WIDTH, widest["state"]) - fit.state_width))
+        fit = replace(fit, state_width=fit.state_width + grow)
+        spare -= grow
+        if fit.error_width is not None and widest["error"] > max(fit.error_width,
+                                                                  widest["util"]):
+            extra = min(spare, widest["error"] - max(fit.error_width, widest["util"]))
+            fit = replace(fit, error_width=fit.error_width + extra)
+        return fit
 
     def _refit(self) -> None:
         if not self.size.width:
@@ -123,17 +147,24 @@ class FleetTable(DataTable[Text]):
             self._fill(self._hosts, *self._when)
 
     @property
+    def shown(self) -> list[str]:
+        """The hosts' names in the order of the rows."""
+        return list(self._shown)
+
+    @property
     def selected_host(self) -> str | None:
         if not self._shown or self.cursor_row < 0 or self.cursor_row >= len(self._shown):
             return None
         return self._shown[self.cursor_row]
 
-    def show(self, hosts: Sequence[HostData], now: float, interval: float) -> None:
-        """Replace the rows (a new filter, a theme change); the cursor stays on its host."""
+    def show(self, hosts: Sequence[HostData], now: float, interval: float,
+             sorted_by: str | None = None) -> None:
+        """Replace the rows (a new filter, order or theme); the cursor stays on its host."""
         self._hosts, self._when = list(hosts), (now, interval)
         self._widths = {h.name: self.measure(h) for h in hosts}
         fit = self.choose_fit() if self.size.width else self.fit
-        if fit != self.fit:
+        if fit != self.fit or sorted_by != self.sorted_by:
+            self.sorted_by = sorted_by
             self.fit = fit
             self.clear(columns=True)
             self._add_columns()
@@ -193,6 +224,7 @@ class FleetTable(DataTable[Text]):
         said = cell_len(f"⚠ {snap.gpu_error.summary}") if (
             snap is not None and snap.gpu_error is not None and error) else 0
         return {"host": cell_len(visible(data.name)), "util": 0 if error else util.cell_len,
+                "state": cell_len(self.state_words(data, *self._when)[0]) + 1,
                 "error": said,
                 "clock": clock.cell_len, "vram": vram.cell_len,
                 "findings": self.findings_cell(data).cell_len,
@@ -202,7 +234,15 @@ class FleetTable(DataTable[Text]):
     def state_cell(self, data: HostData, now: float, interval: float) -> Text:
         """The host's state, or, where it was polled fine, its worst problem in words: a
         dead run or a wedged driver is not "● ok" (the findings column may not fit)."""
-        status = data.status(now, interval)
+        text, style = self.state_words(data, now, interval)
+        width = self.fit.state_width
+        if len(text) > width:
+            text = text[: width - 1] + "…"
+        return Text(text, style=style)
+
+    def state_words(self, data: HostData, now: float, interval: float) -> tuple[str, str]:
+        """The state cell's words, whole, and their colour."""
+        status = data.status(now, interval, self.paused)
         glyph = {"ok": "●", "stale": "◌", "unreachable": "✗", "waiting": "…"}[status.kind]
         text = f"{glyph} {visible(status.text)}"  # an error's text may quote the box
         style = colour(self.app, STATUS_VARIABLE[status.kind])
@@ -214,10 +254,7 @@ class FleetTable(DataTable[Text]):
             words = FINDING_WORDS.get(worst.code, worst.code)
             text = f"{SEVERITY_GLYPH[worst.severity]} {words}{f' +{more}' if more else ''}"
             style = severity_colour(self.app, worst.severity)
-        width = self.fit.state_width
-        if len(text) > width:
-            text = text[: width - 1] + "…"
-        return Text(text, style=style)
+        return text, style
 
     def gpu_cells(self, data: HostData) -> list[Text]:
         snap = data.snapshot

@@ -7,29 +7,44 @@ short clock. The two sparklines share one 0-100 scale so the gap is the finding.
 
 from __future__ import annotations
 
+from gpuwatch.remote.model.snapshot import GpuSample
 from rich.text import Text
 from textual.reactive import reactive
-from textual.widgets import Static
 
 from ..colours import colour
 from ..format import THROTTLE_MEANING, bar, pct, sparkline, visible
 from ..state import HostData
+from .text_pane import TextPane
 
 LABEL = 6
 
 
-class GpuPanel(Static):
+class GpuPanel(TextPane):
     """Renders `data` (a HostData); nothing else."""
 
     data: reactive[HostData | None] = reactive(None, always_update=True)
 
     def watch_data(self) -> None:
-        self.update(self.render_gpus())
+        self.show_built(self.render_gpus)
 
-    def on_resize(self) -> None:
-        self.update(self.render_gpus())
+    def numbers(self, g: GpuSample) -> Text:
+        """Power against its limit, temperature, VRAM used of total."""
+        out = Text()
+        if g.power_w is not None:
+            frac = pct(g.power_w, g.power_limit_w)
+            at_cap = frac is not None and frac >= 97
+            out.append(f"{g.power_w:.0f}", style=colour(self.app, "power"))
+            out.append(f"/{g.power_limit_w:.0f} W" if g.power_limit_w else " W",
+                       style=colour(self.app, "warning") if at_cap else "")
+        if g.temp_c is not None:
+            hot = g.temp_c >= 85
+            out.append(f"  {g.temp_c}°C", style=colour(self.app, "error" if hot else "temp"))
+        if g.mem_total_mib:
+            out.append(f"  VRAM {(g.mem_used_mib or 0) / 1024:.1f}/"
+                       f"{g.mem_total_mib / 1024:.0f} GiB", style=colour(self.app, "vram"))
+        return out
 
-    def render_gpus(self) -> Text:
+    def render_gpus(self, pane_width: int) -> Text:
         data = self.data
         muted = colour(self.app, "text-muted")
         if data is None or data.snapshot is None:
@@ -40,7 +55,7 @@ class GpuPanel(Static):
             reason = snap.section_errors.get("gpus")
             return Text(f"no GPUs reported{': ' + visible(reason) if reason else ''}",
                         style=muted)
-        width = max(10, self.size.width - LABEL - 6)
+        width = max(10, pane_width - LABEL - 6)
         util_c, clock_c = colour(self.app, "util"), colour(self.app, "sm-clock")
         out = Text(no_wrap=True, overflow="ellipsis")
         if err is not None:  # a wedged driver or a lost GPU, first and in the error colour
@@ -50,24 +65,19 @@ class GpuPanel(Static):
             if n or err is not None:
                 out.append("\n")
             util, clock = g.util_pct, pct(g.sm_clock_mhz, g.sm_clock_max_mhz)
-            out.append(f"GPU{g.index} ", style="bold")
-            out.append(visible(g.name or "?"))  # the driver's name for it: box text
+            # Where name and numbers do not fit one line, the numbers get a line of their own
+            # rather than VRAM cut to "VR…".
+            numbers = self.numbers(g)
+            name = Text(f"GPU{g.index} ", style="bold")
+            name.append(visible(short_gpu_name(g.name)))  # the driver's name for it: box text
             if g.mig:
-                out.append(" MIG", style=colour(self.app, "warning"))
-            out.append("  ")
-            if g.power_w is not None:
-                frac = pct(g.power_w, g.power_limit_w)
-                at_cap = frac is not None and frac >= 97
-                out.append(f"{g.power_w:.0f}", style=colour(self.app, "power"))
-                out.append(f"/{g.power_limit_w:.0f} W" if g.power_limit_w else " W",
-                           style=colour(self.app, "warning") if at_cap else "")
-            if g.temp_c is not None:
-                hot = g.temp_c >= 85
-                out.append(f"  {g.temp_c}°C",
-                           style=colour(self.app, "error" if hot else "temp"))
-            if g.mem_total_mib:
-                out.append(f"  VRAM {(g.mem_used_mib or 0) / 1024:.1f}/"
-                           f"{g.mem_total_mib / 1024:.0f} GiB", style=colour(self.app, "vram"))
+                name.append(" MIG", style=colour(self.app, "warning"))
+            out.append_text(name)
+            if name.cell_len + 2 + numbers.cell_len > pane_width:
+                out.append("\n")
+            else:
+                out.append("  ")
+            out.append_text(numbers)
             history = list(data.gpu_history.get(g.index, ()))
             out.append("\n")
             out.append("util".ljust(LABEL), style=util_c)
@@ -78,13 +88,12 @@ class GpuPanel(Static):
             out.append(sparkline([p.clock_pct for p in history], width), style=clock_c)
             out.append(_num(clock), style=clock_c)
             reasons = [r for r in (g.throttle_reasons or ()) if r != "gpu_idle"]
-            if reasons:
+            for r in reasons:  # one a line: a second reason never cuts the first short
                 out.append("\n")
                 out.append("⚠ ".rjust(LABEL), style=colour(self.app, "warning"))
-                out.append(visible("; ".join(f"{r}: {THROTTLE_MEANING.get(r, r)}"
-                                             for r in reasons)),
+                out.append(visible(THROTTLE_MEANING.get(r, r)),
                            style=colour(self.app, "warning"))
-            elif g.throttle_reasons is None:
+            if g.throttle_reasons is None:
                 out.append("\n" + " " * LABEL)
                 out.append("throttle reasons unknown (driver did not say)", style=muted)
             if g.power_w is not None and g.power_limit_w:
@@ -93,6 +102,13 @@ class GpuPanel(Static):
                 out.append(bar(g.power_w / g.power_limit_w, width),
                            style=colour(self.app, "power"))
         return out
+
+
+def short_gpu_name(name: str | None) -> str:
+    """"H100 80GB HBM3" for "NVIDIA H100 80GB HBM3": every GPU here is NVIDIA's."""
+    if not name:
+        return "?"
+    return name.removeprefix("NVIDIA ").strip() or name
 
 
 def _num(value: float | None) -> str:

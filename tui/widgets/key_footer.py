@@ -10,14 +10,27 @@ every 10 s that was ~190 leaked widgets a second, the whole of issue 7's growing
 Here a refresh recomposes only when what the footer shows (each key, its label, enabled or
 not) differs from what it shows now, and after a recompose the watcher entries of key widgets
 that are gone are dropped.
+
+Where the keys do not fit the width (the host view at 80 columns), the least needed give way,
+in GIVE_WAY's order, rather than the row being cut at its right edge: `?` (which lists every
+key) and `q` always stay.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from rich.cells import cell_len
+from textual.app import ComposeResult
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Footer
+from textual.widgets._footer import FooterKey
+
+GIVE_WAY = ("cycle_theme", "axis", "logy", "smoothing(1)", "pause", "poll_now", "pane(0)",
+            "pin", "tag(1)", "filter", "sort", "back")
+"""Actions whose keys leave a footer too narrow for them, first to go first."""
 
 WATCHERS = "__watchers"
 """Where Textual's reactive machinery keeps `watch`/`data_bind` entries on the watched node."""
@@ -26,7 +39,7 @@ WATCHERS = "__watchers"
 class KeyFooter(Footer):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._shown: tuple[object, ...] | None = None
+        self._shown: tuple[tuple[Any, ...], ...] | None = None
 
     def bindings_changed(self, screen: Screen[Any]) -> None:
         self._bindings_ready = True
@@ -35,7 +48,26 @@ class KeyFooter(Footer):
         if self.is_attached and screen is self.screen:
             self.call_after_refresh(self._recompose_if_changed)
 
-    def _keys(self) -> tuple[object, ...]:
+    def compose(self) -> ComposeResult:
+        shown = list(super().compose())
+        width = self.size.width or self.app.size.width
+        keys = [w for w in shown if isinstance(w, FooterKey)]
+
+        def need(widgets: Sequence[Widget]) -> int:
+            return sum(cell_len(w.key_display) + 1 + cell_len(w.description) + 1
+                       for w in widgets if isinstance(w, FooterKey))
+
+        for action in GIVE_WAY:
+            if need(keys) <= width:
+                break
+            keys = [k for k in keys if k.action != action]
+        yield from (w for w in shown if not isinstance(w, FooterKey) or w in keys)
+
+    def on_resize(self) -> None:
+        self._shown = None  # another width: maybe more keys fit, maybe fewer
+        self.call_after_refresh(self._recompose_if_changed)
+
+    def _keys(self) -> tuple[tuple[Any, ...], ...]:
         """What compose would show: the shown bindings with their state, in order."""
         return tuple((binding.key, binding.action, binding.description, enabled, tooltip,
                       binding.group)
@@ -51,7 +83,16 @@ class KeyFooter(Footer):
         keys = self._keys()
         if keys == self._shown:
             return
-        self._shown = keys
+        shown, self._shown = self._shown, keys
+        if shown is not None and [k[:3] + k[4:] for k in keys] == [k[:3] + k[4:] for k in shown]:
+            # Only which keys are enabled changed (n / N to a stopped run enables r): the key
+            # widgets are told, not rebuilt (a rebuild was most of the cost of n).
+            enabled = {(k[0], k[1]): k[3] for k in keys}
+            for widget in self.query(FooterKey):
+                on = enabled.get((widget.key, widget.action), True)
+                widget._disabled = not on
+                widget.set_class(not on, "-disabled")
+            return
         await self.recompose()
         self._drop_dead_watchers()
 

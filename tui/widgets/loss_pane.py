@@ -1,10 +1,12 @@
 """LossPane: a run's scalar series with its tag picker and the plot's settings.
 
 Keys (bound on the host screen): `[` / `]` previous / next tag, `s` / `S` less / more EMA
-smoothing (TensorBoard's debiased EMA), `l` log-y, `x` step or wall-time axis. A click on the
-tag line cycles the tag too. Restarts (a run resumed from an earlier step) and checkpoints are
-vertical lines. The series is decimated here (min/max per bucket, spikes kept) to about two
-points per column before it reaches the plot, and only when it changed.
+smoothing (TensorBoard's debiased EMA), `l` log-y, `x` step or clock-time axis. A click on the
+tag line cycles the tag too. Restarts (a run resumed from an earlier step) are vertical lines;
+checkpoints (◆) and the findings its screen hands in that name a step (a NaN, a spike) are
+marks on the curve. The series is decimated here (min/max per bucket, spikes kept) to about two
+points per column before it reaches the plot, and only when it changed. Step ticks are whole
+steps; the time axis is this computer's time of day.
 """
 
 from __future__ import annotations
@@ -22,12 +24,23 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from ..colours import colour
-from ..format import ema, visible
-from .loss_plot import LossPlot, LossSeries
+from ..format import ema, step_ticks, time_ticks, visible
+from .loss_plot import CHECKPOINT_MARK, LossPlot, LossSeries, Mark
 
 SMOOTHING = (0.0, 0.3, 0.6, 0.8, 0.9, 0.95, 0.99)
 DEFAULT_SMOOTHING = 2  # 0.6, TensorBoard's default
 _STEP_IN_NAME = re.compile(r"(\d+)(?!.*\d)")
+TICK_CELLS = 12
+"""About one x tick per this many columns."""
+
+
+@dataclass(frozen=True)
+class StepMark:
+    """A finding at a step of the run, as its screen hands it in: glyph and theme variable."""
+
+    step: int
+    glyph: str
+    variable: str
 
 
 @dataclass
@@ -45,6 +58,7 @@ class LossPane(Vertical, can_focus=True):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.settings = LossSettings()
         self.run: RunSeries | None = None
+        self.step_marks: tuple[StepMark, ...] = ()
         self._key: tuple[object, ...] | None = None
 
     def compose(self) -> ComposeResult:
@@ -60,8 +74,9 @@ class LossPane(Vertical, can_focus=True):
             self.cycle_tag(1)
 
     # -- what the screen calls ---------------------------------------------------------------
-    def show_run(self, run: RunSeries | None) -> None:
+    def show_run(self, run: RunSeries | None, marks: tuple[StepMark, ...] = ()) -> None:
         self.run = run
+        self.step_marks = marks
         self.redraw()
 
     def tags(self) -> list[str]:
@@ -109,7 +124,7 @@ class LossPane(Vertical, can_focus=True):
                series.last_step if series else None,
                len(run.restarts) if run else 0, len(run.checkpoint_times) if run else 0,
                width, self.settings.smoothing, self.settings.logy, self.settings.wall,
-               tuple(skipped.values()))
+               tuple(skipped.values()), self.step_marks)
         if not force and key == self._key:
             return
         self._key = key
@@ -133,7 +148,7 @@ class LossPane(Vertical, can_focus=True):
             text.append(f"  step {series.last_step}  last {_num(series.last_value)}")
         text.append(f"  EMA {SMOOTHING[s.smoothing]:g}",
                     style=colour(self.app, "loss-smooth"))
-        text.append(f"  {'log' if s.logy else 'lin'}-y  x: {'wall' if s.wall else 'step'}",
+        text.append(f"  {'log' if s.logy else 'lin'}-y  x: {'time' if s.wall else 'step'}",
                     style=colour(self.app, "text-muted"))
         return text
 
@@ -145,32 +160,58 @@ class LossPane(Vertical, can_focus=True):
         points = series.decimated(width)  # about 2 points per column, spikes kept
         walls = [p[2] for p in points]
         use_wall = s.wall and any(math.isfinite(w) for w in walls)
-        if use_wall:
-            t0 = min(w for w in walls if math.isfinite(w))
-            xs = [(w - t0) / 3600 if math.isfinite(w) else math.nan for w in walls]
-            xlabel = "hours since the first point"
-        else:
-            xs = [float(p[0]) for p in points]
-            xlabel = "step"
+        xs = walls if use_wall else [float(p[0]) for p in points]
         raw = [p[1] for p in points]
         keep = [i for i, x in enumerate(xs) if math.isfinite(x)]
         xs, raw = [xs[i] for i in keep], [raw[i] for i in keep]
         smooth = ema(raw, SMOOTHING[s.smoothing]) if s.smoothing else []
+        curve = smooth or raw
 
         def x_of(step: int | None, wall: float | None) -> float | None:
             if use_wall:
-                return None if wall is None or not math.isfinite(wall) else (wall - t0) / 3600
+                return None if wall is None or not math.isfinite(wall) else wall
             return None if step is None else float(step)
 
+        def y_at(x: float) -> float:
+            """The curve's value at x (the nearest point at or after it)."""
+            i = min(bisect_left(xs, x), len(xs) - 1)
+            return curve[i] if xs else math.nan
+
         restarts = [x for st, w in run.restarts if (x := x_of(st, w)) is not None]
-        ckpts: list[float] = []
+        marks: list[Mark] = []
         for path, mtime in run.checkpoint_times.items():
-            step = _step_of(path, mtime, series)
-            x = x_of(step, mtime)
+            x = x_of(_step_of(path, mtime, series), mtime)
             if x is not None:
-                ckpts.append(x)
-        return LossSeries(xs=xs, raw=raw, smooth=smooth, restarts=restarts, checkpoints=ckpts,
-                          xlabel=xlabel, logy=s.logy)
+                marks.append(Mark(x, y_at(x), CHECKPOINT_MARK, "checkpoint"))
+        for m in self.step_marks:
+            x = x_of(m.step, _wall_of(m.step, series))
+            if x is not None:
+                marks.append(Mark(x, y_at(x), m.glyph, m.variable))
+        count = max(2, width // TICK_CELLS)
+        ticks: list[float] = []
+        labels: list[str] = []
+        if xs and use_wall:
+            ticks, labels = time_ticks(min(xs), max(xs), count)
+        elif xs:
+            steps = step_ticks(min(xs), max(xs), count)
+            ticks, labels = [float(t) for t in steps], [str(t) for t in steps]
+        legend = f"   {CHECKPOINT_MARK} checkpoint" if run.checkpoint_times else ""
+        glyphs = dict.fromkeys(m.glyph for m in self.step_marks)
+        if glyphs:
+            legend += f"   {' '.join(glyphs)} finding"
+        return LossSeries(xs=xs, raw=raw, smooth=smooth, restarts=restarts, marks=marks,
+                          xticks=ticks, xlabels=labels, logy=s.logy,
+                          xlabel=("time of day" if use_wall else "step") + legend)
+
+
+def _wall_of(step: int, series: TagSeries) -> float | None:
+    """When the series reached `step` (its first point at or after it)."""
+    steps = series.steps
+    if not len(steps):
+        return None
+    i = min(bisect_left(steps, step), len(steps) - 1)
+    wall = series.walls[i]
+    return wall if math.isfinite(wall) else None
 
 
 def skipped_note(skipped: dict[str, tuple[int, str | None]]) -> Text | None:

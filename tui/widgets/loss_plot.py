@@ -1,5 +1,9 @@
-"""LossPlot: a run's scalar series in plotext, raw and EMA-smoothed, restarts and checkpoints
-marked. It is handed an already-decimated series (STYLE 9): `replot()` only draws."""
+"""LossPlot: a run's scalar series in plotext, raw and EMA-smoothed, with its marks. It is handed
+an already-decimated series and its ticks (STYLE 9): `replot()` only draws.
+
+Marks are points on the curve, never vertical lines, so that none looks like a grid line: ◆ a
+checkpoint (at the loss when it was saved), a severity glyph a finding that names a step; a
+restart (a run resumed from an earlier step) is the one vertical line, in its own colour."""
 
 from __future__ import annotations
 
@@ -10,17 +14,31 @@ from textual_plotext import PlotextPlot
 
 from ..colours import rgb
 
+CHECKPOINT_MARK = "◆"
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A point on the curve: where, which glyph, in which theme variable's colour."""
+
+    x: float
+    y: float
+    glyph: str
+    variable: str
+
 
 @dataclass(frozen=True)
 class LossSeries:
-    """What the plot draws, prepared by the pane (decimated, smoothed, x chosen)."""
+    """What the plot draws, prepared by the pane (decimated, smoothed, x chosen, ticks)."""
 
     title: str = ""
     xs: list[float] = field(default_factory=list)
     raw: list[float] = field(default_factory=list)
     smooth: list[float] = field(default_factory=list)
     restarts: list[float] = field(default_factory=list)
-    checkpoints: list[float] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
+    xticks: list[float] = field(default_factory=list)
+    xlabels: list[str] = field(default_factory=list)
     xlabel: str = "step"
     logy: bool = False
     message: str = ""
@@ -70,10 +88,13 @@ class LossPlot(PlotextPlot):
             plt.plot([xs[i] for i in sf], [smooth[i] for i in sf],
                      color=rgb(self.app, "loss-smooth"), marker="braille")
         lo, hi = min(fx), max(fx)
-        for x in s.checkpoints:
-            if lo <= x <= hi:
-                plt.vline(x, rgb(self.app, "checkpoint"))
         for x in s.restarts:
             if lo <= x <= hi:
                 plt.vline(x, rgb(self.app, "restart"))
+        for mark in s.marks:
+            if lo <= mark.x <= hi and math.isfinite(mark.y) and (mark.y > 0 or not s.logy):
+                plt.scatter([mark.x], [mark.y], marker=mark.glyph,
+                            color=rgb(self.app, mark.variable))
+        if s.xticks:
+            plt.xticks(s.xticks, s.xlabels or None)
         self.refresh()

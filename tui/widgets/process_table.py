@@ -1,36 +1,60 @@
-"""ProcessTable: the box's listed processes as a tree by run: pid, user, GPU, VRAM, run, age,
-state and the zombie flag (U11: VRAM held by a process no live run owns), command line.
+"""ProcessTable: the box's listed processes as a tree by run: pid, user, GPU, VRAM, run, age
+(how long the process has run: since it took the GPU, for a run's process), state and the zombie
+flag (U11: VRAM held by a process no live run owns), command line. Within each run, the order
+its screen picks (`sorted_by`): by pid, most VRAM first, or oldest first; the runs follow their
+first process.
 
 Command lines come from the box: they are Text, never markup (STYLE 10), with their control
 characters visible (STYLE 14: an OSC in a command line would retitle the terminal)."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from gpuwatch.remote.model.snapshot import ProcessInfo
 from rich.text import Text
+from textual.binding import BindingType
 from textual.widgets import DataTable
 
-from ..colours import RUN_GLYPH, RUN_VARIABLE, colour
+from ..colours import RUN_GLYPH, RUN_VARIABLE, RUN_WORDS, colour
 from ..format import human_age, visible
 from ..messages import ProcessSelected
 from ..state import HostData
+from .cursor_keys import CURSOR_KEYS
 
 COLUMNS = (("pid", "pid"), ("user", "user"), ("gpu", "GPU"), ("vram", "VRAM"),
            ("age", "age"), ("flag", "state"), ("cmd", "command"))
 NO_RUN = "(no run)"
+SORTS: tuple[tuple[str | None, str], ...] = ((None, "run, then pid"), ("vram", "VRAM, most first"),
+                                           ("age", "age, oldest first"))
+"""The orders the screen cycles through: a column key (its header is marked) and words."""
+
+
+def process_key(column: str | None, p: ProcessInfo) -> tuple[float, int]:
+    if column == "vram":
+        return (-(p.gpu_mem_mib or 0), p.pid)
+    if column == "age":
+        return (p.started_at if p.started_at is not None else float("inf"), p.pid)
+    return (0.0, p.pid)
 
 
 class ProcessTable(DataTable[Text]):
     """Row keys: "pid:N" for processes, "run:NAME" for the run headers of the tree."""
 
+    BINDINGS: ClassVar[list[BindingType]] = CURSOR_KEYS
+
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", **kwargs)  # type: ignore[arg-type]
         self._keys: list[str] = []
-        self._version: tuple[int, int] | None = None
+        self._version: tuple[int, int, str | None] | None = None
+        self.sorted_by: str | None = None
 
     def on_mount(self) -> None:
+        self._add_columns()
+
+    def _add_columns(self) -> None:
         for key, label in COLUMNS:
-            self.add_column(label, key=key)
+            self.add_column(f"{label} ▼" if key == self.sorted_by else label, key=key)
 
     @property
     def selected_pid(self) -> int | None:
@@ -43,11 +67,16 @@ class ProcessTable(DataTable[Text]):
         event.stop()
         self.post_message(ProcessSelected(self.selected_pid))
 
-    def show(self, data: HostData | None, box_now: float | None, force: bool = False) -> None:
-        version = (id(data), data.version if data else -1)
+    def show(self, data: HostData | None, box_now: float | None, force: bool = False,
+             sorted_by: str | None = None) -> None:
+        version = (id(data), data.version if data else -1, sorted_by)
         if version == self._version and not force:
             return
         self._version = version
+        if sorted_by != self.sorted_by:
+            self.sorted_by = sorted_by
+            self.clear(columns=True)
+            self._add_columns()
         keep = self._keys[self.cursor_row] if self._keys and 0 <= self.cursor_row < len(
             self._keys) else None
         self.clear()
@@ -55,15 +84,20 @@ class ProcessTable(DataTable[Text]):
         snap = data.snapshot if data is not None else None
         if data is None or snap is None:
             return
-        groups: dict[str, list[ProcessInfo]] = {r.name: [] for r in data.config.runs}
-        for p in sorted(snap.processes, key=lambda p: (p.run is None, p.run or "", p.pid)):
+        groups: dict[str, list[ProcessInfo]] = {}
+        if sorted_by is None:
+            groups = {r.name: [] for r in data.config.runs}
+            ordered = sorted(snap.processes, key=lambda p: (p.run is None, p.run or "", p.pid))
+        else:  # the run of the first process first
+            ordered = sorted(snap.processes, key=lambda p: process_key(sorted_by, p))
+        for p in ordered:
             groups.setdefault(p.run or NO_RUN, []).append(p)
         muted = colour(self.app, "text-muted")
         for run, procs in groups.items():
             status = "" if run == NO_RUN else data.run_status(run)
             head = Text(f"▾ {visible(run)}", style="bold")
             if status:
-                head.append(f" {RUN_GLYPH[status]} {status}",
+                head.append(f" {RUN_GLYPH[status]} {RUN_WORDS.get(status, status)}",
                             style=colour(self.app, RUN_VARIABLE[status]))
             self._add(f"run:{run}", [head, Text(""), Text(""), Text(""), Text(""), Text(""),
                                      Text(f"{len(procs)} process{'es' * (len(procs) != 1)}",

@@ -1,0 +1,96 @@
+"""Key latency of the real `gpuwatch --demo` in tmux: `.venv/bin/python -m pytest
+tests/bench/bench_tui_keys.py -s`. Prints, never asserts a time (target: 150 ms each).
+
+For each key: the time from sending it to the first change of the screen (what the user sees
+react) and to the last change before the screen holds still for SETTLE_S (the final layout); a
+host view that opened in one layout and reflowed into another would show here as a late last
+change and more than one distinct screen. Polling is paused first, so that only the key changes
+the screen. Sizes: GPUWATCH_BENCH_SIZE (default 160x48); repeats: GPUWATCH_BENCH_REPEATS (5).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+SETTLE_S = 0.6
+LIMIT_S = 5.0
+TARGET_MS = 150.0
+REPEATS = int(os.environ.get("GPUWATCH_BENCH_REPEATS", "5"))
+SIZE = tuple(int(x) for x in os.environ.get("GPUWATCH_BENCH_SIZE", "160x48").split("x"))
+
+
+def capture(name: str) -> str:
+    return subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True,
+                          text=True, check=False).stdout
+
+
+def timed_key(name: str, key: str, ignore: str = "") -> tuple[float, float, int]:
+    """Send `key`; (ms to the first change, ms to the last change, distinct screens seen).
+    Lines that contain `ignore` (a toast's words) are left out of the comparison."""
+
+    def screen() -> str:
+        return "\n".join(line for line in capture(name).splitlines()
+                         if not ignore or ignore not in line)
+
+    before = screen()
+    start = time.perf_counter()
+    subprocess.run(["tmux", "send-keys", "-t", name, key], check=True)
+    first = last = None
+    seen = {before}
+    current = before
+    while time.perf_counter() - start < LIMIT_S:
+        now_screen = screen()
+        t = time.perf_counter()
+        if now_screen != current:
+            current = now_screen
+            seen.add(now_screen)
+            first = first if first is not None else t
+            last = t
+        elif last is not None and t - last >= SETTLE_S:
+            break
+    if first is None or last is None:
+        return float("nan"), float("nan"), 1
+    return (first - start) * 1000, (last - start) * 1000, len(seen) - 1
+
+
+def report(what: str, samples: list[tuple[float, float, int]]) -> None:
+    firsts = [s[0] for s in samples]
+    lasts = [s[1] for s in samples]
+    screens = max(s[2] for s in samples)
+    verdict = "ok" if statistics.median(lasts) <= TARGET_MS else "OVER"
+    print(f"{what:<28} first change p50 {statistics.median(firsts):6.0f} ms  final p50 "
+          f"{statistics.median(lasts):6.0f} ms  max {max(lasts):6.0f} ms  screens <= {screens}"
+          f"  (target {TARGET_MS:.0f} ms: {verdict})")
+
+
+@pytest.mark.slow
+def test_key_latency_of_the_real_demo_in_tmux(tmp_path: Path) -> None:
+    from test_tui_tmux import demo_polled, gpuwatch_in_tmux, open_host
+
+    with gpuwatch_in_tmux(tmp_path, ["--demo", "--interval", "5"], label="keys",
+                          size=SIZE) as tmux:  # type: ignore[arg-type]
+        tmux.wait(demo_polled, "the six demo hosts polled", 120)
+        open_host(tmux, "demo-healthy")  # the fleet filtered to it, then its view, once
+        time.sleep(1)
+        tmux.keys("p", pause=6)  # polling paused; its toast gone
+        tmux.keys("Escape", pause=1.5)
+        name = tmux.name
+        print(f"\ngpuwatch --demo in tmux {SIZE[0]}x{SIZE[1]}, {REPEATS} repeats, median of each")
+        samples = []
+        for _ in range(REPEATS):
+            samples.append(timed_key(name, "Enter"))  # the (filtered) fleet's one host
+            time.sleep(0.3)
+            tmux.keys("Escape", pause=1.0)
+        report("Enter (host view opens)", samples)
+        tmux.keys("Enter", pause=1.5)
+        for key, what in (("n", "n (next run)"), ("N", "N (previous run)"),
+                          ("]", "] (next tag)"), ("[", "[ (previous tag)")):
+            report(what, [timed_key(name, key) for _ in range(REPEATS)])
+        report("t (next theme)", [timed_key(name, "t", ignore="theme:")
+                                  for _ in range(REPEATS)])

@@ -1,0 +1,30 @@
+"""Why an action key cannot act here, in words, with what to do instead (a toast, never
+silence: a key in the footer either acts or says why not). Plain strings; no Textual."""
+
+from __future__ import annotations
+
+TITLES = {"kill": "Kill", "reap": "Reap", "relaunch": "Relaunch"}
+
+
+def why_not(action: str, *, readonly: bool, in_host: bool,
+            host: str | None, selected_run: str | None) -> str:
+    """K, z or r pressed while greyed out (or hidden). `in_host`: the host view is open;
+    `host`: the host it shows, or the fleet's highlighted one."""
+    if readonly:
+        return ("actions are off: this gpuwatch was started read-only (--readonly, or "
+                "readonly in the config)")
+    if action == "kill":
+        return ("no process selected: go to Processes (6), put the cursor on a process "
+                "(not a run's heading), then press K" if in_host else
+                "K kills a process from a host's view: open the host (Enter), go to "
+                "Processes (6), pick the process, then press K")
+    if action == "relaunch":
+        if not in_host:
+            return ("r relaunches a run from a host's view: open the host (Enter), pick "
+                    "the run (n / N), then press r")
+        if selected_run is None:
+            return f"no run on {host} to relaunch: none is configured or discovered"
+        return (f"{selected_run} is running: r relaunches a run that has stopped "
+                "(to restart it, end it first with K on its process)")
+    return ("no host selected" if host is None else
+            f"nothing to reap on {host}: no process holds VRAM without a live run")
