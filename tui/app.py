@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+from gpuwatch.remote.actions.verify import verify_until
 from gpuwatch.remote.config.schema import Config, HostConfig
 from gpuwatch.remote.findings.rules import evaluate
 from gpuwatch.remote.model.series import FLEET_POINTS, apply_budget
@@ -415,25 +416,26 @@ class GpuwatchApp(App[None]):
         # may need a poll or two to show its process.
         bound = (cfg.settings.connect_timeout + cfg.settings.command_timeout
                  + self.config.interval + 5)
-        verified = None
-        for _attempt in range(actions.VERIFY_POLLS):
+        feed = self.feed
+
+        async def fresh_poll() -> str | None:
             polled = self.wait_for_poll(host, after=time.time())
-            self.feed.poll_now(cfg)
+            feed.poll_now(cfg)
             try:
                 await asyncio.wait_for(polled.wait(), timeout=bound)
             except TimeoutError:
-                self.notify(f"no poll of {host} landed within {bound:.0f} s; not verified",
-                            title=title, severity="warning", timeout=10)
-                return
-            try:
-                verified = await actions.verify(plan, cfg, data.history, store=self.store)
-            except Exception as exc:
-                self.notify(f"could not verify: {exc}", title=title, severity="warning")
-                return
-            if verified.ok:
-                break
-            await asyncio.sleep(actions.VERIFY_PAUSE_S)
-        assert verified is not None
+                return f"no poll of {host} landed within {bound:.0f} s"
+            return None
+
+        try:  # the one verify loop (remote/actions/verify.py), as the action verbs verify
+            verified = await verify_until(plan, cfg, data.history, fresh_poll, store=self.store)
+        except Exception as exc:
+            self.notify(f"could not verify: {exc}", title=title, severity="warning")
+            return
+        if verified is None:
+            self.notify(f"no poll of {host} landed; not verified", title=title,
+                        severity="warning", timeout=10)
+            return
         self.notify(verified.message, title=f"{title}: verified" if verified.ok else title,
                     timeout=10, severity=("information" if verified.ok else
                                           "error" if verified.ok is False else "warning"))
