@@ -77,7 +77,7 @@ CREATE TABLE IF NOT EXISTS audit (   -- append-only: every action asked for, and
     message TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_host_at ON audit (host, at);
-CREATE TABLE IF NOT EXISTS launches (   -- issue 8: how a discovered run was started, to relaunch
+CREATE TABLE IF NOT EXISTS launches (   -- how a discovered run was started, to relaunch
     host TEXT NOT NULL, run TEXT NOT NULL,
     recorded_at REAL NOT NULL,           -- epoch s, this machine's clock
     launch TEXT NOT NULL,                -- JSON: cwd, argv, env, dropped names (no secret, U34)
@@ -373,7 +373,7 @@ class Store:
                 last_seen=r[9], cleared_at=r[10]))
         return out
 
-    # --- launches of discovered runs (issue 8) -------------------------------------------------
+    # --- launches of discovered runs -------------------------------------------------
     def save_launch(self, host: str, run: str, launch: Mapping[str, Any], at: float) -> None:
         """Record how a run was started (remote.discovered.LaunchRecord.to_json()), replacing
         the previous launch of that run. Secret-named variables never reach this (U34)."""
@@ -566,7 +566,7 @@ def _memory() -> sqlite3.Connection:
 
 def _connect(path: Path) -> sqlite3.Connection:
     fresh = not path.exists()
-    if fresh:  # issue 8: the store may hold how runs were started; keep it private
+    if fresh:  # the store may hold how runs were started; keep it private
         os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
     conn = sqlite3.connect(path, timeout=5.0, isolation_level="DEFERRED")
     try:

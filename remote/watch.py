@@ -39,7 +39,7 @@ def history_from_store(store: Store, host: HostConfig,
     history.curve_tags = {r.name: (r.loss_tag, r.eval_tag) for r in host.runs
                           if r.loss_tag or r.eval_tag}
     for name, (run_state, points) in store.runs(host.name).items():
-        if name in configured or is_discovered_state(run_state):  # issue 8: discovered too
+        if name in configured or is_discovered_state(run_state):  # discovered too
             series = RunSeries.from_state(name, run_state)
             if points:
                 series.restore_points(points)
@@ -84,7 +84,7 @@ def _judge(history: HostHistory, outcome: PollOutcome) -> HostReport:
 
 def runs_json(history: HostHistory, host: HostConfig) -> list[dict[str, Any]]:
     """The configured runs as the schema's run objects (a run never seen yet is `unknown`),
-    then the discovered ones (issue 8), by name; not a discovered "run" that is only what a
+    then the discovered ones, by name; not a discovered "run" that is only what a
     dead run left behind holding VRAM (its processes say `zombie`, gpu.vram_zombie what to
     do): the schema's statuses have no word for it, and "running" would be false."""
     now = history.snapshots[-1].taken_at if history.snapshots else None
@@ -101,7 +101,7 @@ def runs_json(history: HostHistory, host: HostConfig) -> list[dict[str, Any]]:
 
 
 def resume(collector: Collector, store: Store, host: HostConfig) -> None:
-    """Give the collector what an earlier run's collector carried for the host (issue 3: a
+    """Give the collector what an earlier run's collector carried for the host (a
     cron `--once` polls like a steady poll, not like a first one)."""
     state = store.host_state(host.name)
     if state is not None:
@@ -141,9 +141,7 @@ def remember(store: Store, outcome: PollOutcome, history: HostHistory | None = N
     store.record_poll(outcome.host.name, taken_at=outcome.ended_at, ok=True,
                       boot_id=snap.boot_id, doc=outcome.doc, gpu_rows=rows,
                       counters=carried or None)
-    record_launches(store, outcome.host.name, snap, outcome.ended_at)  # issue 8
-
-
+    record_launches(store, outcome.host.name, snap, outcome.ended_at)
 def opening_keys(host: HostConfig) -> list[str]:
     """Limiter keys of a host's connection: its sshd, and its jump host when there is one.
 

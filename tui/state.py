@@ -117,7 +117,7 @@ class HostData:
         return self.history.snapshots[-1] if self.history.snapshots else None
 
     def run_names(self) -> list[str]:
-        """The configured runs, then the discovered ones (issue 8: shown like configured)."""
+        """The configured runs, then the discovered ones (shown like configured)."""
         return [r.name for r in self.config.runs] + discovered_names(self.history.runs,
                                                                      self.config)
 

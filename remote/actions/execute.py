@@ -159,7 +159,7 @@ def _audit_command(plan: ActionPlan) -> str | None:
 def _record(store: Store | None, plan: ActionPlan, phase: str, outcome: ActionOutcome,
             label: str) -> None:
     """One audit row. Its text is escaped first (shown_bytes): SQLite takes only valid UTF-8,
-    and a path from the box need not be (issue 15: a row must never be lost to a file name)."""
+    and a path from the box need not be (a row must never be lost to a file name)."""
     if store is None:
         return
     command = _audit_command(plan)

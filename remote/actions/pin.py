@@ -1,4 +1,4 @@
-"""Pin a discovered run into the config (issue 8): one `[hosts.H.runs.R]` table, so the run
+"""Pin a discovered run into the config: one `[hosts.H.runs.R]` table, so the run
 gpuwatch found by itself becomes a configured one (its own name, paths, relaunch command).
 
 tomli-w cannot keep comments, so the new table is APPENDED as text to the file, which is left

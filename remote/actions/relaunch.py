@@ -64,7 +64,7 @@ def plan_relaunch(host: HostConfig, run_name: str, history: HostHistory,
     for a discovered run, when its framework's resume argument is known).
 
     A configured run is started from its config (`relaunch`, `workdir`, `process`). A run that
-    is not configured was discovered (issue 8): `launch` is how the store recorded it was
+    is not configured was discovered: `launch` is how the store recorded it was
     started while it was alive (discovered.recorded_launch); without one there is nothing to
     start."""
     run = _run_config(host, run_name)

@@ -92,7 +92,7 @@ def describe(exc):
 
 # ---------------------------------------------------------------- json and re, lazily
 # `json` imports `re`, and `re` imports `enum`: 9 ms of a bare python's 11 ms start, on every
-# poll (issue 3). A steady poll needs neither: JSON goes through the json module's own C
+# poll. A steady poll needs neither: JSON goes through the json module's own C
 # encoder and scanner (_json, there since Python 2.7; any python where it differs gets json
 # itself), and each pattern is compiled, importing re, only where a line may match it.
 

@@ -1,5 +1,5 @@
 """The reader of cgroup v1 files: sent unless the box said its cgroups are v2
-(bundle.CGROUP_V1, issue 3). The memory and cpu controllers live in their own hierarchies
+(bundle.CGROUP_V1). The memory and cpu controllers live in their own hierarchies
 there: memory.limit_in_bytes ("no limit" is V1_UNLIMITED_BYTES), memory.oom_control's
 oom_kill counter, cpu.cfs_quota_us over cpu.cfs_period_us, and cpu.stat's throttled_time
 (nanoseconds, given as v2's throttled_usec), read into what host.cgroup_v2 gives.

@@ -1,4 +1,4 @@
-"""Zero-config runs (issue 8): find the training runs on a box that nobody configured.
+"""Zero-config runs: find the training runs on a box that nobody configured.
 
 Runs ON the box inside the probe (shipped by the bundle like the event decoder): stdlib only,
 Python 3.6+, no ``from __future__``; how a run was started and its artifacts are found by
@@ -280,7 +280,7 @@ def groups_of(procs, seeds, matched, children, argv_of):
         if any(root in other for top, other in trees.items() if top != root):
             continue  # below another run's launcher (a shell between them stopped the climb)
         if any(p in matched for p in members):
-            continue  # issue 8 (4): it IS the configured run
+            continue  # it IS the configured run
         pids = sorted(p for p in members if procs[p]["state"] not in ("Z", "X"))
         if not pids:
             continue  # a defunct holder: the zombie rules' business, not a run

@@ -1,4 +1,4 @@
-"""What discovery (discover.py, issue 8) finds of a run besides its processes: how it was
+"""What discovery (discover.py) finds of a run besides its processes: how it was
 started (its environment, minus the login's variables and every secret-looking one, U34, U35;
 where its stdout goes; what detaches it) and its artifacts, searched by convention under the
 launcher's cwd within bounds; with discovery's limits and the helpers both use.

@@ -1,4 +1,4 @@
-"""The reader that sends event files' new records raw (issue 3): sent only to a poll that
+"""The reader that sends event files' new records raw: sent only to a poll that
 reads event files without the decoder (bundle.RAW_RECORDS).
 
 Python 3.6+, stdlib only: runs on the box (see probe.py).
@@ -10,7 +10,7 @@ base = sys.modules.get("gpuwatch_base") or __import__(__package__ + ".base", fro
 
 
 RAW_CAP = 24 * 1024
-"""Event-file bytes sent raw per poll, all files (issue 3): a poll whose probe carries no
+"""Event-file bytes sent raw per poll, all files: a poll whose probe carries no
 decoder (the client's steady state, modules_for) sends the new records as they are and the
 client decodes them; more than this, and the next poll ships the decoder."""
 

@@ -1,5 +1,5 @@
 """The probe's own glob (`import glob` pulls in re, 3.7 ms of a poll): sent only to a poll
-where a run's path has glob characters (bundle.GLOB, issue 3).
+where a run's path has glob characters (bundle.GLOB).
 
 Python 3.6+, stdlib only: runs on the box (see probe.py).
 """

@@ -1,5 +1,5 @@
 """The NVML reader: sent unless the last poll of the host said its python cannot import
-pynvml (bundle.NVML, issue 3).
+pynvml (bundle.NVML).
 
 Python 3.6+, stdlib only: runs on the box (see probe.py).
 """

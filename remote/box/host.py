@@ -195,7 +195,7 @@ def kernel_candidate(line):
 
 def collect_kernel(limits):
     """The kernel log's Xid and OOM lines, parsed (parse_kernel_log). The parser is sent only
-    where the last poll saw such lines (issue 3: most boxes have none, and it is an eighth of
+    where the last poll saw such lines (most boxes have none, and it is an eighth of
     the probe); a box that has some now without it sends them as they are ("raw", the newest
     RAW_KERNEL_LINES of "raw_total") and the client parses them with the same code."""
     code, out, err = base.run_bounded(["dmesg"], limits["dmesg_timeout_s"])

@@ -1,5 +1,5 @@
 """The parser of NVIDIA Xid and OOM kill lines: sent unless the last poll of the host saw
-no such line in its kernel log (bundle.KERNEL, issue 3); the client uses it too
+no such line in its kernel log (bundle.KERNEL); the client uses it too
 (model.snapshot) for lines a box sent raw.
 
 Python 3.6+, stdlib only: runs on the box (see probe.py).

@@ -1,5 +1,5 @@
 """The runs and discovered sections: configured runs, and discovery between searches
-(issue 3: the last discovery reused while the box's runs did not change).
+(the last discovery reused while the box's runs did not change).
 
 Python 3.6+, stdlib only: runs on the box (see probe.py).
 """
@@ -38,7 +38,7 @@ def collect_runs(request, limits, found):
 
 
 def collect_discovered(request, limits, found):
-    """Issue 8: the runs nobody configured, found by discover.py and read like configured ones
+    """The runs nobody configured, found by discover.py and read like configured ones
     (after them: they share the event budget)."""
     if "discovery" not in found:
         raise base.ProbeFailure("discovery needs the processes section")
@@ -60,7 +60,7 @@ def collect_discovered(request, limits, found):
                                            has_decoder)
 
 
-# -------------------------------- discovery between searches (issue 3)
+# -------------------------------- discovery between searches
 # The discover module was a quarter of what every poll sent up, half with the event decoder that
 # came with it (U15: each byte goes up every few seconds). The client sends it on a host's first
 # poll and when the probe asks for it; on the polls between, it sends back what the last

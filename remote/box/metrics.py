@@ -1,5 +1,5 @@
 """The readers of trainer_state.json, metrics CSV and JSONL files: sent only to a poll where
-a run names some or discovery may find them (bundle.METRICS, issue 3).
+a run names some or discovery may find them (bundle.METRICS).
 
 Python 3.6+, stdlib only: runs on the box (see probe.py).
 """

@@ -1,5 +1,5 @@
 """run_bounded for Pythons without os.posix_spawnp (3.6, 3.7, PyPy): sent only to them
-(bundle.POPEN, issue 3).
+(bundle.POPEN).
 
 Python 3.6+, stdlib only: runs on the box (see probe.py).
 """

@@ -23,8 +23,8 @@ Request (unknown keys are ignored):
      "deadline_s": float (the probe is done this long after it started, see arm_deadline),
      "want": {"gpus", "processes", "disks", "cgroup", "logind", "kernel", "runs", "nvml",
               "discover": bool},
-     "discovered_runs": [...] (issue 8, see discover.py: runs found earlier, to keep reading),
-     "discovery_reuse": {...} (issue 3: what the last discovery found, see discovery_cache),
+     "discovered_runs": [...] (see discover.py: runs found earlier, to keep reading),
+     "discovery_reuse": {...} (what the last discovery found, see discovery_cache),
      "run_cgroups": [path, ...] (the memory cgroups the runs lived in at the last poll, U41),
      "compress": bool}   (the request itself may come zlib-compressed)
     RUN = {"name": str, "process": str (argument words, see match_runs), "workdir": str
@@ -37,10 +37,10 @@ Request (unknown keys are ignored):
 
 Output: {"v": 1, "probe_s", "cpu_s", "errors": {section: message}, and the sections
 "host", "gpus", "processes", "disks", "cgroup", "logind", "kernel", "runs", "discovered"
-(issue 8: run objects as in "runs", each with a "discovered" object, see discover.py),
-"discovery": {"reuse": {...}} | {"need": "now" | "next", "why"} (issue 3, see
+(run objects as in "runs", each with a "discovered" object, see discover.py),
+"discovery": {"reuse": {...}} | {"need": "now" | "next", "why"} (see
 discovery_state)}. "gpus" also says "pynvml": whether this python imports it (the client sends
-the NVML reader only then, issue 3; absent when the request's want.nvml is false),
+the NVML reader only then; absent when the request's want.nvml is false),
 "pynvml_dir": the folder it imported from (the request's "pynvml_dir" next poll, see
 import_pynvml_from) and "nvml": why NVML was not used, when it was not. "host" says "spawn":
 whether this python has os.posix_spawnp (the client sends run_bounded_popen only where not).
@@ -151,7 +151,7 @@ def gather(request, doc=None):
     if base.want(request, "discover"):
         section("discovered", known_runs.collect_discovered, request, limits, found)
         state = found.get("discovery") or {}
-        if "cache" in state:  # issue 3: sent back by the next poll instead of the module
+        if "cache" in state:  # sent back by the next poll instead of the module
             doc["discovery"] = {"reuse": state["cache"]}
         elif "need" in state:
             doc["discovery"] = {"need": "now", "why": state["need"]}

@@ -260,7 +260,7 @@ def collect_processes(request, limits, gpu_pids, found):
         devices[pid] = held
     holders = [pid for pid in procs if isinstance(devices[pid], list) and devices[pid]]
     holders += [pid for pid in gpu_pids if pid in procs and pid not in holders]
-    if base.want(request, "discover"):  # issue 8: GPU holders grouped into runs (discover.py)
+    if base.want(request, "discover"):  # GPU holders grouped into runs (discover.py)
         found["discovery"] = base.load_module("known_runs").discovery_state(procs, holders,
                                                                             matched, request)
     seeds = holders + [pid for pid in matched if pid not in holders]

@@ -1,6 +1,6 @@
-"""Reading a run's cgroup counters, log and event files (issue 4): sent, with checkpoints.py,
+"""Reading a run's cgroup counters, log and event files: sent, with checkpoints.py,
 only to a poll that may read a run (a configured one, one that discovery remembers, or a
-discovery that may find one; bundle.RUN_FILES, issue 3, U15).
+discovery that may find one; bundle.RUN_FILES, U15).
 
 Python 3.6+, stdlib only: runs on the box (see probe.py).
 """
@@ -248,7 +248,7 @@ def read_event_file(path, st, offset, budget, limits):
         return entry
     try:
         tfevents = load_tfevents()
-    except ImportError:  # not sent with this poll: the records go as they are (issue 3)
+    except ImportError:  # not sent with this poll: the records go as they are
         return base.load_module("events").read_raw_records(entry, path, offset, st.st_size, budget)
     points, new_offset, errors, info = tfevents.read_scalars(
         path, offset, max_bytes=budget["bytes"], deadline_s=budget["deadline"])

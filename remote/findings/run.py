@@ -31,7 +31,7 @@ def run_dead(history: HostHistory) -> Iterable[Finding]:
         d = history.deaths.get(name)
         new = name in history.new_deaths
         if getattr(series, "discovery", None) is not None:
-            # issue 8: a process gpuwatch only discovered has no done marker, so a normal
+            # a process gpuwatch only discovered has no done marker, so a normal
             # exit looks like a kill: report it only with evidence of a death, as a warning
             if d is None or (d.cause in ("killed", "unknown")
                              and d.evidence.get("exit_code") is None):
@@ -62,7 +62,7 @@ def run_rank_dead(history: HostHistory) -> Iterable[Finding]:
     for name, d in history.rank_deaths.items():
         series = history.runs.get(name)
         if series is not None and getattr(series, "discovery", None) is not None:
-            continue  # issue 8: a discovered run's grouping is a guess; a rank may just end
+            continue  # a discovered run's grouping is a guess; a rank may just end
         survivors = d.evidence.get("survivors", [])
         yield Finding(
             "run.rank_dead", Severity.CRITICAL,

@@ -20,7 +20,7 @@ A "zombie holder" is one of:
   in the driver's list nor holding /dev/nvidiaN. Not signallable.
 
 Never a live run's process: a configured run with a process that is not itself left behind
-protects all its processes and their descendants (a run gpuwatch only discovered, issue 8,
+protects all its processes and their descendants (a run gpuwatch only discovered,
 protects nothing: its processes are judged like any other). Everything but ``defunct``
 needs the GPU idle (``idle_util_pct``) over ``sustain_polls`` snapshots (U21: never one
 snapshot), which also rules out a neighbour container's busy job and a process caught mid-exit,
@@ -107,7 +107,7 @@ def _protected(snap: HostSnapshot, table: Mapping[int, ProcessInfo],
     configured = {r.name for r in snap.runs if getattr(r, "discovered", None) is None}
     for sample in snap.runs:
         if sample.name not in configured:
-            continue  # issue 8's discovered runs are gpuwatch's guess, not the user's word
+            continue  # discovered runs are gpuwatch's guess, not the user's word
         for pid in sample.pids:
             if pid in table:
                 members.setdefault(sample.name, []).append(table[pid])
@@ -290,7 +290,7 @@ def _mem_used(snap: HostSnapshot, gpu: int) -> int:
 
 
 def left_behind_runs(history: HostHistory, holders: Iterable[ZombieHolder]) -> frozenset[str]:
-    """The discovered runs (issue 8) whose every live process is one of `holders`: an orphaned
+    """The discovered runs whose every live process is one of `holders`: an orphaned
     rank of a dead DDP job has a cwd and a script, so discovery groups it as a run, which read
     "running" beside the finding that it is a zombie (U11); and one whose processes gpuwatch
     reaped (RunSeries.reaped, kept in the store, so a cron `--once` after `gpuwatch reap`

@@ -1,4 +1,4 @@
-"""Zero-config runs on the client (issue 8): what the box's discovery found, remembered across
+"""Zero-config runs on the client: what the box's discovery found, remembered across
 polls, recorded in the store while alive, and turned back into a relaunch after a death.
 
 The box side is discover.py (in the probe). Here:

@@ -122,7 +122,7 @@ class HostHistory:
         before = self.snapshots[-1] if self.snapshots else None
         if before is not None and before.runs:
             # Its new points are in self.runs already: keep a token, not the columns, so 64
-            # snapshots of a run with a 2 GB event file do not hold it twice (issue 7's soak).
+            # snapshots of a run with a 2 GB event file do not hold it twice (the soak's lesson).
             self.snapshots[-1] = _without_scalars(before)
         self.snapshots.append(snapshot)
         self.failure = None

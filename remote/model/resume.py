@@ -1,4 +1,4 @@
-"""A discovered run's launch record turned back into a relaunch (issue 8): its argv resumed
+"""A discovered run's launch record turned back into a relaunch: its argv resumed
 from the latest checkpoint where the framework's convention is known (HF Trainer
 `--resume_from_checkpoint`, LightningCLI `--ckpt_path`) or a template says, secrets dropped."""
 

@@ -53,13 +53,13 @@ class RunState:
         self.box_time: float | None = None
         self.checkpoint_times: dict[str, float] = {}  # seen over history: rotation deletes old
         self.errors: Mapping[str, str] = {}
-        self.discovery: Discovery | None = None  # issue 8: a run nobody configured
+        self.discovery: Discovery | None = None  # a run nobody configured
         self.reaped = False
         """A discovered run whose only processes gpuwatch ended as VRAM zombies (a reap,
         actions.mark_reaped): gone, not a dead run (zombies.left_behind_runs), until it has
         processes again."""
         self.events_raw = False
-        """Issue 3: the next poll may go without the event decoder (the probe sends new records
+        """The next poll may go without the event decoder (the probe sends new records
         raw): an answer came, and no event file has more left than one poll sends raw."""
         self.progress: dict[str, Any] = {}
         """Seed 004: the framework's latest word on how far the run is (MetricsFile.progress,

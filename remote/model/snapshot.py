@@ -430,7 +430,7 @@ class RunSample:
     done: bool | None  # None: no done marker configured (or it could not be checked)
     done_mtime: float | None
     errors: Mapping[str, str]  # source ("log", "events", "metrics[0]", ...) → message
-    discovered: Discovery | None = None  # issue 8: a run nobody configured, how it was found
+    discovered: Discovery | None = None  # a run nobody configured, how it was found
     exit: ExitRecord | None = None  # a run gpuwatch relaunched: its wrapper's record
 
     @property
@@ -472,7 +472,7 @@ class HostSnapshot:
     poll_s: float | None = None  # set by the poller, which alone sees the whole round trip
     runs: tuple[RunSample, ...] = ()
     discovery_reuse: Mapping[str, Any] | None = None
-    """What the next poll sends back instead of the discover module (issue 3, probe.py)."""
+    """What the next poll sends back instead of the discover module (probe.py)."""
     discovery_need: str | None = None
     """"now" | "next": the probe could not reuse the last discovery, or a run's folder is due
     for a search: the client sends the discover module again, now or on the next poll."""

@@ -12,7 +12,7 @@ and each box plays its scenario:
 
 - ``demo-healthy``: a trainer that trains: GPU busy at full clock, loss going down, checkpoints;
   and on GPU 1 a second run, ``sft``, that the config does not name: gpuwatch finds it from the
-  GPU's process (issue 8), with its log, event files and checkpoints.
+  GPU's process, with its log, event files and checkpoints.
 - ``demo-capped``: the same, on a GPU capped to 250 W: util 100 % at ~37 % of max SM clock,
   power at the limit, ``sw_power_cap`` active (U21, U23).
 - ``demo-zombie``: a DDP job died; an orphaned rank 3 (a real process) still holds VRAM on GPU 3

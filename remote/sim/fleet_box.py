@@ -155,7 +155,7 @@ class DemoRun:
     relaunchable: bool = True
     env: Mapping[str, str] = field(default_factory=dict)
     configured: bool = True
-    """False: left out of the config, for gpuwatch to discover (issue 8)."""
+    """False: left out of the config, for gpuwatch to discover."""
 
     @property
     def log(self) -> Path:
@@ -229,7 +229,7 @@ class DemoBox:
                 relaunchable: bool = True, configured: bool = True) -> DemoRun:
         workdir = self.home / name
         workdir.mkdir(parents=True, exist_ok=True)
-        # a discovered run is named after its script (issue 8): sft.py is found as "sft"
+        # a discovered run is named after its script: sft.py is found as "sft"
         script = workdir / ("train.py" if configured else f"{name}.py")
         shutil.copyfile(TRAINER_SOURCE, script)
         run = DemoRun(name, workdir, gpu, script, tuple(trainer_args), relaunchable,

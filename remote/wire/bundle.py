@@ -42,7 +42,7 @@ RUN_FILES = "gpuwatch_runs"
 """The part of the probe that reads runs' files (runs.py and checkpoints.py): sent only to a
 poll that may read a run (modules_for; a quarter of the probe)."""
 RAW_RECORDS = "gpuwatch_events"
-"""The reader that sends event files' new records raw (events.py: read_raw_records, issue 3),
+"""The reader that sends event files' new records raw (events.py: read_raw_records),
 sent only to a poll that reads event files without the decoder."""
 NVML = "gpuwatch_gpus_nvml"
 """The probe's NVML reader (gpus_nvml.py): sent unless the last poll of the host said its
@@ -67,7 +67,7 @@ POPEN = "gpuwatch_popen"
 Python 3.6 and 3.7, PyPy; subprocess, 4 ms more CPU): sent unless the last poll of the host
 said its python has os.posix_spawnp."""
 PARTS = (("gpuwatch_tfevents", ("tfevents_proto", "tfevents")),
-         ("gpuwatch_discover", ("discover_found", "discover")),  # issue 8
+         ("gpuwatch_discover", ("discover_found", "discover")),
          ("gpuwatch_probe", CORE),
          (RUN_FILES, ("runs", "checkpoints")), (RAW_RECORDS, ("events",)), (METRICS, ("metrics",)),
          (GLOB, ("globs",)), (NVML, ("gpus_nvml",)), (POPEN, ("popen",)),
@@ -232,7 +232,7 @@ def reads_event_files(request: dict[str, Any]) -> bool:
 
 
 def decodes_event_files(request: dict[str, Any]) -> bool:
-    """Whether this poll needs the event decoder on the box (issue 3): a run names event files
+    """Whether this poll needs the event decoder on the box: a run names event files
     and its entry does not say "raw" (RunSeries.events_raw: a run's first poll, a first load
     or a growth larger than probe.RAW_CAP still going, a damaged record to resynchronise
     over). Without the decoder the probe sends the new records raw (probe.read_raw_records)
@@ -248,13 +248,13 @@ def _runs(request: dict[str, Any]) -> list[Any]:
 
 def modules_for(request: dict[str, Any]) -> tuple[str, ...]:
     """What a poll with this request needs on the box (the `parts` of payload). Discovery
-    (issue 8, a quarter of the upload) unless the request carries the last discovery for the
-    probe to reuse (issue 3, probe.reuse_discovery: on a box whose runs did not change, every
+    (a quarter of the upload) unless the request carries the last discovery for the
+    probe to reuse (probe.reuse_discovery: on a box whose runs did not change, every
     poll but the first); the probe's run files part when the request has runs or discovery
     may find some, and its glob where a run's path has glob characters; the event decoder
     when discovery may find event files this poll, or when a run's event files need it
     (decodes_event_files), else, where a run reads event files, the
-    probe's raw records part: in steady state their new records go raw (issue 3); the metrics
+    probe's raw records part: in steady state their new records go raw; the metrics
     readers where a run names metrics files or discovery may find some; the NVML reader unless
     the box said its python has no pynvml; the subprocess part unless the box said its python
     has os.posix_spawnp; the cgroup v1 reader unless the box said its cgroups are v2; the kernel

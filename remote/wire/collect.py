@@ -36,7 +36,7 @@ CARRIED_HINTS = ("nvidia_smi_reasons", "pynvml", "pynvml_dir", "spawn", "cgroup"
 RUN_CGROUPS = 8
 """The runs' cgroups a request names at most (the probe reads as many, probe.RUN_CGROUPS)."""
 NVML_RECHECK_S = 300.0
-"""A box whose python did not import pynvml is asked again this often (issue 3): pynvml
+"""A box whose python did not import pynvml is asked again this often: pynvml
 installed mid-run is read within five minutes, and the polls between skip site-packages."""
 
 
@@ -105,7 +105,7 @@ def build_request(host: HostConfig, hints: dict[str, Any] | None = None,
                           settings.command_timeout - max(1.0, settings.command_timeout / 10)),
         "compress": True,
         "runs": [run_request(r, (runs or {}).get(r.name)) for r in host.runs],
-        "discovered_runs": discovered_requests(host, runs),  # issue 8
+        "discovered_runs": discovered_requests(host, runs),
     }
     if hints:
         request.update(hints)
@@ -142,18 +142,18 @@ class Collector:
         self._clock = clock
         self._hints: dict[str, dict[str, Any]] = {}
         self._nvml_check_due: dict[str, float] = {}
-        """Per host whose python did not import pynvml: when to ask again (issue 3: the probe
+        """Per host whose python did not import pynvml: when to ask again (the probe
         then loads site-packages, which it otherwise skips)."""
         self._discovery: dict[str, dict[str, Any]] = {}
         """Per host, the last discovery, which the next poll sends back instead of the discover
-        module (issue 3, U15: with the event decoder it took, half of every poll's bytes up);
+        module (U15: with the event decoder it took, half of every poll's bytes up);
         the probe checks that it still holds."""
 
     def memory(self, host: HostConfig) -> dict[str, Any]:
         """What this collector carries from one poll of `host` to the next (what the box said
         of itself, its last discovery, when to ask about pynvml again), as plain JSON: the
         store keeps it, so that a cron `--once` sends what a steady poll sends, not a first
-        poll's everything (issue 3: 27.9 KB up, 11.7 KB steady)."""
+        poll's everything (27.9 KB up, 11.7 KB steady)."""
         name = host.name
         out: dict[str, Any] = {"of": [host.ssh, host.python]}
         hints = {k: v for k, v in self._hints.get(name, {}).items() if k in CARRIED_HINTS}
@@ -206,7 +206,7 @@ class Collector:
     def poll_local(self, host: HostConfig,
                    runs: Mapping[str, RunSeries] | None = None) -> PollOutcome:
         """poll() of a `local` host without an event loop: `--once` with one local host never
-        imports asyncio (issue 3: ~40 ms of its start-up)."""
+        imports asyncio (~40 ms of its start-up)."""
         assert host.is_local, host
         started_at = self._clock()
         try:
@@ -260,7 +260,7 @@ class Collector:
         if snapshot.nvidia_smi_reasons:
             self._hints.setdefault(host.name, {})["nvidia_smi_reasons"] = (
                 snapshot.nvidia_smi_reasons)
-        if snapshot.pynvml is not None:  # issue 3: the NVML reader goes only where it imports
+        if snapshot.pynvml is not None:  # the NVML reader goes only where it imports
             hints = self._hints.setdefault(host.name, {})
             hints["pynvml"] = snapshot.pynvml
             self._nvml_check_due[host.name] = started_at + NVML_RECHECK_S

@@ -206,7 +206,7 @@ def _section(doc: _Node, name: str, errors: dict[str, str]) -> _Node | None:
 
 def _kernel_section(doc: _Node, errors: dict[str, str]) -> _Node | None:
     """The kernel section. Where the box's probe came without its parser of Xid and OOM lines
-    (issue 3: sent only where the last poll saw some), the lines come raw and are parsed here
+    (sent only where the last poll saw some), the lines come raw and are parsed here
     by the same code (box/kernel_log.py, the probe's default limits)."""
     kernel = _section(doc, "kernel", errors)
     if kernel is None or kernel.data.get("raw") is None:
@@ -319,7 +319,7 @@ def _gpu_error(value: object, where: str) -> GpuError | None:
 
 
 def _discovery_note(doc: _Node) -> dict[str, Any]:
-    """The probe's word on its discovery (issue 3): the cache to send back, or the need for the
+    """The probe's word on its discovery: the cache to send back, or the need for the
     module. Malformed reads as absent: the next poll sends the module, which is always right."""
     note = doc.data.get("discovery")
     if not isinstance(note, dict):

@@ -3,7 +3,7 @@ under byte caps, the whole under a deadline, its process group killed when it ov
 
 `local` hosts poll through here (the probe's very command, DESIGN §2) and so do actions on them.
 It is blocking on purpose: `gpuwatch --once` with one `local` host never imports asyncio
-(~40 ms of a cron run's start-up here, with the ssl and logging it pulls in; issue 3), and the
+(~40 ms of a cron run's start-up here, with the ssl and logging it pulls in), and the
 event loop's callers take `run_async`, which runs it in a thread and kills the process group
 when the awaiting task is cancelled, so no cancelled poll leaves a probe behind.
 """

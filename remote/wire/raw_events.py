@@ -1,4 +1,4 @@
-"""Event-file records that a probe without the event decoder sent raw, decoded here (issue 3).
+"""Event-file records that a probe without the event decoder sent raw, decoded here.
 
 In steady state a poll's probe goes without the TensorBoard event decoder (probe_bundle.
 modules_for: about 4.6 KB of every poll's upload). The probe then walks each event file's

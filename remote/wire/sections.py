@@ -339,7 +339,7 @@ def _discovered(node: _Node) -> Discovery | None:
 
 
 def _discovered_runs(doc: _Node, errors: dict[str, str]) -> tuple[RunSample, ...]:
-    """Issue 8: the "discovered" section's runs (probe's discover.py), after the configured."""
+    """The "discovered" section's runs (probe's discover.py), after the configured."""
     value = doc.data.get("discovered")
     if isinstance(value, dict) and "error" in value:
         errors.setdefault("discovered", _Node(value, "discovered").get_str("error"))

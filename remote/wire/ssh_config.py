@@ -68,7 +68,7 @@ def _connect_kwargs(
 def _from_parsed(kwargs: dict[str, Any], resolved: _Resolved) -> dict[str, Any]:
     """The connection's kwargs, starting from the ssh config as _parsed read it rather than
     reading the file again: asyncssh parses the whole file on every connection (9 ms of client
-    CPU per poll with a 51-host config, as much as the rest of the poll; issue 3).
+    CPU per poll with a 51-host config, as much as the rest of the poll).
 
     The parsed options were made with no keys, no agent and no known_hosts (only to read the
     config), and asyncssh's options inherit every keyword of the options they start from: so

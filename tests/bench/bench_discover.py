@@ -1,12 +1,12 @@
-"""Discovery figures (issue 8): `.venv/bin/python -m pytest tests/bench/bench_discover.py -s`.
+"""Discovery figures: `.venv/bin/python -m pytest tests/bench/bench_discover.py -s`.
 
 A real process (this machine's /proc) holding a stand-in GPU, started in a project folder with a
 HuggingFace-like layout (events under runs/, outputs/checkpoint-N/) and N files of a dataset
 under data/. The probe runs as one poll runs it (sh -c, bundle on stdin, stand-in nvidia-smi on
 PATH) with discovery off, with discovery on as a first look (the folder searched), and on in
 the steady state (the client sends the run back: no search until discover_every_s has passed),
-with the discover module sent as before issue 3, and as now: the last discovery sent back for the
-probe to reuse instead.
+with the discover module sent on every poll (as it once was), and as now: the last discovery
+sent back for the probe to reuse instead.
 Prints the median probe_s the probe reports over several polls, the search's entries, time and
 what bound cut it, and the bytes sent and received. Nothing here asserts a wall time.
 """
@@ -118,7 +118,7 @@ def test_discovery_cost(tmp_path: Path, files: int) -> None:
         steady = [poll({**base, "discovered_runs": [remembered], "discovery_reuse": reuse}, env)
                   for _ in range(POLLS)]
         assert all("discovery" not in p[0] for p in steady)  # reused: no need for the module
-        rows.append(("steady, reused (issue 3)", steady, steady[-1][0]))
+        rows.append(("steady, reused", steady, steady[-1][0]))
         print(f"\n{files:,} files under the cwd ({root}), median of {POLLS} polls:")
         print(f"  {'':28} {'probe_s':>8} {'wall_s':>7} {'sent':>7} {'received':>9}  search")
         for label, polls, doc in rows:

@@ -209,8 +209,8 @@ def busy_box(root: Path) -> Box:
     (one GPU each, in the launcher's session and process group, as torch before 2.11 starts
     them), each with 2 dataloader workers forked from it (the NVIDIA fds inherited), in an HF
     style folder with a log, TensorBoard event files (tensorboardX) and checkpoints. Nobody
-    configured the run: discovery finds it (issue 8), and from the third poll on reuses what
-    it found (issue 3)."""
+    configured the run: discovery finds it, and from the third poll on reuses what
+    it found."""
     from gpuwatch.remote.sim.box import SimProcess, training_process
     from tensorboardX import SummaryWriter
 
@@ -306,7 +306,7 @@ two polls (40 records, ~2 KB a poll), read from the offset the last poll left.""
 
 
 def event_run_polls(tmp_path: Path, host: HostConfig) -> None:
-    """Issue 3: real polls of the box with a run whose event file grows between them. The
+    """Real polls of the box with a run whose event file grows between them. The
     decoder goes with the run's first poll only; after it, the new records go raw (the client
     decodes them) and the poll sends no decoder."""
     from gpuwatch.remote.model.series import RunSeries
@@ -418,7 +418,7 @@ def test_poll_figures(tmp_path: Path, box8: tuple[Box, SshdBox],
     cpu_s = statistics.mean(s.probe_cpu_s or 0.0 for s in snaps)
     command = probe_bundle.build_command("python3")
     request = build_request(host)
-    # before (issue 3): the event decoder and discovery went with every poll
+    # before: the event decoder and discovery went with every poll
     full_stdin = probe_bundle.build_stdin(request)
     trimmed = probe_bundle.build_stdin(steady_request, trim=True)  # what a steady poll sends
     full_own, _ = self_cpu(["/bin/sh", "-c", command], full_stdin, env, 30)
@@ -461,11 +461,11 @@ def test_poll_figures(tmp_path: Path, box8: tuple[Box, SshdBox],
                       ("a host whose run reads event files, steady",
                        RunConfig("r", process="train.py", events="/data/runs"))):
         # steady: the box said its python3 has no pynvml (this one's and most boxes' system
-        # python3), so no NVML reader goes (issue 3); the figure with it is printed too
+        # python3), so no NVML reader goes; the figure with it is printed too
         request = {**build_request(HostConfig("gpu1", "box1", runs=(run,))), **told,
                    "discovery_reuse": reuse, "pynvml": False, "want": {"nvml": False}}
         nvml = {**request, "pynvml": True, "want": {}}
-        if run.events:  # issue 3: steady, the run's state says its new records may go raw
+        if run.events:  # steady, the run's state says its new records may go raw
             before = up(nvml)
             request["runs"][0]["raw"] = True
         n, with_nvml = up(request), up(nvml)

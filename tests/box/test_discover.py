@@ -1,4 +1,4 @@
-"""Zero-config runs (issue 8), box side and client side, on fixture boxes and real files.
+"""Zero-config runs, box side and client side, on fixture boxes and real files.
 
 The probe runs as the SSH path runs it (the bundle on stdin); fixture /proc trees give it
 process trees (test_probe's 8-GPU box: a tty-bound `python train.py`, a torchrun under tmux

@@ -390,8 +390,8 @@ def test_compressed_output_is_the_same_document(box: Box):
 
 def steady_request(request: dict, env: dict[str, str]) -> dict:
     """The request of the polls after the first, as the client makes it: the runs discovery
-    found go back as remembered runs (issue 8), and what it found for the probe to reuse
-    instead of the discover module (issue 3)."""
+    found go back as remembered runs, and what it found for the probe to reuse
+    instead of the discover module."""
     from gpuwatch.remote.config.schema import HostConfig, RunConfig
     from gpuwatch.remote.findings.rules import HostHistory
     from gpuwatch.remote.model.discovered import discovered_requests
@@ -413,7 +413,7 @@ def test_steady_8_gpu_box_fits_the_8k_budget(box: Box):
     client asks for."""
     steady = steady_request(box_request(box), box.env())
     doc = run_probe(steady, box.env()).stdout
-    # 8.1 KB uncompressed since the kernel rows name their cgroup and its limit (issue 16);
+    # 8.1 KB uncompressed since the kernel rows name their cgroup and its limit;
     # what goes over the wire is compressed (the client asks for it), checked below
     assert len(doc) <= 9 * 1024 and json.loads(doc)["discovered"][0]["name"] == "evil-name-x"
     for rank in range(1, 8):
@@ -423,12 +423,12 @@ def test_steady_8_gpu_box_fits_the_8k_budget(box: Box):
     packed = run_probe({**steady, "compress": True}, box.env()).stdout
     assert len(json.loads(zlib.decompress(packed))["processes"]["procs"]["rows"]) == 48
     assert len(packed) <= 8 * 1024
-    # upstream: the first poll carries the probe, the event decoder and discovery (issue 8);
-    # the next ones the probe with its run files part only (issue 3; no run reads events);
-    # the probe's deadline (issue 15) took 0.8 KB of each; saying why the GPUs could not be
-    # read and their persistence mode (issue 21, 16) 0.45 KB; the metrics readers (sent where
+    # upstream: the first poll carries the probe, the event decoder and discovery;
+    # the next ones the probe with its run files part only (no run reads events);
+    # the probe's deadline took 0.8 KB of each; saying why the GPUs could not be
+    # read and their persistence mode (16) 0.45 KB; the metrics readers (sent where
     # discovery may find metrics) learnt Keras' CSV, nested JSONL, a glob's every file in
-    # order, over-long lines and the frameworks' end of training (issue 16) 1.2 KB of the
+    # order, over-long lines and the frameworks' end of training 1.2 KB of the
     # first; run identity by argv, cwd and descendants, and the runs' own cgroups 0.9 KB of
     # each (DESIGN's target: 20 KB up on a steady poll; 18.5 KB here)
     first, then = (len(build_stdin(r, trim=True)) for r in (box_request(box), steady))
@@ -566,7 +566,7 @@ def test_hung_nvidia_smi_is_killed_and_the_rest_stands(box: Box):
 
 def test_a_child_that_closes_its_output_and_lingers_is_killed_at_the_deadline(box: Box):
     """run_bounded waits for the exit, not only for the end of the output (the probe spawns
-    without subprocess, issue 3): a dmesg that shuts its stdout and stderr and sleeps on must
+    without subprocess): a dmesg that shuts its stdout and stderr and sleeps on must
     not hold the poll past its timeout."""
     box.tool("dmesg", f'echo $$ > "{box.root}/dmesg.pid"\nexec >/dev/null 2>&1\nexec sleep 60\n')
     started = time.monotonic()
@@ -594,7 +594,7 @@ def test_a_child_that_floods_both_streams_is_read_to_the_end(box: Box):
 def test_a_python_without_posix_spawnp_gets_the_subprocess_part(box: Box, tmp_path: Path):
     """Python 3.6, 3.7 and PyPy have no os.posix_spawnp: the probe runs nvidia-smi and dmesg
     through subprocess there, a part sent only where the box did not say it has posix_spawnp
-    (issue 3). One that lacks both says what is missing, and that it has none, so the next
+   . One that lacks both says what is missing, and that it has none, so the next
     poll sends the part. This python stands in for one without it (the function deleted
     before the bootstrap runs)."""
     python = tmp_path / "python-without-spawn"
@@ -623,7 +623,7 @@ def test_a_python_without_posix_spawnp_gets_the_subprocess_part(box: Box, tmp_pa
 
 
 def test_xid_lines_go_raw_without_the_parser_and_read_the_same(box: Box):
-    """Issue 3: the parser of Xid and OOM lines goes only where the last poll saw some; a box
+    """The parser of Xid and OOM lines goes only where the last poll saw some; a box
     that has some now without it sends the lines as they are, and the client parses them with
     the probe's own code: the same kernel events and counts as the box's parser gives."""
     from gpuwatch.remote.model.snapshot import HostSnapshot
@@ -795,7 +795,7 @@ def test_nvml_path_yields_the_nvidia_smi_shape(box: Box, tmp_path: Path):
 
 
 def test_the_nvml_reader_goes_only_where_pynvml_imports(box: Box, tmp_path: Path):
-    """Issue 3: most boxes' system python3 has no pynvml, so the NVML reader (~650 B of every
+    """Most boxes' system python3 has no pynvml, so the NVML reader (~650 B of every
     poll) goes only where the last poll said it imports; a box where it starts to import says
     so and is read through NVML from the next poll on."""
     def poll(request: dict, env: dict[str, str]) -> dict:
@@ -1101,7 +1101,7 @@ def test_process_patterns_match_arguments_and_both_sides_agree():
 
 
 def test_hand_parsers_agree_with_the_regular_expressions_they_replaced():
-    """Issue 3 took re off the probe's steady path: nvidia-smi's numbers and CSV headers are
+    """re is off the probe's steady path: nvidia-smi's numbers and CSV headers are
     parsed by hand. Against the expressions they replaced, on every string of a small
     alphabet up to 4 characters and on 20,000 random longer ones: the same answers."""
     import itertools
@@ -1136,7 +1136,7 @@ def test_hand_parsers_agree_with_the_regular_expressions_they_replaced():
 
 
 def test_json_without_the_json_module_writes_and_reads_what_json_does():
-    """Issue 3: the probe encodes and decodes through _json, json's own C half, so that a
+    """The probe encodes and decodes through _json, json's own C half, so that a
     steady poll imports neither json nor re (9 ms of a bare python's 11 ms start)."""
     doc = {"v": 1, "s": "naïve \"quoted\" \\ \n\t\u2028 \U0001f600", "n": [0, -1, 2 ** 63, 1.5,
            1e-7, 123456789.123, float("nan"), float("inf"), True, False, None],
@@ -1156,7 +1156,7 @@ def test_json_without_the_json_module_writes_and_reads_what_json_does():
 
 def test_a_steady_poll_imports_neither_json_nor_re(box: Box):
     """What a steady poll sends (no discovery, no decoder) runs without importing json, re,
-    subprocess or site on a box whose kernel log has no Xid or OOM line (issue 3)."""
+    subprocess or site on a box whose kernel log has no Xid or OOM line."""
     box.tool("dmesg", "echo '[    0.000000] Linux version 6.8.0-45-generic'\n"
                       "echo '[    0.045121] Memory: 2029476K/2096632K available'\n"
                       "echo '[    1.302214] Freeing unused kernel image (initmem) memory: 4K'\n")
@@ -1261,7 +1261,7 @@ def _without_docstrings(tree: ast.AST) -> str:
 
 @pytest.mark.parametrize("name", [name for name, _ in MODULES])
 def test_stripped_module_is_the_same_code(name: str):
-    """Comments, docstrings, blank lines and indentation go; the code is the same (issue 3)."""
+    """Comments, docstrings, blank lines and indentation go; the code is the same."""
     original = dict(MODULES)[name].read_text()
     stripped = strip_source(original)
     assert _without_docstrings(ast.parse(stripped)) == _without_docstrings(ast.parse(original))

@@ -1,4 +1,4 @@
-"""The probe bounds itself (issue 15, case 8): at the request's deadline_s it kills what it
+"""The probe bounds itself (case 8): at the request's deadline_s it kills what it
 started and prints what it read, whatever it was doing; on SIGTERM it kills what it started.
 
 Each probe runs as the client runs it (build_command, build_stdin) in a session of its own, so

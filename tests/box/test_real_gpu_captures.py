@@ -50,7 +50,7 @@ def devices(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 SINCE_CAPTURED = ("persistence_mode",)
-"""Fields the probe asks for since these captures were taken (issue 16: persistence mode). The
+"""Fields the probe asks for since these captures were taken (persistence mode). The
 real captures of every field (tests/data/captures exporter-captures, `persistence_mode` among
 them) hold their format; the next run of tests/device/run.sh on a lent GPU takes these again
 with them, and this tuple empties."""

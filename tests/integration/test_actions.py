@@ -759,7 +759,7 @@ async def test_a_kill_that_drops_the_ssh_connection_is_not_a_failure(rig: Rig) -
     assert audit(rig) == [("kill", "execute", "sent"), ("kill", "verify", "verified")]
 
 
-# ---------------------------------------------------------------- bytes, not text (issue 15)
+# ---------------------------------------------------------------- bytes, not text
 
 # Records its argv exactly as the kernel holds it (bytes, hex), then waits to be killed.
 ARGV_RECORDER = r'''
@@ -772,7 +772,7 @@ time.sleep(600)
 
 @pytest.mark.parametrize("detach", ["setsid", "tmux"])
 async def test_relaunch_from_a_checkpoint_whose_name_is_not_utf8(rig: Rig, detach: str) -> None:
-    """Issue 15 case 9: the folder's name travels as bytes, probe to box, unchanged; the audit
+    """The folder's name travels as bytes, probe to box, unchanged; the audit
     row is written (the name shown escaped); no launch script is left behind."""
     workdir = rig.root / "bytes"
     workdir.mkdir()
@@ -836,7 +836,7 @@ async def test_a_launch_script_cut_short_is_never_left_and_the_audit_says_why(ri
     assert "writing the launch script" in entry.message
 
 
-# ---------------------------------------------------------------- pidfds (issue 15, case 10)
+# ---------------------------------------------------------------- pidfds (case 10)
 
 def _have_pidfds() -> None:
     """This machine must have pidfds (Linux 5.3+, Python 3.9+) for the pidfd tests."""
@@ -919,7 +919,7 @@ def _sigterm_pending(pid: int) -> bool:
 
 def test_a_pid_reused_between_the_check_and_the_signal_is_not_hit(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 15 case 10, with a real pid reuse: the target dies and a new process takes its pid
+    """With a real pid reuse: the target dies and a new process takes its pid
     right after the box script checked the identity, before it signals. Through the pidfd
     opened before the check, the signal goes to the dead target (gone), not the newcomer."""
     from gpuwatch.remote.box import act as actions_box

@@ -1,4 +1,4 @@
-"""Issue 3: the discover module goes up only when a poll needs it (bytes up per poll, U15).
+"""The discover module goes up only when a poll needs it (bytes up per poll, U15).
 
 A host's first poll sends it; the answer carries what discovery found, and the following polls
 send that back instead of the module: the probe checks that discovery would find the same
@@ -272,7 +272,7 @@ def test_a_module_left_out_is_never_looked_for_on_the_box(rig: Rig, tmp_path: Pa
 
 
 def test_what_the_box_said_keeps_parts_it_does_not_need_off_the_wire(rig: Rig) -> None:
-    """Issue 3: the first poll sends every part the box might need; from the second on, what
+    """The first poll sends every part the box might need; from the second on, what
     it said (python 3.8+, cgroup v2, no Xid or OOM line in its kernel log) leaves the part for
     older Pythons, the cgroup v1 reader and the kernel log's parser behind. The first Xid
     after that comes raw and is read all the same, and brings the parser back."""
@@ -294,7 +294,7 @@ def test_what_the_box_said_keeps_parts_it_does_not_need_off_the_wire(rig: Rig) -
 
 def test_a_cron_once_resumes_what_the_last_run_learnt_from_the_store(
         rig: Rig, tmp_path: Path) -> None:
-    """Issue 3: each `--once` is a new process with a new Collector; what the last one learnt
+    """Each `--once` is a new process with a new Collector; what the last one learnt
     of the box (its discovery, python, cgroups, kernel log, pynvml) comes from the store, so
     the second run sends a steady poll's bytes, not a first poll's (and reads the same)."""
     from gpuwatch.remote.config.schema import Config

@@ -1,4 +1,4 @@
-"""Zero-config runs (issue 8) end to end: a real sshd on loopback, real training processes
+"""Zero-config runs end to end: a real sshd on loopback, real training processes
 started with `setsid nohup` from their own folders, `gpuwatch --once --json` run as a user runs
 it with a config that names only the host. Only the GPUs are stood in for (Box(real_proc=True):
 the stand-in nvidia-smi lists the real pids as VRAM holders and drops them when they exit).

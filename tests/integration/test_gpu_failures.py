@@ -1,4 +1,4 @@
-"""When the GPUs cannot be read, gpuwatch says so loudly (issue 21): a hung nvidia-smi, a
+"""When the GPUs cannot be read, gpuwatch says so loudly: a hung nvidia-smi, a
 driver/library version mismatch, an unloaded driver, no devices, a GPU fallen off the bus, and
 a box that lists fewer GPUs than it had, are each a finding with the fix in words, never
 "ok, no GPU" with exit 0.
@@ -222,7 +222,7 @@ def test_relaunch_is_refused_while_the_driver_is_mismatched(tmp_path: Path) -> N
 
 def test_persistence_mode_off_is_info_and_a_warning_when_the_query_is_slow(
         tmp_path: Path) -> None:
-    """Issue 16: without persistence mode every nvidia-smi re-initialises the GPUs; the finding
+    """Without persistence mode every nvidia-smi re-initialises the GPUs; the finding
     carries this poll's GPU query time, and is a warning when that time shows the cost."""
     box = Box(tmp_path / "box", h100_sxm(2))
     for i in range(2):

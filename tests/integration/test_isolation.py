@@ -1,4 +1,4 @@
-"""One host's garbage is that host's error (issue 15, cases 1, 6, 7): hostile documents beside a
+"""One host's garbage is that host's error (cases 1, 6, 7): hostile documents beside a
 good SSH host in one `--once`, a rule that breaks on a document, a store locked by another
 process, and a crash that must not read as a finding.
 

@@ -1,4 +1,4 @@
-"""`gpuwatch --once` end to end over a real OpenSSH sshd on loopback (issue 3's "Done when").
+"""`gpuwatch --once` end to end over a real OpenSSH sshd on loopback.
 
 gpuwatch runs as users run it: `python -m gpuwatch.tui.cli --once --json --config C` in a
 subprocess, HOME and XDG_STATE_HOME in a temporary folder, hosts named by ssh aliases of the

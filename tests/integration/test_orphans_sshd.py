@@ -1,4 +1,4 @@
-"""No process outlives its poll on the box (issue 15, case 8), over a real OpenSSH sshd.
+"""No process outlives its poll on the box (case 8), over a real OpenSSH sshd.
 
 sshd signals no non-tty command when its client goes: a probe that hangs, or a command of it
 that hangs, stays on the box after the client's command_timeout, one more every poll. Each

@@ -373,7 +373,7 @@ async def test_healthy_trainer_writes_events_tensorboard_reads(start_fleet: Star
     await wait_for(lambda: (outputs / "checkpoint-10").is_dir(), limit_s=15,
                    what="checkpoint-10")
     pid = demo.live[run.name][0]
-    sft = demo.runs[1]  # the run the config leaves out, for discovery (issue 8), on GPU 1
+    sft = demo.runs[1]  # the run the config leaves out, for discovery, on GPU 1
     assert not sft.configured and sft.name not in fleet_config_runs(fleet, "demo-healthy")
     await wait_for(lambda: demo.live.get(sft.name), limit_s=15, what="the sft trainer")
     apps = await compute_apps(fleet, "demo-healthy")
@@ -610,7 +610,7 @@ DEMO_FINDINGS = {  # what each box of the demo is there to show (README), and mu
 
 async def test_every_demo_scenario_raises_its_finding_within_a_minute(
         start_fleet: StartFleet, tmp_path: Path) -> None:
-    """Issue 16: the demo's disk box said "nothing wrong" beside a disk at 99% (its simulated
+    """The demo's disk box said "nothing wrong" beside a disk at 99% (its simulated
     /data was deduplicated with the real / by mount). Polled as `--once` polls (the same
     collector, judge and store), each scenario's finding must show, and the healthy box must
     raise nothing critical."""

@@ -136,7 +136,7 @@ async def test_proxyjump_from_the_ssh_config(sshd_box: SshdBox) -> None:
 async def test_a_connection_starts_from_the_parsed_config_not_a_new_reading(
     sshd_box: SshdBox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 3: asyncssh reads the whole ssh config on every connection (9 ms of client CPU
+    """Asyncssh reads the whole ssh config on every connection (9 ms of client CPU
     per poll with 51 hosts in it); the connection starts from the reading ssh._parsed keeps
     (keys, agent, known_hosts and bounds still apply: the tests around this one). A ProxyJump
     target still has its file read, for asyncssh's jump connection."""

@@ -491,7 +491,7 @@ async def test_modal_defers_rendering_until_it_closes() -> None:
 
 
 async def test_polls_do_not_pile_up_footer_key_widgets() -> None:
-    """Issue 7's soak: every poll asks for a bindings refresh. Textual's Footer rebuilt its keys
+    """The soak: every poll asks for a bindings refresh. Textual's Footer rebuilt its keys
     each time and kept every old key widget alive (Textual #6666): RSS grew ~3 MB a second.
     The footer is rebuilt only when its keys change, and dropped keys are released."""
     app = make_app()
@@ -558,7 +558,7 @@ async def test_overnight_the_store_is_shown_stale_before_the_first_poll(
 
 
 async def test_relaunch_of_a_discovered_run_plans_from_the_stores_launch_record() -> None:
-    """`r` on a run nobody configured (issue 8): the plan comes from how the store recorded it
+    """`r` on a run nobody configured: the plan comes from how the store recorded it
     was started; a configured run's never does."""
     from gpuwatch.remote.model.discovered import LaunchRecord
 
@@ -577,7 +577,7 @@ async def test_relaunch_of_a_discovered_run_plans_from_the_stores_launch_record(
 
 async def test_a_discovered_run_gets_a_tab_shows_what_was_found_and_p_pins_it(
         tmp_path: Path) -> None:
-    """Issue 8 in the TUI: a run nobody configured is a tab like a configured one (added when
+    """In the TUI, a run nobody configured is a tab like a configured one (added when
     it appears), the line under the tabs says what was found where (box text, never markup),
     and P writes it into the config."""
     from gpuwatch.remote.model.discovered import Discovery
@@ -633,7 +633,7 @@ async def test_a_discovered_run_gets_a_tab_shows_what_was_found_and_p_pins_it(
 
 
 def test_a_discovered_run_left_behind_as_a_zombie_is_shown_so_not_as_running() -> None:
-    """U11 with issue 8: findings mark a discovered run whose every process is a VRAM zombie
+    """U11 with discovered runs: findings mark a discovered run whose every process is a VRAM zombie
     as left behind (tests/test_findings.py); every place the TUI shows a run's status says
     so, with its own glyph, instead of the series' "running"."""
     from gpuwatch.remote.model.series import RunSeries

@@ -149,7 +149,7 @@ def test_relaunch_plan_refusals_and_describe() -> None:
 
 
 def test_relaunch_plan_of_a_discovered_run_from_its_launch_record() -> None:
-    """Not configured: the store's record of how it was started is the plan (issue 8)."""
+    """Not configured: the store's record of how it was started is the plan."""
     from gpuwatch.remote.model.discovered import LaunchRecord
 
     record = LaunchRecord(

@@ -76,7 +76,7 @@ def test_config_from_environment(tmp_path: Path) -> None:
 def test_interval_on_the_command_line_has_the_configs_range(value: str,
                                                              capsys: pytest.CaptureFixture[str]
                                                              ) -> None:
-    """Issue 15: --interval overrides the config's interval; it gets the same range."""
+    """--interval overrides the config's interval; it gets the same range."""
     from gpuwatch.tui.cli import command as cli
 
     with pytest.raises(SystemExit) as exit_info:

@@ -1,4 +1,4 @@
-"""The command line's rough edges (issue 18, item 9), each pinned: `init` with a path for a
+"""The command line's rough edges (item 9), each pinned: `init` with a path for a
 HOST, a starter whose example run is TOML when uncommented, `scalars --tag` that matches
 nothing, a lone run named by its folder, a refusal said once, `check` on each run's files."""
 

@@ -588,9 +588,9 @@ def test_every_threshold_is_documented() -> None:
 
 
 def test_a_discovered_run_that_is_only_a_zombie_reads_left_behind(tmp_path: Path) -> None:
-    """U11 with issue 8: the orphaned rank has a cwd and a script, so discovery groups it as a
-    run of its own; once it is a zombie holder that run reads "left behind" (not running) and
-    its own findings give way to gpu.vram_zombie, which says what to do."""
+    """U11 with discovered runs: the orphaned rank has a cwd and a script, so discovery groups
+    it as a run of its own; once it is a zombie holder that run reads "left behind" (not
+    running) and its own findings give way to gpu.vram_zombie, which says what to do."""
     w = orphaned_rank(tmp_path)
     found = [r.name for r in w.history.current.runs if 701 in r.pids]
     assert found and w.history.runs[found[0]].discovery is not None  # discovery's own run

@@ -47,7 +47,7 @@ def test_a_command_that_reads_no_stdin_does_not_hang_the_writer() -> None:
 
 
 def test_output_over_the_cap_is_cut_and_the_group_killed() -> None:
-    """10 MB of garbage (issue 3's fault matrix, here for `local`): at most the cap is kept,
+    """10 MB of garbage (the fault matrix, here for `local`): at most the cap is kept,
     reading stops past it, and nothing of the command is left running (`yes` never ends)."""
     result = local.run("echo $$ >&2; yes garbage-garbage-garbage", b"", 30, **CAPS)
     assert result.stdout_truncated and result.exit_status is None

@@ -127,7 +127,7 @@ def python_in(home: Path, code: str) -> subprocess.CompletedProcess[str]:
 
 def test_once_does_not_import_textual_or_asyncssh_for_local_hosts(tmp_path: Path) -> None:
     """Nor asyncio (with the ssl and logging it pulls in): local hosts poll without an event
-    loop (issue 3: a cron run's start-up)."""
+    loop (a cron run's start-up)."""
     code = ("import sys\nfrom gpuwatch.tui.cli.command import run\n"
             "rc = run(['--once', 'local'])\n"
             "bad = [m for m in ('textual', 'asyncssh', 'plotext', 'textual_plotext', "
@@ -154,7 +154,7 @@ def test_several_local_hosts_are_polled_at_once(tmp_path: Path) -> None:
 
 
 def test_the_collector_is_off_only_for_start_up(tmp_path: Path) -> None:
-    """main() turns the cyclic garbage collector off for the imports (issue 3: ~20 ms of a
+    """main() turns the cyclic garbage collector off for the imports (~20 ms of a
     cron run) and the command turns it back on, with start-up's objects frozen, before its
     work: a poll of many hosts must not run without it."""
     code = ("import gc, sys\nfrom gpuwatch.tui import cli\n"

@@ -1,4 +1,4 @@
-"""Issue 3: event-file records sent raw by a probe without the decoder, decoded on the client.
+"""Event-file records sent raw by a probe without the decoder, decoded on the client.
 
 The raw path (probe.read_raw_records on the box, raw_events.decode_raw_entry here) must give
 exactly the entry the decoder path (probe.read_event_file with tfevents on the box) gives for

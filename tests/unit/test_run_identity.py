@@ -1,4 +1,4 @@
-"""Issue 16, part 1: a run is its own processes, not every command line that holds a word.
+"""A run is its own processes, not every command line that holds a word.
 
 Real processes on this machine (its real /proc; only the GPUs are stood in for, Box(real_proc=
 True), the stand-in nvidia-smi listing the real pids while they live), polled by the real probe

@@ -287,7 +287,7 @@ def test_jsonl_partial_last_line_is_completed_later(workdir: Path):
 
 
 def test_the_metrics_readers_go_only_to_polls_that_read_metrics(workdir: Path):
-    """Issue 3: the readers of trainer_state.json, CSV and JSONL (1.3 KB of a poll's upload)
+    """The readers of trainer_state.json, CSV and JSONL (1.3 KB of a poll's upload)
     go only where a run names metrics files or discovery may find some; a probe that lacks
     them when a run names some says so in that source and reads the rest."""
     (workdir / "metrics.jsonl").write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2}\n')

@@ -195,7 +195,7 @@ def test_run_series_offsets_restarts_and_json():
     a = event_file("/w/runs/events.out.tfevents.1.a", T0,
                    [(s, 1.0, T0 + s) for s in range(100)], offset=4000)
     run.update(sample((1,), files=(a,)), T0 + 100)
-    assert run.request_state() == {"offsets": {a.path: 4000}, "raw": True}  # issue 3
+    assert run.request_state() == {"offsets": {a.path: 4000}, "raw": True}
     b = event_file("/w/runs/events.out.tfevents.2.b", T0 + 500,
                    [(s, float("nan") if s == 90 else 2.0, T0 + 500 + s) for s in range(40, 91)],
                    offset=900)
@@ -253,7 +253,7 @@ def test_run_request_resolves_paths_and_carries_state():
 
 
 def test_events_raw_only_while_nothing_big_is_left():
-    """Issue 3: the next poll may go without the event decoder once an answer came and no event
+    """The next poll may go without the event decoder once an answer came and no event
     file has more left than the probe sends raw; a pending read (a budget, the raw cap, a
     damaged length) asks for the decoder again."""
     run = RunSeries("r")

@@ -196,7 +196,7 @@ def split_verb(argv: Sequence[str]) -> tuple[str | None, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     # The command's imports build tens of thousands of objects and no garbage; the cyclic
-    # collector's passes over them took ~20 ms of a `--once` here (issue 3). Each command turns
+    # collector's passes over them took ~20 ms of a `--once` here. Each command turns
     # it back on where its real work starts (common.started).
     gc.disable()
     sys.exit(run(sys.argv[1:] if argv is None else argv))

@@ -62,7 +62,7 @@ class OnceResult:
 def run_once(config: Config, store: Store, *, accept_new_host_keys: bool = False,
              hosts: Sequence[HostConfig] | None = None) -> OnceResult:
     """One poll of every host, judged, remembered. One `local` host alone is polled without
-    an event loop (a cron run's start-up does without asyncio, issue 3); otherwise all at
+    an event loop (a cron run's start-up does without asyncio); otherwise all at
     once on one (several local hosts too: each waits in a thread, so the run takes the
     longest of their deadlines, not their sum)."""
     hosts = list(config.hosts if hosts is None else hosts)
@@ -105,7 +105,7 @@ def _conclude(store: Store, collector: Collector, histories: dict[str, HostHisto
               outcomes: Sequence[PollOutcome]) -> OnceResult:
     reports = []
     unsaved: dict[str, str] = {}
-    """Host → why its poll was not saved. The report stands either way (issue 15: a store
+    """Host → why its poll was not saved. The report stands either way (a store
     locked by another process took the whole report down)."""
     locked: str | None = None
     for outcome in outcomes:

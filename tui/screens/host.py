@@ -211,7 +211,7 @@ class HostScreen(Screen[None]):
                                      "no run configured or discovered yet" if run is None
                                      else "no log lines yet")
         tabs = self.query_one(Tabs)
-        for name in data.run_names():  # a run discovered since: one more tab (issue 8)
+        for name in data.run_names():  # a run discovered since: one more tab
             if name not in self._tab_names:
                 self._tab_names.append(name)
                 tabs.add_tab(Tab(Text(visible(name)), id=f"run-{len(self._tab_names) - 1}"))
@@ -332,7 +332,7 @@ class HostScreen(Screen[None]):
         self.query_one(Tabs).active = f"run-{(index + delta) % len(names)}"
 
     def action_pin(self) -> None:
-        """Write the selected discovered run into the config as a configured run (issue 8)."""
+        """Write the selected discovered run into the config as a configured run."""
         d = self.data.discovery(self.selected_run)
         if d is None or self.gw.readonly:
             return

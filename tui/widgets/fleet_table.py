@@ -286,7 +286,7 @@ class FleetTable(DataTable[Text]):
         """Each run's name and status glyph; narrow: the glyphs alone (the host view names
         them)."""
         text = Text()
-        for i, name in enumerate(data.run_names()):  # configured, then discovered (issue 8)
+        for i, name in enumerate(data.run_names()):  # configured, then discovered
             status = data.run_status(name)
             if i and not glyphs_only:
                 text.append(" ")

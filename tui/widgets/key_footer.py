@@ -5,7 +5,7 @@ Footer answers every such refresh by recomposing: a new FooterKey widget per key
 binds `compact` to the footer (`data_bind`), which leaves a watcher entry on the footer that
 Textual only prunes when `compact` changes, which it never does (Textual issue #6666). So each
 old key widget, styles and caches included, stayed alive: at two polls a second plus 64 hosts
-every 10 s that was ~190 leaked widgets a second, the whole of issue 7's growing RSS.
+every 10 s that was ~190 leaked widgets a second, the whole of the soak's growing RSS.
 
 Here a refresh recomposes only when what the footer shows (each key, its label, enabled or
 not) differs from what it shows now, and after a recompose the watcher entries of key widgets
