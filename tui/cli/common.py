@@ -42,7 +42,8 @@ def internal_error(exc: BaseException, doing: str) -> int:
 
 def load(args: argparse.Namespace) -> Config:
     """The config with the command line applied: hosts named, --interval, --readonly."""
-    from gpuwatch.remote.config.schema import load_config, select_hosts
+    from gpuwatch.remote.config.load import load_config
+    from gpuwatch.remote.config.schema import select_hosts
 
     config = select_hosts(load_config(args.config), list(args.hosts))
     if args.interval:

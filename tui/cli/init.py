@@ -26,7 +26,7 @@ def run_verb(args: argparse.Namespace) -> int:
               f"--config {shlex.quote(paths[0])}{' ' + others if others else ''}",
               file=sys.stderr)
         return EXIT_USAGE
-    from gpuwatch.remote.config.schema import find_config, load_file
+    from gpuwatch.remote.config.load import find_config, load_file
     from gpuwatch.remote.config.starter import write_starter
 
     path, _ = find_config(args.config)

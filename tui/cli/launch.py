@@ -40,7 +40,7 @@ def run_demo(args: argparse.Namespace) -> int:
     lives with the fleet's files, so a demo never mixes into the person's own history."""
     import asyncio
 
-    from gpuwatch.remote.config.schema import load_file
+    from gpuwatch.remote.config.load import load_file
     from gpuwatch.remote.sim.fleet import DemoFleet
     from gpuwatch.remote.store import Store
     from gpuwatch.tui.app import build_app

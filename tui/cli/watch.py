@@ -169,7 +169,7 @@ WantedBy=default.target
 
 
 def install_service(args: argparse.Namespace) -> int:
-    from gpuwatch.remote.config.schema import find_config
+    from gpuwatch.remote.config.load import find_config
 
     config_path, _ = find_config(args.config)
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
