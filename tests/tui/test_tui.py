@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import tui_fixtures as fx
 from gpuwatch.remote.actions import plan as actions
+from gpuwatch.remote.actions import verify as verify_module
 from gpuwatch.remote.config.schema import Config, HostConfig
 from gpuwatch.remote.findings.rules import HostHistory, Severity
 from gpuwatch.remote.model.series import MAX_POINTS, MIN_POINTS, points_share
@@ -240,8 +241,15 @@ def fake_execute(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
         calls.append(("verify", plan))
         return actions.ActionOutcome(True, f"verified {plan.kind} on {plan.host}")
 
+    def verdict(plan: Any, history: Any) -> actions.ActionOutcome:
+        return actions.ActionOutcome(True, f"verified {plan.kind} on {plan.host}")
+
     monkeypatch.setattr(actions, "execute", execute)
     monkeypatch.setattr(actions, "verify", verify)
+    # the one verify loop (actions/verify.py verify_until) judges each fresh poll with its
+    # _verdict and audits the last one with its verify
+    monkeypatch.setattr(verify_module, "_verdict", verdict)
+    monkeypatch.setattr(verify_module, "verify", verify)
     return calls
 
 
