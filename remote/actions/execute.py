@@ -20,7 +20,7 @@ from ..store import Store
 from ..wire.bundle import build_command, strip_source
 from .relaunch import quote_path
 from .types import (
-    BOX_SCRIPT,
+    BOX_SCRIPTS,
     MAX_STDERR,
     MAX_STDOUT,
     SETTLE_S,
@@ -35,7 +35,8 @@ from .types import (
 
 @functools.cache
 def _compressed_script() -> bytes:
-    source = strip_source(BOX_SCRIPT.read_text(encoding="utf-8")) + "main()\n"
+    source = "".join(strip_source(path.read_text(encoding="utf-8")) for path in BOX_SCRIPTS)
+    source += "main()\n"
     return zlib.compress(source.encode("utf-8"), 9)
 
 

@@ -11,7 +11,7 @@ is the plain text of the confirmation. `execute()` sends it; `verify()` judges a
 
 Rules this module keeps:
 
-- Identity before every signal. The box-side script (actions_box.py, stdlib, Python 3.6+, sent
+- Identity before every signal. The box-side script (box/act.py, stdlib, Python 3.6+, sent
   over stdin like the probe) re-reads /proc/sys/kernel/random/boot_id and /proc/PID/stat's start
   time in the same call that signals; a reused pid or a rebooted box is refused there and then.
   Where the box has pidfds (Linux 5.3+, Python 3.9+) it opens the pid first, checks, and signals
@@ -49,7 +49,7 @@ from .execute import (
 )
 from .relaunch import fill_command, plan_relaunch, quote_path
 from .types import (
-    BOX_SCRIPT,
+    BOX_SCRIPTS,
     DETACH_SERVERS,
     SIGNALS,
     ActionError,
@@ -134,7 +134,7 @@ def plan_reap(host: HostConfig, history: HostHistory) -> ActionPlan:
 
 
 __all__ = [
-    "BOX_SCRIPT", "VERIFY_PAUSE_S", "VERIFY_POLLS", "_STATUS_TEXT", "ActionError", "ActionKind",
+    "BOX_SCRIPTS", "VERIFY_PAUSE_S", "VERIFY_POLLS", "_STATUS_TEXT", "ActionError", "ActionKind",
     "ActionOutcome", "ActionPlan", "FreshPoll", "LaunchSpec", "ProcessTarget", "_failed_on_box",
     "_result_line", "_via_line", "build_stdin", "execute", "fill_command", "mark_reaped",
     "plan_kill", "plan_reap", "plan_relaunch", "quote_path", "verify", "verify_until",

@@ -23,7 +23,10 @@ DEFAULT_LOG = "gpuwatch-relaunch.log"
 SETTLE_S = 1.0
 """How long the box watches a relaunched run before saying it started (an exit at once, e.g. a
 typo in the command, is reported then rather than at the next poll)."""
-BOX_SCRIPT = Path(__file__).parent.parent / "box" / "act.py"
+BOX_SCRIPTS = tuple(Path(__file__).parent.parent / "box" / name
+                    for name in ("act_proc.py", "act_launch.py", "act.py"))
+"""The action script's files, sent to the box as one script in this order: each defines what
+the next ones use (on the client they import it; on the box there is no package)."""
 MAX_STDOUT = 1024 * 1024
 MAX_STDERR = 64 * 1024
 

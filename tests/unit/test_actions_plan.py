@@ -213,13 +213,16 @@ async def test_verify_relaunch_refuses_a_tty_bound_run() -> None:
 
 
 def test_box_script_is_python_36_syntax() -> None:
-    path = actions.BOX_SCRIPT
-    compile(path.read_text(), "actions_box.py", "exec")
+    """Every file of the action script (sent as one, types.BOX_SCRIPTS), act.py among them."""
+    paths = actions.BOX_SCRIPTS
+    assert {p.name for p in paths} >= {"act.py", "act_launch.py", "act_proc.py"}
+    for path in paths:
+        compile(path.read_text(), path.name, "exec")
     vermin = Path(sys.executable).with_name("vermin")
     if not vermin.exists():
         missing("vermin is not installed (pip install -e .[test])")
-    done = subprocess.run([str(vermin), "-t=3.6-", "--no-tips", "--violations", str(path)],
-                          capture_output=True, text=True)
+    done = subprocess.run([str(vermin), "-t=3.6-", "--no-tips", "--violations",
+                           *map(str, paths)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
 
 

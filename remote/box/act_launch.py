@@ -1,0 +1,396 @@
+"""The relaunch op of the action script (act.py says what it is asked and answers): refuse
+while a copy of the run is alive, else start the command detached (tmux, or setsid + nohup)
+through a private launch script that records how the run ended.
+
+Stdlib only, Python 3.6+, as act.py. Sent to the box after act_proc.py and before act.py, as one
+script (actions/types.py BOX_SCRIPTS): there is no package on the box, and the names imported
+below are already defined by act_proc.py's source, sent ahead of this one."""
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+
+if __package__:  # imported on the client; on the box act_proc.py came ahead in the one script
+    from .act_proc import PROCFS, all_stats, own_family, proc_stat
+
+SHELLS = ("sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox", "fish", "tcsh", "csh")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# The login's own variables (as in discover.py; each box script is sent alone): a detached
+# run does not inherit the SSH session that started it (U34).
+SESSION_NAMES = ("TERM", "STY", "DISPLAY", "SHLVL", "PWD", "OLDPWD", "_", "WINDOW",
+                 "TERMCAP", "COLUMNS", "LINES", "MAIL")
+SESSION_PREFIXES = ("SSH_", "TMUX", "XDG_SESSION_")
+
+
+def fs_bytes(text: str) -> bytes:
+    """A path or command line as the box's bytes. The probe reads names with the box's file
+    system encoding and surrogateescape, so a name that is not UTF-8 travels as lone
+    surrogates; os.fsencode gives back its very bytes. Text the box's encoding cannot hold (a
+    UTF-8 name from the config on a 3.6 box in the C locale, whose encoding is ASCII) is UTF-8,
+    with any surrogates still their bytes. Raises UnicodeEncodeError for a lone surrogate that
+    no byte stands for (not from a file name)."""
+    try:
+        return os.fsencode(text)
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape")
+
+
+def fs_text(raw: bytes) -> str:
+    """The inverse of fs_bytes, for the JSON answer (never fails)."""
+    return os.fsdecode(raw)
+
+
+def cmdline_bytes(pid: int) -> "list":
+    try:
+        with open(os.path.join(PROCFS, str(pid), "cmdline"), "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return []
+    return [a for a in raw.rstrip(b"\0").split(b"\0") if a]
+
+
+def cmdline(pid: int) -> "list":
+    return [a.decode("utf-8", "replace") for a in cmdline_bytes(pid)]
+
+
+# ---------------------------------------------------------------- relaunch
+
+def argv_match(argv: "list", words: "list") -> "list | None":
+    """The probe's match (probe.argv_match, the same rule: keep them one): the arguments of
+    argv where the words of a run's `process` stand in a row, each the word or ending in
+    "/" + it; one argument only (a title rewritten in place) is read word by word."""
+    if len(argv) == 1:
+        argv = argv[0].split()
+    n = len(words)
+    for i in range(len(argv) - n + 1):  # no zip(strict=): Python 3.6 on the box
+        if all(argv[i + j] == w or argv[i + j].endswith("/" + w) for j, w in enumerate(words)):
+            return argv[i:i + n]
+    return None
+
+
+def within(path: bytes, root: bytes) -> bool:
+    return path == root or path.startswith(root.rstrip(b"/") + b"/")
+
+
+def in_run_folder(pid: int, args: "list", workdir: bytes, exact: bool) -> bool:
+    """The probe's in_folder: the process's cwd is the run's folder (exact: a discovered run,
+    whose folder is its launcher's cwd) or under it, or, not exact, the argument that matched
+    names a file in it. Compared as the box's bytes, the folder with its symlinks resolved
+    (as /proc shows a cwd) and as written."""
+    roots = {os.path.realpath(workdir), os.path.normpath(os.path.abspath(workdir))}
+    cwd = read_cwd(pid)
+    if cwd is not None and (cwd in roots if exact else any(within(cwd, r) for r in roots)):
+        return True
+    if exact:
+        return False
+    for arg in args:
+        raw = fs_bytes(arg)
+        if b"/" in raw and (cwd is not None or raw.startswith(b"/")):
+            path = os.path.normpath(os.path.join(cwd or b"/", raw))
+            if any(within(path, r) for r in roots):
+                return True
+    return False
+
+
+def expand(path: bytes, base: bytes) -> bytes:
+    path = os.path.expanduser(path)
+    return path if os.path.isabs(path) else os.path.join(base, path)
+
+
+def open_fds_to(pid: int, paths: "set") -> "list":
+    """Which of paths (bytes) pid has open."""
+    fd_dir = fs_bytes(os.path.join(PROCFS, str(pid), "fd"))
+    hits = []  # type: list
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return hits
+    for name in names[:4096]:
+        try:
+            target = os.readlink(os.path.join(fd_dir, name))
+        except OSError:
+            continue
+        if target in paths:
+            hits.append(target)
+    return hits
+
+
+def still_running(req: dict, workdir: bytes) -> "str | None":
+    """Why the run must not be started again now, or None (U2: a shell mid-script too).
+    Paths compared as bytes: a script or folder whose name is not UTF-8 is still found."""
+    words = str(req.get("process") or "").split()
+    scripts = {}
+    for word in req.get("scripts") or []:
+        path = os.path.realpath(expand(fs_bytes(str(word)), workdir))
+        if os.path.isfile(path) and not is_binary(path):  # an interpreter is not a script
+            scripts[path] = str(word)
+    family = own_family()
+    for pid, st in sorted(all_stats().items()):
+        if pid in family or st["state"] in ("Z", "X"):
+            continue
+        raw_argv = cmdline_bytes(pid)
+        argv = [a.decode("utf-8", "replace") for a in raw_argv]
+        text = " ".join(argv)
+        args = argv_match([a.decode("utf-8", "surrogateescape") for a in raw_argv],
+                          words) if words else None
+        if args is not None and in_run_folder(pid, args, workdir, bool(req.get("in_workdir"))):
+            return (f"run {req.get('run')} is still running: pid {pid} ({text[:200]}) "
+                    f"matches its process pattern {req.get('process')!r} in "
+                    f"{fs_text(workdir)}")
+        if not scripts:
+            continue
+        held = open_fds_to(pid, set(scripts))
+        is_shell = os.path.basename(argv[0]) if argv else ""
+        if is_shell in SHELLS or st["comm"] in SHELLS:
+            cwd = read_cwd(pid)  # unreadable (another user's): only an absolute path counts
+            for arg in raw_argv[1:]:
+                if cwd is None and not arg.startswith((b"/", b"~")):
+                    continue
+                resolved = os.path.realpath(expand(arg, cwd or b"/"))
+                if resolved in scripts:
+                    held.append(resolved)
+        if held:
+            return (f"{scripts[held[0]]} is being executed by pid {pid} ({text[:200]}): a "
+                    "shell reads a script as it goes, so starting it again now risks a "
+                    "duplicate run (U2); end that process first")
+    return None
+
+
+def is_binary(path: bytes) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == b"\x7fELF"
+    except OSError:
+        return True
+
+
+def read_cwd(pid: int) -> "bytes | None":
+    try:
+        return os.readlink(fs_bytes(os.path.join(PROCFS, str(pid), "cwd")))
+    except OSError:
+        return None
+
+
+EXIT_RECORD_DIR = ".gpuwatch"
+
+
+def exit_record_path(workdir: str, run: str) -> str:
+    """Where the launch wrapper records how a relaunched run ended: a file named for the run in
+    a .gpuwatch folder of its workdir (the probe reads it there; series.exit_record_path is the
+    client's copy of this rule, which a test holds equal)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run)[:80] or "run"
+    return f"{workdir.rstrip('/')}/{EXIT_RECORD_DIR}/exit-{safe}.json"
+
+
+def launch_script(script_path: str, req: dict, workdir: bytes, log: bytes) -> bytes:
+    """The private script the detached shell runs: it removes itself first (sh keeps it open,
+    so nothing can edit it under the running shell, U2), then sets everything up. Bytes: a
+    path in it that is not UTF-8 reaches the shell as its very bytes.
+
+    It wraps the command (seed 004, U3): the command runs in a subshell (an `exit` in it ends
+    only that), this shell waits for it and writes its exit status to the run's exit record,
+    so that how a run gpuwatch started ended is known, not guessed: 0 finished, 128+N killed
+    by signal N, anything else exited N. The last launch's record is removed first. The
+    wrapper catches INT, TERM and HUP (a handler, not an ignore: the command still gets the
+    default ones) so that a signal to the whole group still leaves it to write the record."""
+    q = shlex.quote
+    text = fs_text(workdir)
+    record = exit_record_path(text, str(req.get("run") or "run"))
+    lines = [f"rm -f -- {q(script_path)}"]
+    for name, value in sorted((req.get("env") or {}).items()):
+        lines.append(f"export {name}={q(str(value))}")
+    lines.append("export PYTHONUNBUFFERED=1")  # U43: a detached run's log must not stall
+    lines.append(f"cd -- {q(text)} || exit 1")
+    lines.append(f"mkdir -p -- {q(os.path.dirname(record))} 2>/dev/null; "
+                 f"rm -f -- {q(record)}")
+    lines.append("trap : INT TERM HUP")
+    # The command's own stdin and output, not this shell's: under tmux the shell must keep the
+    # pane's terminal open, or tmux takes the pane for dead and hangs it up (SIGHUP).
+    lines += ["(", str(req["command"]), ") </dev/null >>" + q(fs_text(log)) + " 2>&1"]
+    run_json = json.dumps(str(req.get("run") or "run"))
+    lines += ["gpuwatch_status=$?",
+              f"printf '{{\"v\": 1, \"run\": %s, \"code\": %d}}\\n' {q(run_json)} "
+              f"\"$gpuwatch_status\" >{q(record + '.tmp')} 2>/dev/null && "
+              f"mv -f -- {q(record + '.tmp')} {q(record)}",
+              "exit $gpuwatch_status"]
+    return fs_bytes("\n".join(lines) + "\n")
+
+
+def write_script(req: dict, workdir: bytes, log: bytes) -> str:
+    """A new private file (mkstemp: mode 0600, only this user reads it) holding the launch
+    script whole, or no file at all: a script cut short would run half a setup."""
+    handle, path = tempfile.mkstemp(prefix="gpuwatch-launch-", suffix=".sh")
+    try:
+        data = memoryview(launch_script(path, req, workdir, log))
+        while data:
+            data = data[os.write(handle, data):]
+    except BaseException:
+        os.close(handle)
+        os.unlink(path)
+        raise
+    os.close(handle)
+    return path
+
+
+def unencodable(req: dict) -> "str | None":
+    """The first value of a relaunch request that is no text and no file name's bytes."""
+    values = [("command", req.get("command")), ("workdir", req.get("workdir")),
+              ("log", req.get("log"))]
+    values += [(f"env {k}", v) for k, v in (req.get("env") or {}).items()]
+    for what, value in values:
+        try:
+            fs_bytes(str(value or ""))
+        except UnicodeEncodeError:
+            return what
+    return None
+
+
+def log_tail(path: bytes, size: int = 2000) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - size))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def tmux_session_name(base: str, tmux: str, env: dict) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", base)[:40] or "run"
+    for n in range(1, 100):
+        name = safe if n == 1 else f"{safe}-{n}"
+        taken = subprocess.run([tmux, "has-session", "-t", "=" + name], env=env,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, timeout=10)
+        if taken.returncode != 0:
+            return name
+    return f"{safe}-{os.getpid()}"
+
+
+def op_relaunch(req: dict, out: dict) -> dict:
+    out.update(op="relaunch", run=req.get("run"), step="checking the request")
+    env_vars = req.get("env") or {}
+    bad = [k for k in env_vars if not ENV_NAME.match(str(k))]
+    if bad:
+        out["refused"] = f"not an environment variable name: {bad[0]!r}"
+        return out
+    odd = unencodable(req)
+    if odd:
+        out["refused"] = (f"the {odd} holds text that is neither UTF-8 nor a file name's bytes "
+                          "(a lone surrogate): nothing was started")
+        return out
+    workdir = os.path.expanduser(fs_bytes(str(req.get("workdir") or "")))
+    if not workdir or not os.path.isdir(workdir):
+        out["refused"] = "the workdir %s does not exist on the box" % (
+            fs_text(workdir) or "(unset)")
+        return out
+    out["step"] = "checking that no copy of the run is alive"
+    busy = still_running(req, workdir)
+    if busy:
+        out["refused"] = busy
+        return out
+    out["step"] = "opening the log"
+    log = expand(fs_bytes(str(req.get("log") or "gpuwatch-relaunch.log")), workdir)
+    out["log"] = fs_text(log)
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        out["refused"] = f"cannot append to the log {fs_text(log)}: {exc.strerror or exc}"
+        return out
+    # Not the SSH session's own variables (and no TMUX: never nest into someone's session);
+    # the run's recorded or configured variables are exported over these by the script.
+    env = {k: v for k, v in os.environ.items()
+           if k not in SESSION_NAMES and not k.startswith(SESSION_PREFIXES)}
+    tmux = shutil.which("tmux") if req.get("detach") == "tmux" else None
+    if req.get("detach") == "tmux" and tmux is None:
+        out["note"] = "tmux is not installed on the box: started with setsid nohup instead"
+    script = None
+    try:
+        out["step"] = "writing the launch script"
+        script = write_script(req, workdir, log)
+        out["step"] = "starting it"
+        if tmux is not None:
+            out.update(start_tmux(tmux, script, req, workdir, env))
+        else:
+            out.update(start_setsid(script, workdir, env, fd))
+        out["step"] = "watching it start"
+        settle(out, float(req.get("settle_s") or 1.0), log)
+    except (OSError, subprocess.SubprocessError) as exc:
+        out["refused"] = f"could not start it ({out['step']}): {exc}"
+    finally:
+        os.close(fd)
+        if script is not None and os.path.exists(script) and out.get("status") != "started":
+            os.unlink(script)  # the shell never got to it
+    out.pop("_child", None)
+    return out
+
+
+def start_setsid(script: str, workdir: bytes, env: dict, log_fd: int) -> dict:
+    """setsid (a new session: no controlling terminal, no SSH session to die with) + nohup
+    (SIGHUP ignored, seed 000), stdin /dev/null, output appended to the log."""
+    nohup = shutil.which("nohup")
+    if nohup:
+        argv = [nohup, "/bin/sh", script]
+    else:  # what nohup does, by hand: an ignored signal stays ignored across exec
+        argv = ["/bin/sh", "-c", "trap '' HUP; exec /bin/sh \"$0\"", script]
+    # close_fds=False hands down only what this session itself inherited beyond 0-2 (nothing
+    # under OpenSSH; the demo fleet's lifeline pipe under `gpuwatch --demo`): every fd this
+    # script opens is non-inheritable (PEP 446), and 0-2 are replaced above.
+    child = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+                             stdout=log_fd, stderr=log_fd, close_fds=False,
+                             start_new_session=True)
+    return {"status": "started", "detach": "setsid", "pid": child.pid, "_child": child}
+
+
+def start_tmux(tmux: str, script: str, req: dict, workdir: bytes, env: dict) -> dict:
+    name = tmux_session_name(str(req.get("session") or "gpuwatch"), tmux, env)
+    # One string, run by tmux's default-shell -c: the same on tmux 1.x to 3.x.
+    shell = f"exec /bin/sh {shlex.quote(script)}"
+    done = subprocess.run([tmux, "new-session", "-d", "-s", name, "-c", workdir, shell],
+                          env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, timeout=20)
+    if done.returncode != 0:
+        said = done.stdout.decode("utf-8", "replace").strip()[:300]
+        raise OSError(f"tmux new-session failed: {said}")
+    panes = subprocess.run([tmux, "list-panes", "-t", "=" + name, "-F", "#{pane_pid}"],
+                           env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, timeout=10)
+    pid = None
+    for line in panes.stdout.decode().split():
+        if line.isdigit():
+            pid = int(line)
+            break
+    return {"status": "started", "detach": "tmux", "session": name, "pid": pid}
+
+
+def settle(out: dict, settle_s: float, log: bytes) -> None:
+    """Give the new process a moment; report it, or that it exited at once (with the log's
+    last lines, as data)."""
+    child = out.pop("_child", None)
+    if out.get("status") != "started":
+        return
+    pid = out.get("pid")
+    deadline = time.monotonic() + max(0.0, settle_s)
+    st = proc_stat(pid) if pid else None
+    while time.monotonic() < deadline:
+        if child is not None and child.poll() is not None:
+            break
+        st = proc_stat(pid) if pid else None
+        if st is None or st["state"] in ("Z", "X"):
+            break
+        time.sleep(0.05)
+    code = child.poll() if child is not None else None
+    st = proc_stat(pid) if pid else None
+    if code is not None or st is None or st["state"] in ("Z", "X"):
+        out["status"] = "exited"
+        out["code"] = code
+        out["log_tail"] = log_tail(log)
+        return
+    out["start_ticks"] = st["start_ticks"]
+    out["tty_nr"] = st["tty_nr"]
+    out["session_id"] = st["session"]
