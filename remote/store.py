@@ -4,6 +4,9 @@ It is what makes a cron `--once` stateful (a boot id that changed since the last
 was alive and is now dead) and lets the TUI show what happened overnight. Every write is one
 transaction, so a writer killed mid-way leaves the previous state intact; a file that is not a
 database any more is moved aside and rebuilt, never fatal (DESIGN §5).
+
+The watchdog's tables (leases, restarts, notified) and their methods live in store_watch.py,
+which Store inherits; RestartRecord is re-exported here, so `from .store import ...` still works.
 """
 
 from __future__ import annotations
@@ -17,6 +20,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .store_watch import WATCH_SCHEMA, RestartRecord, WatchdogTables
+
+__all__ = ["GPU_SAMPLES_PER_HOST", "SCHEMA_VERSION", "AuditEntry", "FindingRecord", "GpuRow",
+           "HostState", "RestartRecord", "Store", "StoreTooNew", "default_store_path"]
 
 SCHEMA_VERSION = 1
 GPU_SAMPLES_PER_HOST = 20_000
@@ -83,24 +91,7 @@ CREATE TABLE IF NOT EXISTS launches (   -- how a discovered run was started, to 
     launch TEXT NOT NULL,                -- JSON: cwd, argv, env, dropped names (no secret, U34)
     PRIMARY KEY (host, run)
 );
-CREATE TABLE IF NOT EXISTS leases (     -- one actor per run (actions/restart.py): who, until
-    host TEXT NOT NULL, run TEXT NOT NULL,   -- run '': the host's notifications
-    holder TEXT NOT NULL, expires_at REAL NOT NULL,
-    PRIMARY KEY (host, run)
-);
-CREATE TABLE IF NOT EXISTS restarts (   -- the watchdog's restarts, for its window and its limit
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    host TEXT NOT NULL, run TEXT NOT NULL,
-    death TEXT NOT NULL,                 -- which death it answers (the dead pids)
-    at REAL NOT NULL, holder TEXT NOT NULL,
-    outcome TEXT NOT NULL,               -- sent | verified | failed | gave_up
-    message TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS notified (   -- the last state each finding was notified in
-    host TEXT NOT NULL, key TEXT NOT NULL, severity TEXT NOT NULL, at REAL NOT NULL,
-    PRIMARY KEY (host, key)
-);
-"""
+""" + WATCH_SCHEMA
 
 
 def default_store_path(env: Mapping[str, str] | None = None) -> Path:
@@ -158,8 +149,9 @@ class AuditEntry:
     message: str
 
 
-class Store:
-    """One SQLite file shared by the TUI and cron runs (WAL lets them read while one writes)."""
+class Store(WatchdogTables):
+    """One SQLite file shared by the TUI and cron runs (WAL lets them read while one writes).
+    The watchdog's methods (take_lease, record_restart, notified, ...) come from WatchdogTables."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path | None, *,
                  warning: str | None = None) -> None:
@@ -418,82 +410,6 @@ class Store:
                 out[run] = value
         return out
 
-    # --- the watchdog: leases, restarts, notified findings (actions/restart.py, notify.py) --
-    def take_lease(self, host: str, run: str, holder: str, ttl_s: float,
-                   now: float | None = None) -> bool:
-        """Take or renew the lease on (host, run) for ttl_s; False while another holder's lease
-        has not expired. One IMMEDIATE transaction: two processes never both get it."""
-        now = time.time() if now is None else now
-        conn = self._conn
-        if conn.in_transaction:
-            conn.commit()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError:  # locked past the busy timeout: not ours this time
-            return False
-        try:
-            row = conn.execute("SELECT holder, expires_at FROM leases WHERE host = ? AND "
-                               "run = ?", (host, run)).fetchone()
-            mine = row is None or row[0] == holder or row[1] <= now
-            if mine:
-                conn.execute("INSERT INTO leases VALUES (?, ?, ?, ?) ON CONFLICT(host, run) "
-                             "DO UPDATE SET holder = excluded.holder, "
-                             "expires_at = excluded.expires_at", (host, run, holder, now + ttl_s))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        return mine
-
-    def lease(self, host: str, run: str) -> tuple[str, float] | None:
-        """(holder, expires_at) of the lease on (host, run), if any."""
-        row = self._conn.execute("SELECT holder, expires_at FROM leases WHERE host = ? AND "
-                                 "run = ?", (host, run)).fetchone()
-        return (row[0], row[1]) if row is not None else None
-
-    def release_leases(self, holder: str) -> None:
-        with self._conn:
-            self._conn.execute("DELETE FROM leases WHERE holder = ?", (holder,))
-
-    def record_restart(self, host: str, run: str, *, death: str, holder: str, outcome: str,
-                       message: str, at: float | None = None) -> int:
-        with self._conn:
-            cur = self._conn.execute(
-                "INSERT INTO restarts (host, run, death, at, holder, outcome, message) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (host, run, death, time.time() if at is None else at, holder, outcome, message))
-        return int(cur.lastrowid or 0)
-
-    def settle_restart(self, restart_id: int, outcome: str, message: str) -> None:
-        """A sent restart verified or failed."""
-        with self._conn:
-            self._conn.execute("UPDATE restarts SET outcome = ?, message = ? WHERE id = ? AND "
-                               "outcome = 'sent'", (outcome, message, restart_id))
-
-    def restarts(self, host: str, run: str, *, since: float = 0.0) -> list[RestartRecord]:
-        """The watchdog's restarts of a run since `since`, oldest first."""
-        rows = self._conn.execute(
-            "SELECT id, host, run, death, at, holder, outcome, message FROM restarts WHERE "
-            "host = ? AND run = ? AND at >= ? ORDER BY id", (host, run, since)).fetchall()
-        return [RestartRecord(*r) for r in rows]
-
-    def notified(self, host: str) -> dict[str, tuple[str, float]]:
-        """Each finding key of a host last notified: (severity, at)."""
-        return {k: (sev, at) for k, sev, at in self._conn.execute(
-            "SELECT key, severity, at FROM notified WHERE host = ?", (host,))}
-
-    def set_notified(self, host: str, changes: Mapping[str, tuple[str, float] | None]) -> None:
-        """Record what was notified: (severity, at) per key; None: cleared, forgotten."""
-        with self._conn:
-            for key, value in changes.items():
-                if value is None:
-                    self._conn.execute("DELETE FROM notified WHERE host = ? AND key = ?",
-                                       (host, key))
-                else:
-                    self._conn.execute("INSERT INTO notified VALUES (?, ?, ?, ?) ON CONFLICT "
-                                       "(host, key) DO UPDATE SET severity = excluded.severity, "
-                                       "at = excluded.at", (host, key, *value))
-
     def _prune_gpu_samples(self, host: str) -> None:
         # Keep the newest GPU_SAMPLES_PER_HOST rows; prune in slack-sized steps so the delete
         # does not run on every poll.
@@ -538,20 +454,6 @@ class FindingRecord:
     @property
     def active(self) -> bool:
         return self.cleared_at is None
-
-
-@dataclass(frozen=True, slots=True)
-class RestartRecord:
-    """One restart by the watchdog (times are this machine's clock)."""
-
-    id: int
-    host: str
-    run: str
-    death: str
-    at: float
-    holder: str
-    outcome: str
-    message: str
 
 
 class StoreTooNew(Exception):
