@@ -94,3 +94,53 @@ def test_key_latency_of_the_real_demo_in_tmux(tmp_path: Path) -> None:
             report(what, [timed_key(name, key) for _ in range(REPEATS)])
         report("t (next theme)", [timed_key(name, "t", ignore="theme:")
                                   for _ in range(REPEATS)])
+
+
+@pytest.mark.slow
+async def test_key_cpu_in_process_on_the_snapshot_fixtures() -> None:
+    """The app's own CPU per key (time.process_time, no tmux, no other process in the figure):
+    the snapshot fixtures at SIZE, gpu-healthy with a second configured run for n / N. Enter is
+    measured on the first opening of the host and on the openings after it."""
+    import dataclasses
+
+    import tui_fixtures as fx
+    from gpuwatch.tui.app import build_app
+    from gpuwatch.tui.messages import SnapshotReady
+
+    cfg = fx.config()
+    healthy = dataclasses.replace(cfg.hosts[0], runs=(*cfg.hosts[0].runs,
+                                                      fx.run_config("llama-13b")))
+    cfg = dataclasses.replace(cfg, hosts=(healthy, *cfg.hosts[1:]))
+    app = build_app(cfg, store=fx.seeded_store(cfg), clock=fx.clock, poll=False)
+    async with app.run_test(size=SIZE) as pilot:
+        for o in fx.latest(cfg):
+            app.post_message(SnapshotReady(o.host.name, o))
+        await pilot.pause()
+        await pilot.pause(0.3)
+
+        async def cpu(key: str) -> float:
+            c0 = time.process_time()
+            await pilot.press(key)
+            await pilot.pause()
+            await pilot.wait_for_scheduled_animations()
+            await pilot.pause()
+            return (time.process_time() - c0) * 1000
+
+        print(f"\napp CPU per key, in process, {SIZE[0]}x{SIZE[1]}, median of {REPEATS}")
+        first = await cpu("enter")
+        await pilot.press("escape")
+        await pilot.pause()
+        again = []
+        for _ in range(REPEATS):
+            again.append(await cpu("enter"))
+            await pilot.press("escape")
+            await pilot.pause()
+        print(f"{'Enter, first opening':<28} {first:6.0f} ms")
+        print(f"{'Enter, again':<28} {statistics.median(again):6.0f} ms")
+        await pilot.press("enter")
+        await pilot.pause()
+        for key, what in (("n", "n (next run)"), ("N", "N (previous run)"),
+                          ("right_square_bracket", "] (next tag)"),
+                          ("left_square_bracket", "[ (previous tag)"), ("t", "t (next theme)")):
+            samples = [await cpu(key) for _ in range(REPEATS)]
+            print(f"{what:<28} {statistics.median(samples):6.0f} ms")
