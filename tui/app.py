@@ -40,6 +40,7 @@ from .screens.confirm import ConfirmAction
 from .screens.fleet import FleetScreen
 from .screens.help import HelpScreen
 from .screens.host import HostScreen
+from .screens.kept import HostViews
 from .state import HostData
 from .watching import Watching
 from .why_not import TITLES, why_not
@@ -102,6 +103,7 @@ class GpuwatchApp(App[None]):
         self._store_failed = False
         self._runs_saved: dict[str, float] = {}
         self.points_budget = FLEET_POINTS
+        self.host_views = HostViews(self, HostScreen)
         self.watching = Watching.for_app(self)
         """Points kept over every tag of every host's runs (series.apply_budget)."""
         self.hosts: dict[str, HostData] = {h.name: self._restore(h) for h in config.hosts}
@@ -270,7 +272,7 @@ class GpuwatchApp(App[None]):
     # -- navigation --------------------------------------------------------------------------
     def open_host(self, name: str) -> None:
         if name in self.hosts:
-            self.push_screen(HostScreen(name))
+            self.push_screen(self.host_views.get(name))
 
     def current_host(self) -> str | None:
         screen = self._active()
