@@ -29,7 +29,6 @@ from gpuwatch.remote.watch import history_from_store, judge, remember, resume
 from gpuwatch.remote.wire.collect import Collector, PollOutcome
 from gpuwatch.themes import BUILTIN, DEFAULT_THEME, SERIES_VARIABLES, load_user_themes
 from textual import work
-from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen
@@ -42,6 +41,7 @@ from .screens.help import HelpScreen
 from .screens.host import HostScreen
 from .screens.kept import HostViews
 from .state import HostData
+from .theme_css import ThemeCssApp
 from .watching import Watching
 from .why_not import TITLES, why_not
 
@@ -59,7 +59,7 @@ def _actions() -> Any:
     return actions
 
 
-class GpuwatchApp(App[None]):
+class GpuwatchApp(ThemeCssApp):
     CSS_PATH = "gpuwatch.tcss"
     TITLE = "gpuwatch"
     ENABLE_COMMAND_PALETTE = False
@@ -96,7 +96,6 @@ class GpuwatchApp(App[None]):
         self.poll_enabled = poll
         self.requested_theme = theme or config.theme
         self.themes_dir = themes_dir
-        self.theme_names: list[str] = []
         self.feed: PollFeed | None = None
         self._collector = collector
         self._waiters: dict[str, list[tuple[float, asyncio.Event]]] = {}
@@ -273,6 +272,7 @@ class GpuwatchApp(App[None]):
     def open_host(self, name: str) -> None:
         if name in self.hosts:
             self.push_screen(self.host_views.get(name))
+            self.prepare_next_theme()
 
     def current_host(self) -> str | None:
         screen = self._active()
@@ -473,10 +473,9 @@ class GpuwatchApp(App[None]):
             self.notify(f"polling all {len(self.hosts)} hosts now")
 
     def action_cycle_theme(self) -> None:
-        names = self.theme_names or [DEFAULT_THEME]
-        i = names.index(self.theme) if self.theme in names else -1
-        self.theme = names[(i + 1) % len(names)]
+        self.theme = self.next_theme()
         self.notify(f"theme: {self.theme}", timeout=2)
+        self.prepare_next_theme()
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

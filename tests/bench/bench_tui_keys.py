@@ -119,6 +119,7 @@ async def test_key_cpu_in_process_on_the_snapshot_fixtures() -> None:
         await pilot.pause(0.3)
 
         async def cpu(key: str) -> float:
+            await pilot.pause(SETTLE_S)  # as in tmux: the screen holds still before each key
             c0 = time.process_time()
             await pilot.press(key)
             await pilot.pause()

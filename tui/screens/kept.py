@@ -9,8 +9,10 @@ kept, the one before is let go.
 Textual restyles every widget of a screen each time it resumes, in case the stylesheet changed
 while it was away. The only thing that changes the stylesheet here is the theme (`t`, the app's
 `theme`), so a kept screen resumes without the restyle when it was last styled in the theme that
-is on now; a screen's widgets are styled as they mount, so a new screen skips it too. A class
-change in between (the host view's -wide / -narrow) restyles what it touches by itself.
+is on now, and with it when not (also when Textual would not, as a modal closes: the app restyles
+only the visible screen on a theme change, tui/theme_css.py); a screen's widgets are styled as
+they mount, so a new screen skips it too. A class change in between (the host view's -wide /
+-narrow) restyles what it touches by itself.
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ class KeptScreen(Screen[None]):
 
     def _on_screen_resume(self, event: events.ScreenResume) -> None:
         # Runs before Screen's own handler (Textual dispatches down the MRO), which then
-        # restyles or not as the event says.
-        if self._styled_in == self.app.theme:
-            event.refresh_styles = False
+        # restyles or not as the event says (Textual says no when a modal closes: a theme
+        # change under it, tui/theme_css.py, still restyles).
+        event.refresh_styles = self._styled_in != self.app.theme
         self.mark_styled()
 
 
