@@ -150,6 +150,8 @@ class FleetScreen(KeptScreen):
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self.gw.refresh_bindings()
+        if event.row_key.value is not None:
+            self.gw.host_views.prepare_soon(str(event.row_key.value))
 
     def action_sort(self) -> None:
         self.sort = (self.sort + 1) % len(SORTS)

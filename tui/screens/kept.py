@@ -4,7 +4,8 @@ Opening a host used to build its HostScreen anew on every Enter: Textual compose
 styled about 300 widgets (most of Enter's CPU), then restyled the whole screen again when it
 resumed. Now each host's screen is built once and kept (installed) for the next visit, where its
 panes are handed the host's data again only if that changed; the last KEEP hosts' screens are
-kept, the one before is let go.
+kept, the one before is let go. A host the fleet's cursor rests on has its screen built ahead, so
+that even its first Enter only lays it out and paints it.
 
 Textual restyles every widget of a screen each time it resumes, in case the stylesheet changed
 while it was away. The only thing that changes the stylesheet here is the theme (`t`, the app's
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from textual import events
 from textual.screen import Screen
+from textual.timer import Timer
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -28,7 +30,9 @@ if TYPE_CHECKING:
     from .host import HostScreen
 
 KEEP = 8
-"""Host screens kept between visits (each holds a few hundred widgets)."""
+"""Host screens kept between visits (each holds about 40 widgets and their drawings)."""
+PREPARE_AFTER_S = 1.0
+"""How long the fleet's cursor rests on a host before its screen is built ahead."""
 
 
 class KeptScreen(Screen[None]):
@@ -40,6 +44,13 @@ class KeptScreen(Screen[None]):
     def mark_styled(self) -> None:
         """Its widgets are (or are being) styled in the theme that is on now."""
         self._styled_in = self.app.theme
+
+    def lay_out_ahead(self) -> None:
+        """Built ahead, off the stack: lay it out at the app's size now (nothing is painted),
+        so that its widgets learn their sizes, and size what they draw (the loss curve's
+        points), before its first paint rather than just after it."""
+        if not self.is_current and self.is_attached:
+            self._refresh_layout(self.app.size)
 
     def _on_screen_resume(self, event: events.ScreenResume) -> None:
         # Runs before Screen's own handler (Textual dispatches down the MRO), which then
@@ -58,6 +69,24 @@ class HostViews:
         self.make = make
         self.keep = keep
         self._screens: dict[str, HostScreen] = {}  # least recently opened first
+        self._timer: Timer | None = None
+
+    def prepare_soon(self, host: str) -> None:
+        """Build `host`'s screen ahead if the cursor rests on it (its first Enter then only
+        lays it out and paints it)."""
+        if self._timer is not None:
+            self._timer.stop()
+        self._timer = self.app.set_timer(PREPARE_AFTER_S, lambda: self.prepare(host))
+
+    def prepare(self, host: str) -> None:
+        """Compose and mount `host`'s screen now, off the screen stack (as Textual does when
+        a screen is pushed, less the showing)."""
+        if host in self._screens or not self.app.is_running:
+            return
+        screen = self.get(host)
+        self.app._load_screen_css(screen)
+        self.app._register(self.app, screen)
+        screen.call_later(screen.lay_out_ahead)
 
     def get(self, host: str) -> HostScreen:
         screen = self._screens.pop(host, None)
