@@ -29,7 +29,6 @@ from gpuwatch.remote.watch import history_from_store, judge, remember, resume
 from gpuwatch.remote.wire.collect import Collector, PollOutcome
 from gpuwatch.themes import BUILTIN, DEFAULT_THEME, SERIES_VARIABLES, load_user_themes
 from textual import work
-from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen
@@ -40,7 +39,9 @@ from .screens.confirm import ConfirmAction
 from .screens.fleet import FleetScreen
 from .screens.help import HelpScreen
 from .screens.host import HostScreen
+from .screens.kept import HostViews
 from .state import HostData
+from .theme_css import ThemeCssApp
 from .watching import Watching
 from .why_not import TITLES, why_not
 
@@ -58,7 +59,7 @@ def _actions() -> Any:
     return actions
 
 
-class GpuwatchApp(App[None]):
+class GpuwatchApp(ThemeCssApp):
     CSS_PATH = "gpuwatch.tcss"
     TITLE = "gpuwatch"
     ENABLE_COMMAND_PALETTE = False
@@ -95,13 +96,13 @@ class GpuwatchApp(App[None]):
         self.poll_enabled = poll
         self.requested_theme = theme or config.theme
         self.themes_dir = themes_dir
-        self.theme_names: list[str] = []
         self.feed: PollFeed | None = None
         self._collector = collector
         self._waiters: dict[str, list[tuple[float, asyncio.Event]]] = {}
         self._store_failed = False
         self._runs_saved: dict[str, float] = {}
         self.points_budget = FLEET_POINTS
+        self.host_views = HostViews(self, HostScreen)
         self.watching = Watching.for_app(self)
         """Points kept over every tag of every host's runs (series.apply_budget)."""
         self.hosts: dict[str, HostData] = {h.name: self._restore(h) for h in config.hosts}
@@ -270,7 +271,8 @@ class GpuwatchApp(App[None]):
     # -- navigation --------------------------------------------------------------------------
     def open_host(self, name: str) -> None:
         if name in self.hosts:
-            self.push_screen(HostScreen(name))
+            self.push_screen(self.host_views.get(name))
+            self.prepare_next_theme()
 
     def current_host(self) -> str | None:
         screen = self._active()
@@ -471,10 +473,9 @@ class GpuwatchApp(App[None]):
             self.notify(f"polling all {len(self.hosts)} hosts now")
 
     def action_cycle_theme(self) -> None:
-        names = self.theme_names or [DEFAULT_THEME]
-        i = names.index(self.theme) if self.theme in names else -1
-        self.theme = names[(i + 1) % len(names)]
+        self.theme = self.next_theme()
         self.notify(f"theme: {self.theme}", timeout=2)
+        self.prepare_next_theme()
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

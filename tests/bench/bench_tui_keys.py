@@ -94,3 +94,61 @@ def test_key_latency_of_the_real_demo_in_tmux(tmp_path: Path) -> None:
             report(what, [timed_key(name, key) for _ in range(REPEATS)])
         report("t (next theme)", [timed_key(name, "t", ignore="theme:")
                                   for _ in range(REPEATS)])
+
+
+@pytest.mark.slow
+async def test_key_cpu_in_process_on_the_snapshot_fixtures() -> None:
+    """The app's own CPU per key (time.process_time, no tmux, no other process in the figure):
+    the snapshot fixtures at SIZE, gpu-healthy with a second configured run for n / N. Enter is
+    measured on a host's first opening, on a first opening after the fleet's cursor rested on
+    the host (its screen built ahead), and on the openings after them."""
+    import dataclasses
+
+    import tui_fixtures as fx
+    from gpuwatch.tui.app import build_app
+    from gpuwatch.tui.messages import SnapshotReady
+
+    cfg = fx.config()
+    healthy = dataclasses.replace(cfg.hosts[0], runs=(*cfg.hosts[0].runs,
+                                                      fx.run_config("llama-13b")))
+    cfg = dataclasses.replace(cfg, hosts=(healthy, *cfg.hosts[1:]))
+    app = build_app(cfg, store=fx.seeded_store(cfg), clock=fx.clock, poll=False)
+    async with app.run_test(size=SIZE) as pilot:
+        for o in fx.latest(cfg):
+            app.post_message(SnapshotReady(o.host.name, o))
+        await pilot.pause()
+
+        async def cpu(key: str, settle: float = SETTLE_S) -> float:
+            await pilot.pause(settle)  # as in tmux: the screen holds still before each key
+            c0 = time.process_time()
+            await pilot.press(key)
+            await pilot.pause()
+            await pilot.wait_for_scheduled_animations()
+            await pilot.pause()
+            return (time.process_time() - c0) * 1000
+
+        async def back() -> None:
+            await pilot.press("escape")
+            await pilot.pause()
+
+        print(f"\napp CPU per key, in process, {SIZE[0]}x{SIZE[1]}, median of {REPEATS}")
+        first = await cpu("enter", settle=0)  # before the cursor has rested on the host
+        await back()
+        await pilot.press("down")
+        ahead = await cpu("enter", settle=1.5)  # gpu-capped, its screen built ahead
+        await back()
+        await pilot.press("up")
+        again = []
+        for _ in range(REPEATS):
+            again.append(await cpu("enter"))
+            await back()
+        print(f"{'Enter, first opening':<28} {first:6.0f} ms")
+        print(f"{'Enter, first, cursor rested':<28} {ahead:6.0f} ms")
+        print(f"{'Enter, again':<28} {statistics.median(again):6.0f} ms")
+        await pilot.press("enter")
+        await pilot.pause()
+        for key, what in (("n", "n (next run)"), ("N", "N (previous run)"),
+                          ("right_square_bracket", "] (next tag)"),
+                          ("left_square_bracket", "[ (previous tag)"), ("t", "t (next theme)")):
+            samples = [await cpu(key) for _ in range(REPEATS)]
+            print(f"{what:<28} {statistics.median(samples):6.0f} ms")

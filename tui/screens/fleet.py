@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.screen import Screen
 from textual.widgets import DataTable, Input, Static
 
 from ..state import HostData
 from ..widgets.fleet_table import FleetTable
 from ..widgets.key_footer import KeyFooter
+from .kept import KeptScreen
 
 if TYPE_CHECKING:
     from ..app import GpuwatchApp
@@ -40,7 +40,7 @@ def sort_key(column: str, h: HostData, now: float, interval: float) -> tuple[obj
     return (-used,)
 
 
-class FleetScreen(Screen[None]):
+class FleetScreen(KeptScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "filter", "Filter"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
@@ -58,6 +58,7 @@ class FleetScreen(Screen[None]):
         return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:
+        self.mark_styled()  # its widgets are styled as they mount (screens/kept.py)
         yield Static(id="fleet-title", markup=False)
         yield Input(placeholder="filter: host, run, state or finding code", id="filter")
         yield FleetTable(id="fleet-table")
@@ -149,6 +150,8 @@ class FleetScreen(Screen[None]):
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self.gw.refresh_bindings()
+        if event.row_key.value is not None:
+            self.gw.host_views.prepare_soon(str(event.row_key.value))
 
     def action_sort(self) -> None:
         self.sort = (self.sort + 1) % len(SORTS)

@@ -24,7 +24,6 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.css.query import NoMatches
-from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Static, Tab, Tabs
 
@@ -42,6 +41,7 @@ from ..widgets.log_tail import LogTail
 from ..widgets.loss_pane import LossPane, StepMark
 from ..widgets.process_table import SORTS as PROCESS_SORTS
 from ..widgets.process_table import ProcessTable
+from .kept import KeptScreen
 
 if TYPE_CHECKING:
     from ..app import GpuwatchApp
@@ -84,7 +84,7 @@ class PaneColumn(VerticalScroll, can_focus=False):
     Tab goes from pane to pane."""
 
 
-class HostScreen(Screen[None]):
+class HostScreen(KeptScreen):
     # Textual declares it `ClassVar[...] | None`, which mypy reads as an instance variable
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE, "-wide")]  # noqa: RUF012
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -114,6 +114,9 @@ class HostScreen(Screen[None]):
         self.selected_run: str | None = None
         self.process_sort = 0
         """An index into the process table's SORTS (`o` cycles)."""
+        self._shown: tuple[object, ...] | None = None
+        """What the panes were last handed (refresh_data): a kept screen that resumes on the
+        same skips handing it down again."""
 
     @property
     def gw(self) -> GpuwatchApp:
@@ -126,9 +129,8 @@ class HostScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         # The breakpoint's class now, not on the first Resize (Textual sets it there): the
         # first paint used to be neither layout, one squashed column that reflowed ~0.5 s later.
-        wide = self.app.size.width >= WIDE
-        self.set_class(wide, "-wide")
-        self.set_class(not wide, "-narrow")
+        self._set_breakpoint()
+        self.mark_styled()  # its widgets are styled as they mount
         self._tab_names = self.data.run_names()
         yield HostHeader(id="host-header")
         yield Tabs(*(Tab(Text(visible(name)), id=f"run-{i}")
@@ -166,8 +168,24 @@ class HostScreen(Screen[None]):
         first = ProcessTable if self.app.size.width >= WIDE else GpuPanel
         self.pane_target(self.query_one(first)).focus(scroll_visible=False)
 
+    def _set_breakpoint(self) -> None:
+        wide = self.app.size.width >= WIDE
+        self.set_class(wide, "-wide")
+        self.set_class(not wide, "-narrow")
+
     def on_screen_resume(self) -> None:
-        self.refresh_data()
+        # A kept screen (screens/kept.py) missed the resizes and polls while away.
+        self._set_breakpoint()
+        if self._shown != self._shown_key():
+            self.refresh_data()
+        else:
+            self.tick()
+            self.gw.refresh_bindings()
+
+    def _shown_key(self) -> tuple[object, ...]:
+        data, gw = self.data, self.gw
+        return (data.version, data.reap_targets, gw.paused, gw.theme, self.process_sort,
+                self.app.size)
 
     # -- data in ---------------------------------------------------------------------------
     def run_series(self) -> RunSeries | None:
@@ -199,6 +217,7 @@ class HostScreen(Screen[None]):
         self.query_one(ProcessTable).show(data, box_now,
                                           sorted_by=PROCESS_SORTS[self.process_sort][0])
         self.refresh_run(box_now)
+        self._shown = self._shown_key()
 
     def refresh_run(self, box_now: float | None) -> None:
         """The panes of the selected run, its tab labels and the keys (n / N change only
