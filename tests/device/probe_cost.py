@@ -16,7 +16,8 @@ import sys
 import time
 
 sys.path.insert(0, os.getcwd())
-from remote import probe, probe_bundle  # stdlib only
+from remote.box import gpus_smi as probe  # stdlib only
+from remote.wire import bundle as probe_bundle
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 15
 PARTS = r'''

@@ -38,9 +38,10 @@ detach = "setsid"
 TOML
 cp "$REPO/tests/device/train_gpu.py" "$REPO/tests/device/orphan_gpu.py" "$WORK/run/"
 
-# The probe's own queries, from probe.py, in both formats nvidia-smi has (header and units on,
+# The probe's own queries, from box/gpus_smi.py, in both formats nvidia-smi has (header and
+# units on,
 # as `nvidia-smi --format=csv` prints; off, as the probe asks).
-QUERIES=$("$PY" - "$REPO/remote/probe.py" <<'PYEOF'
+QUERIES=$("$PY" - "$REPO/remote/box/gpus_smi.py" <<'PYEOF'
 import ast, sys
 tree = ast.parse(open(sys.argv[1]).read())
 consts = {t.id: ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
@@ -70,7 +71,7 @@ probe_docs() {  # $1: label. The probe run by hand on both GPU paths, documents 
         "$PY" - "$REPO" "$path" "$OUT/probe/$1.$path.json" <<'PYEOF'
 import json, subprocess, sys
 sys.path.insert(0, sys.argv[1])
-from remote import probe_bundle  # stdlib only
+from remote.wire import bundle as probe_bundle  # stdlib only
 request = {"v": 1, "disks": ["/"], "runs": [], "want": {"discover": False}, "compress": False}
 if sys.argv[2] == "smi":
     request["want"]["nvml"] = False
