@@ -39,8 +39,7 @@ TOML
 cp "$REPO/tests/device/train_gpu.py" "$REPO/tests/device/orphan_gpu.py" "$WORK/run/"
 
 # The probe's own queries, from box/gpus_smi.py, in both formats nvidia-smi has (header and
-# units on,
-# as `nvidia-smi --format=csv` prints; off, as the probe asks).
+# units on, as `nvidia-smi --format=csv` prints; off, as the probe asks).
 QUERIES=$("$PY" - "$REPO/remote/box/gpus_smi.py" <<'PYEOF'
 import ast, sys
 tree = ast.parse(open(sys.argv[1]).read())
