@@ -60,6 +60,9 @@ DEFAULTS, SESSION_NAMES, SESSION_PREFIXES = (_found.DEFAULTS, _found.SESSION_NAM
                                              _found.SESSION_PREFIXES)
 artifacts, launch_of, split_environ = _found.artifacts, _found.launch_of, _found.split_environ
 proc_path, read_link, setting = _found.proc_path, _found.read_link, _found.setting
+_processes = sys.modules.get("gpuwatch_processes") or __import__(
+    __package__ + ".processes", fromlist=["_"])  # the box: a core file, always sent before
+children_of, subtree = _processes.children_of, _processes.subtree
 
 
 PYTHON = re.compile(r"^(?:python|pypy)[0-9.]*[dmu]?$")
@@ -233,9 +236,7 @@ def group(procs, holders, matched, request):
             argvs[pid] = read_argv(pid)
         return argvs[pid]
 
-    children = {}  # type: dict[int, list[int]]
-    for pid, stat in procs.items():
-        children.setdefault(stat["ppid"], []).append(pid)
+    children = children_of(procs)
     groups = groups_of(procs, holders, matched, children, argv_of)
     alive = set(tuple(g["key"]) for g in groups)
     wanted = set(tuple(r["key"]) for r in remembered_runs(request)
@@ -268,13 +269,7 @@ def groups_of(procs, seeds, matched, children, argv_of):
         roots.setdefault(root, None)
     trees = {}  # type: dict[int, set[int]]
     for root in roots:
-        members, stack = {root}, [root]
-        while stack:
-            for child in children.get(stack.pop(), ()):
-                if child not in members:
-                    members.add(child)
-                    stack.append(child)
-        trees[root] = members
+        trees[root] = subtree(root, children)
     groups = []
     for root, members in trees.items():
         if any(root in other for top, other in trees.items() if top != root):
