@@ -60,6 +60,17 @@ def find_event_files(path: str) -> list[tuple[str, str]]:
     return found
 
 
+def _append(into: dict[str, Series], tag: str, series: Series) -> None:
+    """Add `series`' points after what `into` holds of `tag` (write order)."""
+    kept = into.get(tag)
+    if kept is None:
+        into[tag] = series
+        return
+    kept.steps.extend(series.steps)
+    kept.values.extend(series.values)
+    kept.wall_times.extend(series.wall_times)
+
+
 def read_file(path: str, tags: set[str] | None) -> tuple[dict[str, Series], list[dict[str, Any]]]:
     """All scalars of one file, read in CHUNK_BYTES pieces with the fast path."""
     merged: dict[str, Series] = {}
@@ -70,13 +81,7 @@ def read_file(path: str, tags: set[str] | None) -> tuple[dict[str, Series], list
                                                                 tags=tags)
         errors.extend(errs)
         for tag, s in series.items():
-            into = merged.get(tag)
-            if into is None:
-                merged[tag] = s
-            else:
-                into.steps.extend(s.steps)
-                into.values.extend(s.values)
-                into.wall_times.extend(s.wall_times)
+            _append(merged, tag, s)
         if info["stopped"] != "bytes":
             return merged, errors
 
@@ -126,13 +131,7 @@ def collect(paths: list[str], tags: list[str] | None, err: TextIO
                 if patterns and not any(tag == p or fnmatch.fnmatchcase(tag, p)
                                         for p in patterns):
                     continue
-                into = run.get(tag)
-                if into is None:
-                    run[tag] = s
-                else:
-                    into.steps.extend(s.steps)
-                    into.values.extend(s.values)
-                    into.wall_times.extend(s.wall_times)
+                _append(run, tag, s)
     return runs, errors, ok
 
 
