@@ -30,7 +30,7 @@ from gpuwatch.remote.watch import history_from_store, judge, remember, resume
 from gpuwatch.remote.wire.collect import Collector
 
 EXIT_OK, EXIT_FAILED, EXIT_UNPOLLED = 0, 1, 2
-VERIFY_POLLS, VERIFY_PAUSE_S = actions.VERIFY_POLLS, actions.VERIFY_PAUSE_S
+VERIFY_PAUSE_S = actions.VERIFY_PAUSE_S  # also the pause between the polls a reap needs first
 
 
 def run_verb(kind: str, args: argparse.Namespace) -> int:
