@@ -147,6 +147,21 @@ async def test_slash_filters_and_escape_clears() -> None:
         assert table.row_count == 15 and app.focused is table
 
 
+async def test_the_tick_survives_a_fleet_screen_being_torn_down() -> None:
+    """The app's 1 s tick can fire while the fleet screen's children are already gone (at exit:
+    a CI run failed on NoMatches there). It must pass over such a screen, not raise."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        screen = app.screen
+        assert isinstance(screen, FleetScreen)
+        await screen.query_one(FleetTable).remove()
+        app._tick()  # raised NoMatches before the guard
+        screen.tick()
+        await pilot.pause()
+        assert screen.is_mounted and not screen.query(FleetTable)
+
+
 async def test_enter_opens_a_host_with_every_pane_and_escape_goes_back() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:

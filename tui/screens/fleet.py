@@ -78,7 +78,8 @@ class FleetScreen(KeptScreen):
 
     @property
     def selected_host(self) -> str | None:
-        return self.table.selected_host
+        tables = self.query(FleetTable)  # none while the screen is being torn down
+        return tables.first().selected_host if tables else None
 
     # -- data in ---------------------------------------------------------------------------
     def visible_hosts(self) -> list[HostData]:
@@ -116,8 +117,8 @@ class FleetScreen(KeptScreen):
         self.refresh_title()
 
     def tick(self) -> None:
-        if not self.is_mounted:
-            return
+        if not self.is_mounted or not self.query(FleetTable):
+            return  # not yet composed, or being torn down (the app's tick outlives them)
         if SORTS[self.sort][0] is not None:  # a sorted table follows its values as they move
             order = [h.name for h in self.ordered_hosts()]
             if order != self.table.shown:
