@@ -11,6 +11,7 @@ line that does the same with `--once`. No Textual here.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import shutil
@@ -87,7 +88,10 @@ def watch(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-d
         try:
             if args.once:
                 reports = asyncio.run(watcher.once(config.hosts))
-                return exit_code(reports, Severity.parse(args.fail_on))
+                code = exit_code(reports, Severity.parse(args.fail_on))
+                if sys.stderr.isatty():  # by hand: say it ran; under cron, silence when all is well
+                    log_line(once_summary(reports, code))
+                return code
             log_line(f"watching {len(config.hosts)} host{'s' * (len(config.hosts) != 1)} every "
                      f"{config.interval:g} s; {_policies(config)}; {targets} notification "
                      f"target{'s' * (targets != 1)}")
@@ -104,6 +108,19 @@ def watch(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-d
             return EXIT_OK
         finally:
             watcher.close(flush_s=15.0)
+
+
+def once_summary(reports, code: int) -> str:  # type: ignore[no-untyped-def]
+    """`watch --once` by hand: one line of what the round saw (events were logged as they
+    happened; cron gets no line when nothing happened, so that it mails nothing)."""
+    from collections import Counter
+
+    failed = sum(1 for r in reports if not r.outcome.ok)
+    counts = Counter(f.severity for r in reports for f in r.findings)
+    seen = ", ".join(f"{counts[sev]} {sev.label}" for sev in sorted(counts, reverse=True))
+    n = len(reports)
+    return (f"one round of {n} host{'s' * (n != 1)}: {failed} not reached, "
+            f"{seen or 'no findings'}; exit {code}")
 
 
 def _policies(config) -> str:  # type: ignore[no-untyped-def]
@@ -147,8 +164,21 @@ def _gpuwatch_command() -> str:
     return f"{shlex.quote(sys.executable)} -c 'from gpuwatch.tui.cli import main; main()'"
 
 
+def _state_env() -> tuple[str, Path]:
+    """(`XDG_STATE_HOME=...` to set, or "", and the log file for cron). Neither systemd's user
+    manager nor cron has the shell's XDG_STATE_HOME: without it they would keep another store
+    than the TUI, and two actors could restart one run (the store's lease is the one actor)."""
+    from gpuwatch.remote.store import default_store_path
+
+    state = os.environ.get("XDG_STATE_HOME")
+    return (f"XDG_STATE_HOME={state}" if state else "",
+            default_store_path().parent / "watch.log")
+
+
 def unit_text(command: str, config_path: Path | None) -> str:
     conf = f" --config {shlex.quote(str(config_path))}" if config_path else ""
+    state, _ = _state_env()
+    state_line = f"Environment={shlex.quote(state)}\n" if state else ""
     return f"""[Unit]
 Description=gpuwatch watch: restart dead training runs within their policy, send notifications
 Wants=network-online.target
@@ -160,7 +190,7 @@ ExecStart={command} watch{conf}
 # Tokens of notification URLs: GPUWATCH_NOTIFY_URLS=... in this file, kept out of the config
 EnvironmentFile=-%h/.config/gpuwatch/notify.env
 Environment=PYTHONUNBUFFERED=1
-Restart=on-failure
+{state_line}Restart=on-failure
 RestartSec=30
 
 [Install]
@@ -185,6 +215,10 @@ def install_service(args: argparse.Namespace) -> int:
         print(f"gpuwatch: cannot write {unit}: {exc}", file=sys.stderr)
         return EXIT_CANTCREAT
     conf = f" --config {shlex.quote(str(config_path.resolve()))}"
+    state, log = _state_env()
+    with contextlib.suppress(OSError):  # cron's `>>` needs the folder
+        log.parent.mkdir(parents=True, exist_ok=True)
+    cron_env = f"{shlex.quote(state)} " if state else ""
     print(f"""wrote {unit} (nothing was enabled). To start it now and at every boot:
   systemctl --user daemon-reload
   systemctl --user enable --now {UNIT_NAME}
@@ -192,5 +226,5 @@ def install_service(args: argparse.Namespace) -> int:
 Its log:  journalctl --user -u {UNIT_NAME} -f
 
 Or, without systemd, one round every 5 minutes from cron (crontab -e):
-  */5 * * * * {command} watch --once{conf} >> ~/.local/state/gpuwatch/watch.log 2>&1""")
+  */5 * * * * {cron_env}{command} watch --once{conf} >> {shlex.quote(str(log))} 2>&1""")
     return EXIT_OK
