@@ -24,7 +24,6 @@ import os
 from typing import Any
 
 from ..config.schema import RunConfig
-from ..wire.raw_events import RAW_CAP
 from .death import CKPT_EPOCH, CKPT_STEP, MARKS, completion_line
 from .discovered import exit_record_path
 from .run_state import MAX_RESTARTS, RunState, run_status
@@ -45,6 +44,10 @@ from .tags import (
     tag_names,
 )
 
+RAW_CAP = 24 * 1024
+"""probe.RAW_CAP, the most bytes of raw event records one poll brings (tests hold them equal; the
+probe is not imported until a raw entry comes). Here, below the wire that reads them, because
+the series also asks whether a file grew by more than one poll's worth."""
 MAX_METRIC_TAGS = 1_000
 """Tags kept per metrics source: a file that names a new key on every line stays bounded."""
 CADENCE_CHECKPOINTS = 6

@@ -25,8 +25,9 @@ import binascii
 from types import ModuleType
 from typing import Any
 
-RAW_CAP = 24 * 1024
-"""probe.RAW_CAP (tests hold them equal): the probe is not imported until a raw entry comes."""
+from ..model.series import RAW_CAP
+
+__all__ = ["RAW_CAP", "decode_raw_entry", "expand_raw_events"]
 ERRORS_PER_SOURCE = 8
 """probe.DEFAULT_LIMITS["errors_per_source"]: error messages kept per file."""
 
