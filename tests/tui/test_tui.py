@@ -227,6 +227,26 @@ async def test_loss_keys_change_tag_smoothing_log_and_axis() -> None:
         assert "log-y  x: time" in screen_text(app)
 
 
+async def test_log_y_and_wall_time_on_a_host_without_points_draw_an_empty_plot() -> None:
+    """`l` on a run with no scalar yet crashed the app (plotext's log scale over no data)."""
+    for host in ("gpu-down", "gpu-zombie"):
+        app = make_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await feed(pilot, fx.latest(app.config))
+            screen = await open_host(pilot, host)
+            pane = screen.query_one(LossPane)
+            plot = pane.query_one("#loss-plot")
+            await pilot.press("l")
+            await pilot.pause()
+            assert pane.settings.logy
+            await pilot.press("x", "l", "l")
+            await pilot.pause()
+            plot.series = replace(plot.series, xs=[], raw=[], smooth=[], logy=True)  # type: ignore[attr-defined]
+            plot.replot()  # type: ignore[attr-defined]
+            plot.render()  # type: ignore[attr-defined]
+        assert app.return_code in (0, None)
+
+
 async def test_markup_in_cmdlines_and_log_lines_renders_literally() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:

@@ -95,6 +95,7 @@ class LossPlot(PlotextPlot):
             plt.yscale("linear")
         finite = [i for i, v in enumerate(raw) if math.isfinite(v)]
         if not finite:
+            plt.yscale("linear")  # plotext cannot draw an empty log scale (it raised TypeError)
             plt.title(s.message or s.title or "no points yet")
             self.refresh()
             return
