@@ -224,7 +224,8 @@ def prometheus_text(reports: Sequence[HostReport]) -> str:
               0.0 if err is not None else 1.0, host=host, error=err.kind if err else None)
         for g in snap.gpus:
             gl = {"host": host, "gpu": g.index, "uuid": g.uuid}
-            m.add("gpu_utilization_percent", "gauge", "GPU util (kernel active; U21)",
+            m.add("gpu_utilization_percent", "gauge",  # U21: util% is not SM occupancy
+                  "GPU util: the share of time a kernel ran (not how busy the SMs are)",
                   g.util_pct, **gl)
             m.add("gpu_sm_clock_mhz", "gauge", "SM clock", g.sm_clock_mhz, **gl)
             m.add("gpu_sm_clock_max_mhz", "gauge", "max SM clock", g.sm_clock_max_mhz, **gl)

@@ -290,7 +290,7 @@ async def _signal(plan: ActionPlan, host: HostConfig, accept_new: bool,
             via = via or _via_line(escalated)
     outcome_text = "; ".join(lines + via) + "; the next poll verifies that they are gone"
     if lost:
-        outcome_text += " (a dropped connection is not a failure: U1)"
+        outcome_text += " (the connection dropped, which a kill can cause: that is not a failure)"
     return ActionOutcome(None, outcome_text), "sent"
 
 

@@ -115,7 +115,8 @@ def _verify_relaunch(plan: ActionPlan, history: HostHistory,
     if bound:
         return ActionOutcome(False, (
             f"run {name} runs (pid {', '.join(map(str, pids))}) but is tied to a terminal: it "
-            f"would die with the SSH session (pid {', '.join(map(str, bound))}, seed 000)"))
+            f"would die with the SSH session (pid {', '.join(map(str, bound))}): relaunch it under "
+            "setsid, nohup or systemd-run"))
     return ActionOutcome(True, f"run {name} is running again on {plan.host} (pid "
                                f"{', '.join(map(str, pids))}), detached from any SSH session")
 

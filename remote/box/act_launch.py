@@ -157,7 +157,7 @@ def still_running(req: dict, workdir: bytes) -> "str | None":
         if held:
             return (f"{scripts[held[0]]} is being executed by pid {pid} ({text[:200]}): a "
                     "shell reads a script as it goes, so starting it again now risks a "
-                    "duplicate run (U2); end that process first")
+                    "duplicate run; end that process first")  # U2
     return None
 
 

@@ -113,7 +113,7 @@ def relaunch_command(record: LaunchRecord, latest_checkpoint: str | Checkpoint |
     if record.dropped_secret:
         notes.append(
             f"not passed: {', '.join(record.dropped_secret)} — set at launch but named like a "
-            "secret, so gpuwatch never read, stored or sent its value (U34); put it on the box "
+            "secret, so gpuwatch never read, stored or sent its value; put it on the box "  # U34
             "for the run (e.g. a ~/.netrc streamed over stdin), or a tracker that needs it "
             "may run disabled")
     if record.dropped_session:
