@@ -13,8 +13,10 @@ SEVERITY_GLYPH = {Severity.CRITICAL: "✖", Severity.WARNING: "▲", Severity.IN
 STATUS_VARIABLE = {"ok": "success", "stale": "warning", "unreachable": "error",
                    "waiting": "text-muted"}
 RUN_GLYPH = {"running": "▶", "finished": "✓", "dead": "✗", "unknown": "?", "left behind": "⊘"}
-RUN_WORDS = {"unknown": "not seen yet"}
-"""A run's status in words where the status's own name would read as jargon ("? unknown")."""
+RUN_WORDS = {"unknown": "not running"}
+"""A run's status in words where the status's own name would read as jargon ("? unknown"): a
+configured run gpuwatch never saw running is not called dead (it may not have started yet), but
+it is not "not seen" either when its log, curves or checkpoints are there to see."""
 RUN_VARIABLE = {"running": "success", "finished": "primary", "dead": "error",
                 "unknown": "text-muted", "left behind": "warning"}
 

@@ -50,7 +50,8 @@ GLYPHS: tuple[tuple[str, str], ...] = (
     ("✖  ▲  ●", "a critical finding, a warning, an info (in the state and findings columns)"),
     ("▶  ✓  ✗", "a run running, finished, dead"),
     ("⊘", "left behind: what a dead run left holding VRAM (z reaps it)"),
-    ("?", "a run not seen yet (a configured run with no process and no data)"),
+    ("? not running", "a run gpuwatch has not seen running: not started yet, or it stopped "
+                      "before gpuwatch first looked (its files are still shown)"),
     ("▁▂▄█", "per GPU, util and SM clock as a share of their maximum"),
 )
 """Every glyph the screens use, in words."""
