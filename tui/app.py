@@ -73,6 +73,10 @@ class GpuwatchApp(ThemeCssApp):
         Binding("K", "cannot('kill')", show=False),
         Binding("z", "cannot('reap')", show=False),
         Binding("r", "cannot('relaunch')", show=False),
+        # The host view's keys that its screen hides where they cannot act (one run; a
+        # configured run has nothing to pin) land here and say why.
+        Binding("n,N", "cannot('next_run')", show=False),
+        Binding("P", "cannot('pin')", show=False),
         Binding("p", "pause", "Pause"),
         Binding("R", "poll_now", "Poll now"),
         Binding("t", "cycle_theme", "Theme"),

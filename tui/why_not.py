@@ -3,13 +3,18 @@ silence: a key in the footer either acts or says why not). Plain strings; no Tex
 
 from __future__ import annotations
 
-TITLES = {"kill": "Kill", "reap": "Reap", "relaunch": "Relaunch"}
+TITLES = {"kill": "Kill", "reap": "Reap", "relaunch": "Relaunch", "next_run": "Run", "pin": "Pin"}
 
 
 def why_not(action: str, *, readonly: bool, in_host: bool,
             host: str | None, selected_run: str | None) -> str:
-    """K, z or r pressed while greyed out (or hidden). `in_host`: the host view is open;
+    """K, z, r, n / N or P pressed while greyed out (or hidden). `in_host`: the host view is open;
     `host`: the host it shows, or the fleet's highlighted one."""
+    if action == "next_run":
+        if not in_host:
+            return "n / N go from run to run in a host's view: open a host (Enter) first"
+        return (f"{host} has no run to go to" if selected_run is None else
+                f"{selected_run} is the only run on {host}: n / N go from run to run")
     if readonly:
         return ("actions are off: this gpuwatch was started read-only (--readonly, or "
                 "readonly in the config)")
@@ -18,6 +23,12 @@ def why_not(action: str, *, readonly: bool, in_host: bool,
                 "(not a run's heading), then press K" if in_host else
                 "K kills a process from a host's view: open the host (Enter), go to "
                 "Processes (6), pick the process, then press K")
+    if action == "pin":
+        if not in_host:
+            return "P pins a run from a host's view: open the host (Enter), pick the run"
+        return (f"{selected_run} is already in your config: P pins a run gpuwatch found by "
+                "itself (a tab marked as discovered)" if selected_run else
+                f"no run on {host} to pin")
     if action == "relaunch":
         if not in_host:
             return ("r relaunches a run from a host's view: open the host (Enter), pick "

@@ -857,6 +857,34 @@ async def test_greyed_and_host_only_keys_say_why_in_a_toast(
         assert isinstance(app.screen, FleetScreen) and not {"K", "r"} & footer_keys(app)
 
 
+async def test_view_keys_that_cannot_act_here_say_why() -> None:
+    """n / N with one run, P on a configured run, the plot's keys with no curve, Enter on a
+    filter that matches nothing: each says why in a toast (they were silent)."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        assert (await toast_after(pilot, "n")).startswith("n / N go from run to run in a host")
+        await pilot.press("slash", *"xyzq")
+        said = await toast_after(pilot, "enter")
+        assert said == "no host matches 'xyzq': Esc clears the filter"
+        await pilot.press("escape", "escape")
+        await pilot.pause()
+        await open_host(pilot, "gpu-healthy")
+        for key in ("n", "N"):
+            assert await toast_after(pilot, key) == (
+                "llama-7b is the only run on gpu-healthy: n / N go from run to run")
+        said = await toast_after(pilot, "P")
+        assert said.startswith("llama-7b is already in your config")
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        await open_host(pilot, "gpu-down")
+        for key in ("right_square_bracket", "l", "x", "S"):
+            said = await toast_after(pilot, key)
+            assert "acts on a run's loss plot, and gpu-down has no run" in said, (key, said)
+        assert isinstance(app.screen, HostScreen)
+
+
 async def test_readonly_keys_say_the_session_is_read_only(
         fake_execute: list[tuple[str, Any]]) -> None:
     app = make_app(readonly=True)

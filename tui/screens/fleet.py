@@ -180,4 +180,7 @@ class FleetScreen(KeptScreen):
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if not event.value:
             event.input.display = False
+        elif not self.table.row_count:
+            self.notify(f"no host matches {event.value!r}: Esc clears the filter",
+                        title="Filter", severity="warning", timeout=4)
         self.table.focus()

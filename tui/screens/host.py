@@ -324,17 +324,45 @@ class HostScreen(KeptScreen):
         self.refresh_data()
         self.notify(f"processes sorted by {PROCESS_SORTS[self.process_sort][1]}", timeout=2)
 
+    def _no_curve(self, pane: LossPane, key: str) -> bool:
+        """`key` acts on the loss plot: say so when the run has no curve to show it on (the
+        setting still takes, for when points come)."""
+        if pane.tags():
+            return False
+        run = self.selected_run
+        self.notify(f"{key} acts on the loss plot, and {run or self.host} has no curve yet "
+                    "(no scalars in its event files or metrics)" if run else
+                    f"{key} acts on a run's loss plot, and {self.host} has no run",
+                    title="No curve", severity="warning", timeout=4)
+        return True
+
     def action_tag(self, delta: int) -> None:
-        self.query_one(LossPane).cycle_tag(delta)
+        pane = self.query_one(LossPane)
+        if self._no_curve(pane, "[ ]"):
+            return
+        if len(pane.tags()) == 1:
+            self.notify(f"{pane.tags()[0]} is the only curve of {self.selected_run}",
+                        title="One curve", timeout=3)
+            return
+        pane.cycle_tag(delta)
 
     def action_smoothing(self, delta: int) -> None:
-        self.query_one(LossPane).change_smoothing(delta)
+        pane = self.query_one(LossPane)
+        before = pane.settings.smoothing
+        pane.change_smoothing(delta)
+        if not self._no_curve(pane, "s S") and pane.settings.smoothing == before:
+            self.notify("smoothing is already at its " + ("least" if delta < 0 else "most"),
+                        title="Smoothing", timeout=3)
 
     def action_logy(self) -> None:
-        self.query_one(LossPane).toggle_logy()
+        pane = self.query_one(LossPane)
+        pane.toggle_logy()
+        self._no_curve(pane, "l")
 
     def action_axis(self) -> None:
-        self.query_one(LossPane).toggle_axis()
+        pane = self.query_one(LossPane)
+        pane.toggle_axis()
+        self._no_curve(pane, "x")
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "pin":  # only a discovered run can be pinned; the key is hidden otherwise
