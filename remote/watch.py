@@ -79,7 +79,11 @@ def _judge(history: HostHistory, outcome: PollOutcome) -> HostReport:
                                            outcome.error_message or "", outcome.ended_at))
     findings = evaluate(history).apply(history)
     zombies = {z.pid: z.reason for z in history.zombies or () if z.pid is not None}
-    return HostReport(outcome, findings, runs=runs_json(history, outcome.host), zombies=zombies)
+    current = history.current if outcome.snapshot is not None else None  # with CPU% worked out
+    cpu = {p.pid: p.cpu_pct for p in current.processes if p.cpu_pct is not None} \
+        if current is not None else {}
+    return HostReport(outcome, findings, runs=runs_json(history, outcome.host), zombies=zombies,
+                      cpu_pct=cpu)
 
 
 def runs_json(history: HostHistory, host: HostConfig) -> list[dict[str, Any]]:

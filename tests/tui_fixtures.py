@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import replace
 from types import MappingProxyType
+from typing import Any
 
 from gpuwatch.remote.config.schema import Config, HostConfig, RunConfig
 from gpuwatch.remote.findings.rules import HostHistory
@@ -37,6 +38,10 @@ BTIME = 1_784_000_000
 HOSTILE = "[bold red]x[/]"
 """Text from a box that looks like Rich markup: it must render as written."""
 EMPTY: MappingProxyType = MappingProxyType({})
+CPU_S = 36_000.0
+"""Each listed process's CPU time (utime + stime) in `latest`."""
+CPU_PCT = {4121: 98.0, 4122: 103.0, 4123: 312.0, 4124: 7.5, 777: 100.0, 5150: 0.0}
+"""Each listed process's CPU% from `earlier` to `latest` (a zombie holder uses none)."""
 
 
 def clock() -> float:
@@ -54,13 +59,13 @@ def gpu(index: int, util: float | None, clock_mhz: int | None, *, power: float =
 
 def process(pid: int, *, cmd: str, run: str | None, gpu_index: int | None = 0,
             mem: int | None = 61_000, state: str = "S", start_s: float = 7200.0,
-            user: str = "alice", ppid: int = 1) -> ProcessInfo:
+            user: str = "alice", ppid: int = 1, cpu_s: float | None = CPU_S) -> ProcessInfo:
     return ProcessInfo(
         pid=pid, ppid=ppid, user=user, state=state, comm=cmd.split()[0][:15], cmd=cmd,
         start_ticks=int(start_s * 100), started_at=BTIME + start_s, tty_nr=0, session=pid,
         pgrp=pid, sighup_ignored=True, sighup_caught=False, threads=24, cgroup="/",
         cwd="/data/run", exe="/usr/bin/python3", nvidia_devs=(0,), run=run,
-        gpu_index=gpu_index, gpu_mem_mib=mem)
+        gpu_index=gpu_index, gpu_mem_mib=mem, cpu_s=cpu_s)
 
 
 def disk(path: str, total: int, free: int, inodes_total: int | None = 10_000_000,
@@ -121,7 +126,8 @@ def snapshot(host: str, *, t: float, gpus: Iterable[GpuSample],
                           memory_max_bytes=64 << 30, memory_events=EMPTY, cpu_quota_us=None,
                           cpu_period_us=100_000, cpu_stat=EMPTY),
         kill_user_processes=False, kernel_events=(), xid_counts=EMPTY, section_errors=EMPTY,
-        probe_s=0.12, probe_cpu_s=0.05, poll_s=0.31, runs=tuple(runs))
+        probe_s=0.12, probe_cpu_s=0.05, poll_s=0.31, runs=tuple(runs),
+        processes_uptime_s=t - BTIME)
 
 
 def ok(host: HostConfig, snap: HostSnapshot, at: float) -> PollOutcome:
@@ -200,6 +206,32 @@ def latest(cfg: Config) -> list[PollOutcome]:
             ok(hosts["gpu-zombie"], zombie, NOW), failed(hosts["gpu-down"], NOW)] + [
         ok(h, snapshot(h.name, t=t, gpus=[gpu(0, 50.0, 1500)]), NOW)
         for h in cfg.hosts if h.name.startswith("node-")]
+
+
+def earlier(cfg: Config, span_s: float = 10.0) -> list[PollOutcome]:
+    """The good polls of `latest`, `span_s` earlier, as far as the processes go: the same ones,
+    each with the CPU time it had then (CPU_PCT). No GPUs: a rule that looks back at them
+    (gpu.util_without_clock, sustained over two polls) finds what it finds in `latest` alone."""
+    out = []
+    for o in latest(cfg):
+        snap = o.snapshot
+        if snap is None:
+            continue
+        procs = tuple(p if p.cpu_s is None else replace(
+            p, cpu_s=p.cpu_s - CPU_PCT.get(p.pid, 0.0) * span_s / 100) for p in snap.processes)
+        t = (snap.taken_at or NOW) - span_s
+        out.append(ok(o.host, replace(snap, taken_at=t, uptime_s=t - BTIME, gpus=(),
+                                      processes_uptime_s=t - BTIME, processes=procs),
+                      NOW - span_s))
+    return out
+
+
+def prime(app: Any) -> None:
+    """Each host's history holding its `earlier` poll, as a TUI started with the store's last
+    snapshot holds it (watch.history_from_store): the next poll's processes show CPU%."""
+    for o in earlier(app.config):
+        assert o.snapshot is not None
+        app.hosts[o.host.name].history.record(o.snapshot, o.ended_at, runs=False)
 
 
 def seeded_store(cfg: Config) -> Store:

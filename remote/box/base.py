@@ -68,7 +68,7 @@ GPU_FIELDS = ("index", "uuid", "name", "util_pct", "mem_used_mib", "mem_total_mi
 APP_FIELDS = ("uuid", "pid", "gpu_mem_mib", "process_name")
 PROC_FIELDS = ("pid", "ppid", "user", "state", "comm", "cmd", "start_ticks", "tty_nr",
                "session", "pgrp", "sighup_ignored", "sighup_caught", "threads", "cgroup",
-               "cwd", "exe", "nvidia_devs", "run")
+               "cwd", "exe", "nvidia_devs", "run", "cpu_ticks")
 XID_FIELDS = ("t_mono_s", "t_epoch", "pci", "xid", "pid", "name", "msg")
 OOM_FIELDS = ("t_mono_s", "t_epoch", "pid", "name", "memcg", "cgroup", "limit_bytes")
 

@@ -21,7 +21,7 @@ def collect_host():
     return {
         "hostname": host_name(),
         "boot_id": base.read_text(base.proc_path("sys", "kernel", "random", "boot_id")).strip(),
-        "uptime_s": float(base.read_text(base.proc_path("uptime")).split()[0]),
+        "uptime_s": uptime(),
         "loadavg": [float(x) for x in base.read_text(base.proc_path("loadavg")).split()[:3]],
         "time": round(time.time(), 3),
         "btime": int(btime[0]) if btime and btime[0].isdigit() else None,
@@ -30,6 +30,10 @@ def collect_host():
         "python": "%d.%d.%d" % sys.version_info[:3],
         "spawn": hasattr(os, "posix_spawnp"),  # the client sends run_bounded_popen where not
     }
+
+
+def uptime():
+    return float(base.read_text(base.proc_path("uptime")).split()[0])
 
 
 def host_name():

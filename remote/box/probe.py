@@ -44,6 +44,8 @@ the NVML reader only then; absent when the request's want.nvml is false),
 "pynvml_dir": the folder it imported from (the request's "pynvml_dir" next poll, see
 import_pynvml_from) and "nvml": why NVML was not used, when it was not. "host" says "spawn":
 whether this python has os.posix_spawnp (the client sends run_bounded_popen only where not).
+"processes" says "uptime_s": the box's uptime when its rows' "cpu_ticks" (utime + stime,
+in clock ticks) were read: what the client's CPU% since the last poll divides by.
 "cgroup" also holds "groups": the oom_kill counter and memory limit of the cgroups the runs'
 processes live in, where not the probe's own (see run_groups).
 "kernel" says "candidates": how many lines may be Xids or OOM kills, and holds them as "raw" (with

@@ -21,7 +21,7 @@ def parse_stat(data):
         "pid": int(data[:left]), "comm": data[left + 1:right], "state": rest[0],
         "ppid": int(rest[1]), "pgrp": int(rest[2]), "session": int(rest[3]),
         "tty_nr": int(rest[4]), "flags": int(rest[6]), "threads": int(rest[17]),
-        "start_ticks": int(rest[19]),
+        "start_ticks": int(rest[19]), "cpu_ticks": int(rest[11]) + int(rest[12]),  # utime+stime
     }
 
 
@@ -230,6 +230,7 @@ def process_row(stat, users, limits, devices, run):
         bool(int(status.get("SigCgt", "0"), 16) & sighup), stat["threads"],
         cgroup[1] if cgroup else None, cwd,
         read_link(base.proc_path(pid, "exe")), devices if isinstance(devices, list) else None, run,
+        stat["cpu_ticks"],
     ]
 
 
@@ -248,6 +249,10 @@ def environ_has(pid, mark):
 
 def collect_processes(request, limits, gpu_pids, found):
     procs, kernel_threads = scan_table()
+    try:  # when the CPU times were read: what the client's CPU% divides by
+        uptime_s = host.uptime()
+    except (OSError, ValueError, IndexError):
+        uptime_s = None
     runs = request.get("runs")
     matched = found["matched"] = match_runs(procs, runs if isinstance(runs, list) else [])
     devices, fd_unreadable, fd_skipped = {}, 0, []
@@ -297,6 +302,7 @@ def collect_processes(request, limits, gpu_pids, found):
         "not_listed": len(procs) - len(rows),
         "fd_unreadable": fd_unreadable,
         "fd_skipped": fd_skipped,
+        "uptime_s": uptime_s,
         "euid": os.geteuid(),  # whom the probe runs as: root can signal anyone's processes
     }
 

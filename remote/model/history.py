@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from ..config.thresholds import HISTORY_LEN, Thresholds
 from .death import Diagnosis
 from .finding import Finding
-from .processes import ZombieHolder, gpus_of, one_job, ranks
+from .processes import ZombieHolder, gpus_of, one_job, ranks, with_cpu_pct
 from .series import RunSeries
 from .snapshot import HostSnapshot, Scalars, same_gpu_ids
 
@@ -124,6 +124,7 @@ class HostHistory:
             # Its new points are in self.runs already: keep a token, not the columns, so 64
             # snapshots of a run with a 2 GB event file do not hold it twice (the soak's lesson).
             self.snapshots[-1] = _without_scalars(before)
+        snapshot = with_cpu_pct(before, snapshot)  # each process's CPU% since `before`
         self.snapshots.append(snapshot)
         self.failure = None
         self.last_ok_at = at

@@ -1,11 +1,13 @@
 """A snapshot's process table read as a tree: descendants, the GPUs processes hold, a
 multi-process run's ranks. Pure functions of one HostSnapshot, used by the history (which runs
-died, and which of their ranks) and by the rules. Also what a VRAM zombie holder is."""
+died, and which of their ranks) and by the rules; each process's CPU% between two snapshots.
+Also what a VRAM zombie holder is."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .snapshot import HostSnapshot, ProcessInfo
 
@@ -80,6 +82,50 @@ def one_job(dead: list[int], alive: list[int], pids: Iterable[int],
     jobs = {pid: job(pid) for pid in [*dead, *alive]}
     return ([d for d in dead if any(jobs[d] & jobs[a] for a in alive)],
             [a for a in alive if any(jobs[d] & jobs[a] for d in dead)])
+
+
+MIN_CPU_SPAN_S = 0.5
+"""The shortest span between two polls that CPU% is worked out over: the box counts CPU time in
+clock ticks (10 ms), so a shorter span says more about the ticks than about the process."""
+
+
+def cpu_pct(before_s: float | None, now_s: float | None, span_s: float | None,
+            cap: float | None = None) -> float | None:
+    """CPU% of one process over `span_s` seconds in which its CPU time went from before_s to
+    now_s (100 = one core busy throughout), at most `cap`. None where a figure is missing, the
+    span too short, or the CPU time went back (not the same process: a figure made of it
+    would be garbage)."""
+    if before_s is None or now_s is None or span_s is None or not span_s >= MIN_CPU_SPAN_S:
+        return None
+    used = now_s - before_s
+    if not used >= 0:
+        return None
+    pct = 100.0 * used / span_s
+    if not math.isfinite(pct):
+        return None
+    return min(pct, cap) if cap is not None else pct
+
+
+def with_cpu_pct(before: HostSnapshot | None, now: HostSnapshot) -> HostSnapshot:
+    """`now`, its processes' cpu_pct set from the CPU time each used since `before` over the
+    box's uptime between the two process tables. A process is the same one only with the same
+    pid AND start time on the same boot (pids are reused); any other is seen for the first
+    time (None). Capped at 100 per core of the box: reading the table takes a moment, so a
+    process busy on every core can come out a little over."""
+    if before is None or not now.processes:
+        return now
+    span = None
+    if before.boot_id == now.boot_id and before.processes_uptime_s is not None \
+            and now.processes_uptime_s is not None:
+        span = now.processes_uptime_s - before.processes_uptime_s
+    seen = {(p.pid, p.start_ticks): p.cpu_s for p in before.processes} if span else {}
+    cap = 100.0 * now.ncpu if now.ncpu is not None and now.ncpu > 0 else None
+    procs = tuple(
+        replace(p, cpu_pct=pct) if (pct := cpu_pct(seen.get((p.pid, p.start_ticks)), p.cpu_s,
+                                                    span, cap)) != p.cpu_pct else p
+        for p in now.processes)
+    changed = any(a is not b for a, b in zip(procs, now.processes, strict=True))
+    return replace(now, processes=procs) if changed else now
 
 
 @dataclass(frozen=True, slots=True)

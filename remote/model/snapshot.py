@@ -201,6 +201,14 @@ class ProcessInfo:
     script: str | None = None  # U2, U42: a run process's .py/.sh, as the box resolves it
     script_mtime: float | None = None  # the box's clock; newer than started_at: code changed
     elastic_rank: bool = False  # U11: a session leader holding a GPU with TORCHELASTIC_RUN_ID
+    cpu_s: float | None = None
+    """User + system CPU time it has used since it started (the box's utime + stime); None
+    where the box did not say or said something that is no CPU time."""
+    cpu_pct: float | None = None
+    """CPU since the previous poll that listed this same process (pid and start time), as top
+    shows it (100 = one core; a process with many threads can show more). None on its first
+    sighting, after a reboot, or when the two polls' figures do not make one (model.processes
+    .with_cpu_pct sets it when the history records the poll)."""
 
     @property
     def holds_nvidia_dev(self) -> bool | None:
@@ -220,6 +228,7 @@ class ProcessInfo:
             "started_at": self.started_at, "gpu_index": self.gpu_index,
             "gpu_mem_mib": self.gpu_mem_mib, "cmd": self.cmd, "run": self.run,
             "zombie": "defunct" if self.zombie else None,
+            "cpu_pct": None if self.cpu_pct is None else round(self.cpu_pct, 1),
         }
 
 
@@ -494,3 +503,7 @@ class HostSnapshot:
     """The GPUs could not be read, or some of them (U22): never the same as having none."""
     gpu_query_s: float | None = None
     """How long the box's GPU query took (nvidia-smi or NVML), failed or not."""
+    processes_uptime_s: float | None = None
+    """The box's uptime when its process table was read (the processes' cpu_s): what CPU%
+    since the previous poll divides by (the host's uptime_s is read before the GPU query,
+    whose own time varies from poll to poll)."""

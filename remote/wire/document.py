@@ -47,6 +47,7 @@ from .sections import (
     _gpu_processes,
     _gpu_use,
     _kernel_events,
+    _lenient_number,
     _process,
     _runs,
     _scripts,
@@ -252,6 +253,7 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
     use = _gpu_use(apps)
     cgroup = _section(doc, "cgroup", errors)
     scripts = _scripts(procs) if procs else {}
+    ticks = info.opt_int("clk_tck") if info else None
     elastic = _elastic(procs) if procs else frozenset()
     logind = _section(doc, "logind", errors)
     kernel = _kernel_section(doc, errors)
@@ -267,7 +269,7 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
         gpu_processes=apps,
         gpu_source=gpu_section.opt_str("source") if gpu_section else None,
         nvidia_smi_reasons=gpu_section.opt_str("reasons") if gpu_section else None,
-        processes=tuple(_process(row, use, clock, scripts, elastic)
+        processes=tuple(_process(row, use, clock, scripts, elastic, ticks)
                         for row in procs.table("procs")) if procs else (),
         process_counts=_counts(procs) if procs else None,
         disks=_disks(doc, errors),
@@ -287,6 +289,7 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
         gpu_error=gpu_error,
         gpu_query_s=gpu_error.query_s if gpu_error is not None
         else gpu_section.opt_float("query_s") if gpu_section else None,
+        processes_uptime_s=_lenient_number(procs.data.get("uptime_s")) if procs else None,
         **_discovery_note(doc),
     )
 

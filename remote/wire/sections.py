@@ -68,10 +68,26 @@ def _gpu_use(apps: tuple[GpuProcess, ...]) -> dict[int, tuple[int | None, int | 
     return use
 
 
+def _lenient_number(value: object) -> float | None:
+    """A figure the rest of the document does not hang on, read leniently: a finite number
+    from 0 up to FLOAT_MAX, else None (a hostile or broken value loses that figure only)."""
+    if isinstance(value, int | float) and _is_number(value) and value >= 0:
+        return float(value)
+    return None
+
+
+def _cpu_s(row: _Node, ticks_per_s: int | None) -> float | None:
+    """A process's utime + stime in seconds, from its clock ticks and the box's ticks per
+    second; None where either is missing or not a count."""
+    ticks = _lenient_number(row.data.get("cpu_ticks"))
+    return None if ticks is None or ticks_per_s is None or ticks_per_s <= 0 \
+        else ticks / ticks_per_s
+
+
 def _process(row: _Node, use: Mapping[int, tuple[int | None, int | None]],
              clock: tuple[int, int] | None,
              scripts: Mapping[int, tuple[str | None, float | None]],
-             elastic: frozenset[int]) -> ProcessInfo:
+             elastic: frozenset[int], ticks_per_s: int | None = None) -> ProcessInfo:
     pid, start_ticks = row.get_int("pid"), row.get_int("start_ticks")
     gpu_index, gpu_mem_mib = use.get(pid, (None, None))
     started_at = None if clock is None else clock[0] + start_ticks / clock[1]
@@ -85,6 +101,7 @@ def _process(row: _Node, use: Mapping[int, tuple[int | None, int | None]],
         nvidia_devs=row.opt_list("nvidia_devs", _is_int, "integers"), run=row.opt_str("run"),
         gpu_index=gpu_index, gpu_mem_mib=gpu_mem_mib, script=scripts.get(pid, (None, None))[0],
         script_mtime=scripts.get(pid, (None, None))[1], elastic_rank=pid in elastic,
+        cpu_s=_cpu_s(row, ticks_per_s),
     )
 
 

@@ -229,9 +229,10 @@ async def test_j_k_g_G_move_the_cursor_and_o_sorts_the_fleet() -> None:
         assert isinstance(app.screen, FleetScreen)
 
 
-async def test_processes_sort_by_vram_and_age_with_o() -> None:
+async def test_processes_sort_by_vram_cpu_and_age_with_o() -> None:
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
+        fx.prime(app)
         await feed(pilot)
         screen = await open_host(pilot, "gpu-healthy")
         procs = screen.query_one(ProcessTable)
@@ -248,8 +249,39 @@ async def test_processes_sort_by_vram_and_age_with_o() -> None:
         for run_pids in by_run.values():  # within each run, most VRAM first
             assert [mem[p] for p in run_pids] == sorted((mem[p] for p in run_pids),
                                                         reverse=True)
+        await pilot.press("o")  # CPU since the previous poll, most first
+        assert procs.sorted_by == "cpu" and "CPU% ▼" in text_of(app)
+        pids = [int(k[4:]) for k in procs._keys if k.startswith("pid:")]
+        assert pids == sorted(pids, key=lambda p: -fx.CPU_PCT[p]) == [4123, 4122, 4121, 4124]
+        shown = {p.pid: p.cpu_pct for p in app.hosts["gpu-healthy"].snapshot.processes}
+        assert shown == pytest.approx({p: fx.CPU_PCT[p] for p in pids})
         await pilot.press("o")
         assert procs.sorted_by == "age" and "age ▼" in text_of(app)
+        await pilot.press("o")
+        assert procs.sorted_by is None
+
+
+async def test_cpu_shows_whole_at_80_columns_and_a_dash_until_known() -> None:
+    app = make_app()
+    async with app.run_test(size=NARROW) as pilot:
+        await feed(pilot)  # a first sighting: no CPU% yet
+        await open_host(pilot, "gpu-healthy")
+        await pilot.press("6")  # the processes pane, scrolled into view
+        await pilot.pause()
+        rows = [line for line in text_of(app).splitlines() if "4123" in line]
+        assert rows and "–" in rows[0], rows
+    app = make_app()
+    async with app.run_test(size=NARROW) as pilot:
+        fx.prime(app)
+        await feed(pilot)
+        await open_host(pilot, "gpu-healthy")
+        await pilot.press("6")
+        await pilot.pause()
+        screen = text_of(app)
+        assert "CPU%" in screen
+        for pid, cell in ((4123, " 312 "), (4124, " 7.5 "), (4122, " 103 ")):
+            rows = [line for line in screen.splitlines() if f"{pid}" in line]
+            assert rows and cell in rows[0], (pid, rows)
 
 
 async def test_loss_plot_marks_findings_at_their_step() -> None:

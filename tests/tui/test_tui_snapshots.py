@@ -45,6 +45,7 @@ def snapshot_app(theme: str) -> Any:
 def before(host: str | None) -> Any:
     async def run_before(pilot: Pilot[Any]) -> None:
         app = pilot.app
+        fx.prime(app)  # the store's last poll: the processes' CPU% shows
         for o in fx.latest(app.config):  # type: ignore[attr-defined]
             app.post_message(SnapshotReady(o.host.name, o))
         await pilot.pause()

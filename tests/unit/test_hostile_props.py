@@ -192,6 +192,40 @@ def test_damaged_document_bytes_are_a_probe_error_at_worst(
     judged_everywhere(bytes(raw))
 
 
+@SETTINGS
+@given(st.data())
+def test_hostile_cpu_figures_are_none_and_never_the_hosts_error(
+        bases: list[dict[str, Any]], data: st.DataObject) -> None:
+    """Two polls of the fixture box, the processes' CPU ticks and the table's uptime of either
+    swapped for anything: both documents still read, and each process's cpu_s and CPU% is a
+    number in range or None; judging and every report go on."""
+    first = copy.deepcopy(bases[0])
+    procs = first["processes"]
+    at = procs["procs"]["fields"].index("cpu_ticks")
+    second = copy.deepcopy(first)
+    second["processes"]["uptime_s"] += data.draw(st.sampled_from([10, 0.1, 0, 3600]))
+    for row in second["processes"]["procs"]["rows"]:
+        row[at] += data.draw(st.integers(0, 10**6))
+    for _ in range(data.draw(st.integers(1, 4))):
+        doc = data.draw(st.sampled_from([first, second]))
+        value = data.draw(st.one_of(NUMBERS, VALUES))
+        rows = doc["processes"]["procs"]["rows"]
+        if data.draw(st.booleans()):
+            doc["processes"]["uptime_s"] = value
+        else:
+            rows[data.draw(st.integers(0, len(rows) - 1))][at] = value
+    history = HostHistory("gpu1")
+    for doc, at_s in ((first, 0.0), (second, 10.0)):
+        data_bytes = json.dumps(doc).encode()
+        history.record(parse_probe_output(data_bytes, "gpu1"), at_s)  # never a ProbeError
+        snap = history.snapshots[-1]
+        ncpu = snap.ncpu or 1
+        for p in snap.processes:
+            assert p.cpu_s is None or (math.isfinite(p.cpu_s) and p.cpu_s >= 0)
+            assert p.cpu_pct is None or 0 <= p.cpu_pct <= 100 * ncpu
+        judged_everywhere(data_bytes)
+
+
 # ---------------------------------------------------------------- metrics readers
 
 CELL = st.one_of(

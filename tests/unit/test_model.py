@@ -21,7 +21,7 @@ DESIGN_GPU_KEYS = ["index", "uuid", "name", "util_pct", "mem_used_mib", "mem_tot
                    "sm_clock_mhz", "sm_clock_max_mhz", "power_w", "power_limit_w", "temp_c",
                    "throttle_reasons", "mig", "persistence_mode"]
 DESIGN_PROCESS_KEYS = ["pid", "ppid", "user", "state", "started_at", "gpu_index", "gpu_mem_mib",
-                       "cmd", "run", "zombie"]
+                       "cmd", "run", "zombie", "cpu_pct"]  # cpu_pct: added to gpuwatch/1 later
 DESIGN_DISK_KEYS = ["path", "mount", "bytes_total", "bytes_free", "inodes_total", "inodes_free"]
 
 
@@ -210,3 +210,118 @@ def test_model_imports_neither_textual_nor_asyncssh():
 def test_uuids_map_apps_to_gpu_indexes(box: Box):
     snap = snapshot(box)
     assert {a.uuid: a.gpu_index for a in snap.gpu_processes}[UUIDS[7]] == 7
+
+
+# ---------------------------------------------------------------- CPU% between two polls
+
+TCK = os.sysconf("SC_CLK_TCK")
+
+
+def rewrite_stat(box: Box, pid: int, *, utime: int | None = None, stime: int | None = None,
+                 start: int | None = None) -> None:
+    """Change a fixture process's CPU ticks or start time in its /proc/PID/stat."""
+    path = box.proc / str(pid) / "stat"
+    head, tail = path.read_text().rsplit(")", 1)
+    rest = tail.split()  # rest[0] is field 3 (state): field n is rest[n - 3]
+    for n, value in ((14, utime), (15, stime), (22, start)):
+        if value is not None:
+            rest[n - 3] = str(value)
+    path.write_text(head + ") " + " ".join(rest) + "\n")
+
+
+def test_cpu_pct_is_the_cpu_time_used_between_two_polls_of_the_same_process(box: Box):
+    from gpuwatch.remote.findings.rules import HostHistory
+
+    history = HostHistory("gpu1")
+    first = snapshot(box)
+    history.record(first, 0.0)
+    procs = {p.pid: p for p in history.snapshots[-1].processes}
+    assert procs[830].cpu_s == pytest.approx(15 / TCK)  # the fixture's utime 12 + stime 3
+    assert first.processes_uptime_s == 86400.25
+    assert all(p.cpu_pct is None for p in procs.values())  # first sighting: not known yet
+
+    box.write("proc/uptime", "86410.25 170000.50\n")  # 10 s later
+    rewrite_stat(box, 830, utime=12 + 4 * TCK, stime=3 + TCK)  # 5 s of CPU in 10 s
+    rewrite_stat(box, 921, utime=12 + 10_000 * TCK)  # more than every core could give
+    rewrite_stat(box, 930, utime=0, stime=0)  # its CPU time went back: not the same process
+    rewrite_stat(box, 922, start=7_300_000, utime=12 + 2 * TCK)  # pid reused by a new process
+    history.record(snapshot(box), 10.0)
+    procs = {p.pid: p for p in history.snapshots[-1].processes}
+    assert procs[830].cpu_pct == pytest.approx(50.0)
+    assert procs[820].cpu_pct == 0.0  # listed twice, no CPU used in between
+    assert procs[921].cpu_pct == 100.0 * (os.cpu_count() or 1)  # at most 100 per core
+    assert procs[930].cpu_pct is None and procs[922].cpu_pct is None
+
+    # only this poll's processes are compared with the next: a pid gone and back is new
+    box.write("proc/uptime", "86420.25 170000.50\n")
+    rewrite_stat(box, 922, start=7_400_000)
+    history.record(snapshot(box), 20.0)
+    procs = {p.pid: p for p in history.snapshots[-1].processes}
+    assert procs[922].cpu_pct is None and procs[930].cpu_pct == 0.0
+    assert procs[830].cpu_pct == 0.0
+
+
+def test_cpu_pct_is_not_carried_over_a_reboot_or_a_clock_that_went_back(box: Box):
+    from gpuwatch.remote.findings.rules import HostHistory
+
+    history = HostHistory("gpu1")
+    history.record(snapshot(box), 0.0)
+    box.write("proc/uptime", "86400.00 170000.50\n")  # a quarter of a second back
+    rewrite_stat(box, 830, utime=500)
+    history.record(snapshot(box), 10.0)
+    assert all(p.cpu_pct is None for p in history.snapshots[-1].processes)
+    box.write("proc/uptime", "86410.00 170000.50\n")
+    box.write("proc/sys/kernel/random/boot_id", "another-boot\n")  # same pids, same starts
+    rewrite_stat(box, 830, utime=600)
+    history.record(snapshot(box), 20.0)
+    assert all(p.cpu_pct is None for p in history.snapshots[-1].processes)
+
+
+def test_cpu_pct_of_two_cpu_times_and_a_span():
+    from gpuwatch.remote.model.processes import MIN_CPU_SPAN_S, cpu_pct
+
+    assert cpu_pct(None, 5.0, 10.0) is None and cpu_pct(1.0, None, 10.0) is None
+    assert cpu_pct(1.0, 2.0, None) is None
+    assert cpu_pct(1.0, 6.0, 10.0) == 50.0 and cpu_pct(1.0, 1.0, 10.0) == 0.0
+    assert cpu_pct(1.0, 41.0, 10.0) == 400.0 and cpu_pct(1.0, 41.0, 10.0, cap=200.0) == 200.0
+    assert cpu_pct(2.0, 1.0, 10.0) is None  # back: another process's figure, not garbage
+    assert cpu_pct(1.0, 1.01, MIN_CPU_SPAN_S / 2) is None  # too short to say
+    assert cpu_pct(1.0, 2.0, 0.0) is None and cpu_pct(1.0, 2.0, -3.0) is None
+    assert cpu_pct(0.0, 2.0**53, 1.0) == 100.0 * 2.0**53  # big, but a number
+    assert cpu_pct(0.0, 2.0, float("nan")) is None
+
+
+@pytest.mark.parametrize("bad", ["12", -1, -0.5, 2**64, 1e300 * 1e10, float("nan"), True,
+                                 [1], {"a": 1}])
+def test_a_hostile_cpu_figure_is_no_figure_and_the_rest_is_read(box: Box, bad: object):
+    """The CPU ticks of a row, the table's uptime and the clock ticks per second are figures
+    nothing else hangs on: a bad one is None, never the host's probe error."""
+    from gpuwatch.remote.findings.rules import HostHistory
+
+    doc = json.loads(zlib.decompress(probe_output(box, compress=True)))
+    at = doc["processes"]["procs"]["fields"].index("cpu_ticks")
+    history = HostHistory("gpu1")
+    history.record(parse_probe_output(json.dumps(doc).encode(), "gpu1"), 0.0)
+    later = copy.deepcopy(doc)
+    later["processes"]["uptime_s"] += 10
+    for row in later["processes"]["procs"]["rows"]:
+        row[at] += 100
+    later["processes"]["procs"]["rows"][0][at] = bad
+    snap = parse_probe_output(json.dumps(later).encode(), "gpu1")
+    assert snap.processes[0].cpu_s is None and snap.processes[1].cpu_s is not None
+    history.record(snap, 10.0)
+    procs = history.snapshots[-1].processes
+    assert procs[0].cpu_pct is None and procs[1].cpu_pct == pytest.approx(100 / TCK * 10)
+    for where in ("uptime", "clk_tck"):
+        worse = copy.deepcopy(later)
+        if where == "uptime":
+            worse["processes"]["uptime_s"] = bad
+        elif not isinstance(bad, int) or isinstance(bad, bool) or bad >= 2**63:
+            continue  # any other clk_tck is the host section's error, as it always was
+        else:
+            worse["host"]["clk_tck"] = bad
+        snap = parse_probe_output(json.dumps(worse).encode(), "gpu1")
+        fresh = HostHistory("gpu1")
+        fresh.record(parse_probe_output(json.dumps(doc).encode(), "gpu1"), 0.0)
+        fresh.record(snap, 10.0)
+        assert all(p.cpu_pct is None for p in fresh.snapshots[-1].processes), where

@@ -67,6 +67,31 @@ def test_once_json_matches_schema_and_the_simulator(tmp_path: Path, preset) -> N
         assert gpu["power_limit_w"] == (limit if isinstance(limit, (int, float)) else None)
 
 
+def test_once_json_gives_each_process_its_cpu_since_the_last_cron_run(tmp_path: Path) -> None:
+    """`cpu_pct`: null the first time a process is seen; on the next cron `--once`, the CPU it
+    used since the poll the store kept (the simulated box counts a running process's ticks
+    as the kernel does: one core per thread)."""
+    from dataclasses import replace
+
+    from gpuwatch.remote.sim.box import training_process
+
+    box = Box(tmp_path / "box", h100_sxm(2))
+    box.add_process(replace(training_process(4242, gpu=0), threads=1))  # running
+    box.add_process(replace(training_process(4343, gpu=1), threads=1, state="S"))
+    env = box_env(box)
+    docs = []
+    for _ in range(2):
+        out = gpuwatch(tmp_path, "--once", "--json", "local", env=env)
+        assert out.returncode == 0, out.stderr
+        docs.append(json.loads(out.stdout))
+        jsonschema.validate(docs[-1], load_schema())
+        box.advance(10)
+    first, second = ({p["pid"]: p["cpu_pct"] for p in d["hosts"][0]["processes"]}
+                     for d in docs)
+    assert first[4242] is None and first[4343] is None
+    assert second[4242] == 100.0 and second[4343] == 0.0
+
+
 def test_once_text_and_prometheus(tmp_path: Path) -> None:
     box = Box(tmp_path / "box", h100_sxm(2))
     env = box_env(box)

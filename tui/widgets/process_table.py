@@ -1,7 +1,8 @@
-"""ProcessTable: the box's listed processes as a tree by run: pid, user, GPU, VRAM, run, age
-(how long the process has run: since it took the GPU, for a run's process), state and the zombie
-flag (U11: VRAM held by a process no live run owns), command line. Within each run, the order
-its screen picks (`sorted_by`): by pid, most VRAM first, or oldest first; the runs follow their
+"""ProcessTable: the box's listed processes as a tree by run: pid, user, GPU, VRAM, CPU% since
+the previous poll ("–" until a second poll has seen the process), age (how long the process has
+run: since it took the GPU, for a run's process), state and the zombie flag (U11: VRAM held by a
+process no live run owns), command line. Within each run, the order its screen picks
+(`sorted_by`): by pid, most VRAM first, most CPU first, or oldest first; the runs follow their
 first process.
 
 Command lines come from the box: they are Text, never markup (STYLE 10), with their control
@@ -22,10 +23,11 @@ from ..messages import ProcessSelected
 from ..state import HostData
 from .cursor_keys import CURSOR_KEYS
 
-COLUMNS = (("pid", "pid"), ("user", "user"), ("gpu", "GPU"), ("vram", "VRAM"),
+COLUMNS = (("pid", "pid"), ("user", "user"), ("gpu", "GPU"), ("vram", "VRAM"), ("cpu", "CPU%"),
            ("age", "age"), ("flag", "state"), ("cmd", "command"))
 NO_RUN = "(no run)"
 SORTS: tuple[tuple[str | None, str], ...] = ((None, "run, then pid"), ("vram", "VRAM, most first"),
+                                           ("cpu", "CPU, most first"),
                                            ("age", "age, oldest first"))
 """The orders the screen cycles through: a column key (its header is marked) and words."""
 
@@ -33,9 +35,18 @@ SORTS: tuple[tuple[str | None, str], ...] = ((None, "run, then pid"), ("vram", "
 def process_key(column: str | None, p: ProcessInfo) -> tuple[float, int]:
     if column == "vram":
         return (-(p.gpu_mem_mib or 0), p.pid)
+    if column == "cpu":  # not known yet: after every figure
+        return (-p.cpu_pct if p.cpu_pct is not None else float("inf"), p.pid)
     if column == "age":
         return (p.started_at if p.started_at is not None else float("inf"), p.pid)
     return (0.0, p.pid)
+
+
+def cpu_cell(pct: float | None) -> Text:
+    """CPU% as top shows it, right-aligned; "–" until two polls have seen the process."""
+    if pct is None:
+        return Text("–", justify="right")
+    return Text(f"{pct:.0f}" if pct >= 9.95 or pct == 0 else f"{pct:.1f}", justify="right")
 
 
 class ProcessTable(DataTable[Text]):
@@ -99,7 +110,7 @@ class ProcessTable(DataTable[Text]):
             if status:
                 head.append(f" {RUN_GLYPH[status]} {RUN_WORDS.get(status, status)}",
                             style=colour(self.app, RUN_VARIABLE[status]))
-            self._add(f"run:{run}", [head, Text(""), Text(""), Text(""), Text(""), Text(""),
+            self._add(f"run:{run}", [head, *(Text("") for _ in COLUMNS[1:-1]),
                                      Text(f"{len(procs)} process{'es' * (len(procs) != 1)}",
                                           style=muted)])
             for i, p in enumerate(procs):
@@ -125,5 +136,5 @@ class ProcessTable(DataTable[Text]):
         vram = f"{p.gpu_mem_mib / 1024:.1f} GiB" if p.gpu_mem_mib else ""
         return [Text(f"{branch} {p.pid}"), Text(visible(p.user)),
                 Text("" if p.gpu_index is None else str(p.gpu_index)), Text(vram),
-                Text(human_age(age) if age is not None else "?"), flag,
+                cpu_cell(p.cpu_pct), Text(human_age(age) if age is not None else "?"), flag,
                 Text(visible(p.cmd), no_wrap=True, overflow="ellipsis")]
