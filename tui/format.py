@@ -9,6 +9,7 @@ the terminal (STYLE 14).
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Mapping, Sequence
 
@@ -149,12 +150,27 @@ def ema(values: Sequence[float], weight: float) -> list[float]:
 UNIT_SUFFIXES = (("_mib", "mib"), ("_bytes", "bytes"), ("_pct", "pct"), ("_mhz", "mhz"),
                  ("_s", "s"), ("_at", "at"), ("_w", "w"), ("_c", "c"))
 LIST_SHOWN = 6
+WORDS_ID = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)+")
+CODE_KEYS = frozenset({"cause", "reason", "reasons", "throttle_reasons", "kind"})
+"""Keys whose values are gpuwatch's own codes (sw_power_cap, oom_cgroup): shown as words. A
+tag, a path or a command is shown as it is."""
 """Items of a list shown before "+N more"."""
+
+
+HIDDEN_KEYS = frozenset({"start_ticks", "explanation", "uid", "uuid"})
+"""Evidence for the JSON and the store, not for a person: a pid's start in clock ticks, a
+holder's explanation (the finding's sentence already says it), ids."""
 
 
 def _unit_of(key: str) -> tuple[str, str | None]:
     if key == "bytes":
         return "size", "bytes"
+    if key.startswith("bytes_"):  # bytes_free, bytes_total
+        return key[len("bytes_"):], "bytes"
+    if key in CODE_KEYS:
+        return key, "code"
+    if key.endswith("_ratio"):  # clock_ratio 0.35: the clock at 35% of its maximum
+        return key[: -len("_ratio")], "ratio"
     for suffix, unit in UNIT_SUFFIXES:
         if key.endswith(suffix) and len(key) > len(suffix):
             return key[: -len(suffix)], unit
@@ -187,6 +203,8 @@ def _value_words(value: object, unit: str | None) -> str:
             return f"{value / 1024:.1f} GiB"
         if unit == "pct":
             return f"{value:.0f}%"
+        if unit == "ratio":
+            return f"{value * 100:.0f}% of max"
         if unit == "mhz":
             return f"{value:.0f} MHz"
         if unit == "w":
@@ -194,6 +212,8 @@ def _value_words(value: object, unit: str | None) -> str:
         if unit == "c":
             return f"{value:.0f}°C"
         return f"{value:.4g}" if isinstance(value, float) else str(value)
+    if unit == "code" and isinstance(value, str) and WORDS_ID.fullmatch(value):
+        return value.replace("_", " ")  # sw_power_cap, oom_cgroup: a code, said as words
     return str(value)
 
 
@@ -202,6 +222,8 @@ def _flat(evidence: Mapping[str, object]) -> list[tuple[str, object]]:
     ..., "evidence": {...}}} is read as its items), a pair said twice once."""
     out: list[tuple[str, object]] = []
     for key, value in evidence.items():
+        if key in HIDDEN_KEYS:
+            continue
         if isinstance(value, Mapping) and value:
             for pair in _flat(value):
                 if pair not in out:

@@ -89,7 +89,14 @@ def fmt_mib(n: float | None) -> str:
 
 
 def fmt_gib(n: float | None) -> str:
-    return "?" if n is None else f"{n / 2**30:,.1f} GiB"
+    """Bytes in GiB; under a tenth of one, in the unit that shows them (not "0.0 GiB")."""
+    if n is None:
+        return "?"
+    if abs(n) >= 2**30 / 10:
+        return f"{n / 2**30:,.1f} GiB"
+    if abs(n) >= 2**20 / 10:
+        return f"{n / 2**20:,.1f} MiB"
+    return f"{n / 1024:,.1f} KiB" if abs(n) >= 1024 else f"{n:.0f} B"
 
 
 def fmt_dur(s: float) -> str:

@@ -321,10 +321,11 @@ class Box:
         busy = sum(p.threads for p in self.processes.values() if p.state == "R")
         self.cgroup["usage_usec"] += int(seconds * 1e6 * min(busy, self.ncpu))
         self.cgroup["nr_periods"] += int(seconds * 1e6 / self.cgroup["cpu_period_us"])
+        share = min(1.0, self.ncpu / busy) if busy else 1.0  # cores shared by busy threads
         for pid, p in list(self.processes.items()):
             if p.state == "R":
-                self.processes[pid] = replace(
-                    p, utime_ticks=p.utime_ticks + int(seconds * CLK_TCK * p.threads))
+                self.processes[pid] = replace(p, utime_ticks=p.utime_ticks + int(
+                    seconds * CLK_TCK * p.threads * share))
                 self._write_process_files(self.processes[pid])
         self._write_cgroup()
         if not self.real_proc:

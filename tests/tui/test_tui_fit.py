@@ -68,9 +68,19 @@ def test_evidence_reads_as_words_and_units_never_a_python_dict() -> None:
                            "holders": [{"pid": 7, "gpu_mem_mib": 4096}], "gone": None})
     assert "{" not in said and "'" not in said and "=" not in said, said
     assert "span 2 m" in said and "sm clock 724 MHz, 742 MHz" in said
-    assert said.count("cause oom_cgroup") == 1  # said once, not again from the nested dict
+    assert said.count("cause oom cgroup") == 1  # said once, not again from the nested dict
     assert "memory max 16.0 GiB" in said and "holders (pid 7, gpu mem 4.0 GiB)" in said
     assert "gone" not in said
+
+
+def test_evidence_hides_internals_and_says_codes_ratios_and_sizes_in_words() -> None:
+    said = evidence_words({"bytes_free": 24367424524, "clock_ratio": 0.3525,
+                           "reasons": ["sw_power_cap"], "tag": "train_loss",
+                           "holders": [{"pid": 10267, "start_ticks": 1968053,
+                                        "explanation": "pid 10267 holds GPU 3 memory"}]})
+    assert "free 22.7 GiB" in said and "clock 35% of max" in said, said
+    assert "reasons sw power cap" in said and "tag train_loss" in said, said  # a tag as it is
+    assert "holders (pid 10267)" in said and "ticks" not in said and "explanation" not in said
 
 
 def test_step_ticks_are_whole_steps_and_time_ticks_clock_times() -> None:

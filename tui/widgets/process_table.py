@@ -26,6 +26,8 @@ from .cursor_keys import CURSOR_KEYS
 COLUMNS = (("pid", "pid"), ("user", "user"), ("gpu", "GPU"), ("vram", "VRAM"), ("cpu", "CPU%"),
            ("age", "age"), ("flag", "state"), ("cmd", "command"))
 NO_RUN = "(no run)"
+HEAD_CELLS = 14
+"""A run heading's name is cut here (the run's tab and the header carry it whole)."""
 SORTS: tuple[tuple[str | None, str], ...] = ((None, "run, then pid"), ("vram", "VRAM, most first"),
                                            ("cpu", "CPU, most first"),
                                            ("age", "age, oldest first"))
@@ -105,14 +107,18 @@ class ProcessTable(DataTable[Text]):
             groups.setdefault(p.run or NO_RUN, []).append(p)
         muted = colour(self.app, "text-muted")
         for run, procs in groups.items():
+            # The run's heading: its name in the pid column (cut, so that a long name does not
+            # widen the pid column and push state and command off a narrow pane), its status
+            # in the state column, its count in the command column.
             status = "" if run == NO_RUN else data.run_status(run)
-            head = Text(f"▾ {visible(run)}", style="bold")
+            head = Text(f"▾ {visible(run)}", style="bold", no_wrap=True, overflow="ellipsis")
+            head.truncate(HEAD_CELLS, overflow="ellipsis")
+            state = Text("")
             if status:
-                head.append(f" {RUN_GLYPH[status]} {RUN_WORDS.get(status, status)}",
-                            style=colour(self.app, RUN_VARIABLE[status]))
-            self._add(f"run:{run}", [head, *(Text("") for _ in COLUMNS[1:-1]),
-                                     Text(f"{len(procs)} process{'es' * (len(procs) != 1)}",
-                                          style=muted)])
+                state = Text(f"{RUN_GLYPH[status]} {RUN_WORDS.get(status, status)}",
+                             style=colour(self.app, RUN_VARIABLE[status]))
+            count = Text(f"{len(procs)} process{'es' * (len(procs) != 1)}", style=muted)
+            self._add(f"run:{run}", [head, *(Text("") for _ in COLUMNS[1:-2]), state, count])
             for i, p in enumerate(procs):
                 branch = "└" if i == len(procs) - 1 else "├"
                 self._add(f"pid:{p.pid}", self.cells(p, branch, data, box_now))
