@@ -378,5 +378,6 @@ async def _relaunch(plan: ActionPlan, host: HostConfig,
     where = (f"tmux session {doc.get('session')} (`tmux attach -t {doc.get('session')}`)"
              if doc.get("detach") == "tmux" else "its own session (setsid nohup)")
     return ActionOutcome(None, (
-        f"started run {spec.run} as pid {doc.get('pid')} in {where}{note}, output appended to "
+        f"started run {spec.run} (launcher pid {doc.get('pid')}: the run's own processes are "
+        f"its children) in {where}{note}, output appended to "
         f"{doc.get('log', spec.log)}; the next poll verifies it runs")), "sent"

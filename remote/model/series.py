@@ -427,8 +427,9 @@ class RunSeries(RunState):
         return statistics.median(gaps)
 
     def work_at_risk_s(self, now: float | None = None) -> float | None:
-        """Seed 001: the work a crash would lose. Running: now − the latest checkpoint;
-        dead: from that checkpoint to when it was last seen running (what was lost);
+        """Seed 001: the work a crash would lose. Running: now − the latest checkpoint, or
+        − the launch where the run started after it (a resumed run); dead: from then to when
+        it was last seen running (what was lost);
         finished: 0; unknown or no checkpoint: None. `now` is the box's clock."""
         status, latest = self.status, self.latest_checkpoint
         if status == "finished":
@@ -437,7 +438,10 @@ class RunSeries(RunState):
             return None
         end = now if status == "running" else self.last_seen_running_at
         end = self.box_time if end is None else end
-        return None if end is None else max(0.0, end - latest.mtime)
+        # A run relaunched from its latest checkpoint has done only what it did since the
+        # launch: that, not the time since the checkpoint was written, is what a crash loses.
+        since = max(latest.mtime, self.started_after or latest.mtime)
+        return None if end is None else max(0.0, end - since)
 
     def log_age_s(self, now: float | None = None) -> float | None:
         sample = self.last_sample

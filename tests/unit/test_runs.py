@@ -533,12 +533,14 @@ def test_status_running_dead_finished(workdir: Path):
         sample = watch.poll()
         assert sample.pids == (child.pid,) and sample.done is False
         assert watch.series.status == "running"
-        assert watch.series.work_at_risk_s() == pytest.approx(600, abs=30)
+        # The checkpoint is 10 minutes older than this launch: a crash loses the launch's own
+        # work (seconds), not the 10 minutes before it started.
+        assert 0 <= watch.series.work_at_risk_s() < 30  # type: ignore[operator]
     finally:
         child.kill()
         child.wait()
     assert watch.poll().pids == () and watch.series.status == "dead"
-    assert watch.series.work_at_risk_s() == pytest.approx(600, abs=30)  # what was lost
+    assert 0 <= watch.series.work_at_risk_s() < 30  # type: ignore[operator]  # what was lost
     (workdir / "outputs" / "DONE").write_text("")
     sample = watch.poll()
     assert sample.done is True and sample.done_mtime is not None

@@ -188,6 +188,23 @@ def test_status_transitions_and_work_at_risk():
     assert run.status == "finished" and run.work_at_risk_s() == 0.0
 
 
+def test_a_run_resumed_from_its_checkpoint_has_only_its_own_work_unsaved():
+    """Relaunched from checkpoint T0+1900 at T0+3500: a minute later, a crash would lose that
+    minute, not the 28 minutes since the checkpoint was written (the TUI said "6 m of work
+    unsaved" seconds after a relaunch)."""
+    run = RunSeries("r")
+    run.update(sample((42,), False, ckpts=(T0 + 1300, T0 + 1900)), T0 + 2000, started_at=T0)
+    run.update(sample((), False, ckpts=(T0 + 1300, T0 + 1900)), T0 + 3000)
+    assert run.status == "dead" and run.work_at_risk_s() == 100
+    run.update(sample((43,), False, ckpts=(T0 + 1300, T0 + 1900)), T0 + 3560,
+               started_at=T0 + 3500)
+    assert run.status == "running" and run.work_at_risk_s() == 60
+    assert run.work_at_risk_s(T0 + 3700) == 200
+    run.update(sample((43,), False, ckpts=(T0 + 1900, T0 + 3800)), T0 + 3900,
+               started_at=T0 + 3500)
+    assert run.work_at_risk_s() == 100  # its own checkpoint since: from that one
+
+
 # ---------------------------------------------------------------- a run's events
 
 def test_run_series_offsets_restarts_and_json():
