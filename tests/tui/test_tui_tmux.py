@@ -316,3 +316,20 @@ def test_box_text_reaches_the_terminal_inert(tmp_path: Path) -> None:
     # Textual's own BELs end its OSC 22 (the mouse pointer's shape); any other is the box's.
     at = re.sub(rb"\x1b\]22;[a-z-]*\x07", b"", out).find(b"\x07")
     assert at < 0, out[max(0, at - 80):at + 80]
+
+
+def test_a_demo_whose_terminal_closes_removes_its_fleet_and_temp_folder(tmp_path: Path) -> None:
+    """tmux kill-session (or a dropped SSH) sends SIGHUP: the demo ends as on `q`, its boxes'
+    servers and processes stopped and its temp folder removed (44 were left on one machine)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    with gpuwatch_in_tmux(tmp_path, ["--demo"], env={"TMPDIR": str(temp)},
+                          label="hup") as tmux:
+        tmux.wait(demo_polled, "the six demo hosts polled", 120)
+        assert [p.name for p in temp.iterdir() if p.name.startswith("gpuwatch-demo-")]
+        subprocess.run(["tmux", "kill-session", "-t", tmux.name], check=True)
+        deadline = time.monotonic() + 120  # the fleet's servers stop first (seconds)
+        while time.monotonic() < deadline and any(
+                p.name.startswith("gpuwatch-demo-") for p in temp.iterdir()):
+            time.sleep(0.2)
+    assert not [p.name for p in temp.iterdir() if p.name.startswith("gpuwatch-demo-")]

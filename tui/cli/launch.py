@@ -39,6 +39,7 @@ def run_demo(args: argparse.Namespace) -> int:
     through exactly the pipeline real hosts go through (host-key checking included). Its store
     lives with the fleet's files, so a demo never mixes into the person's own history."""
     import asyncio
+    import signal
 
     from gpuwatch.remote.config.load import load_file
     from gpuwatch.remote.sim.fleet import DemoFleet
@@ -55,6 +56,11 @@ def run_demo(args: argparse.Namespace) -> int:
             with Store.open(fleet.root / "gpuwatch-demo.sqlite3") as store:
                 app = build_app(config, store=store, readonly=args.readonly, theme=args.theme,
                                 accept_new_host_keys=args.accept_new_host_keys)
+                # A closed terminal (tmux kill-session, a dropped SSH) sends SIGHUP: end as on
+                # `q`, so that the fleet's servers, processes and temp folder go too.
+                loop = asyncio.get_running_loop()
+                for sig in (signal.SIGHUP, signal.SIGTERM):
+                    loop.add_signal_handler(sig, app.exit)
                 await app.run_async()
                 return app
 
