@@ -92,6 +92,7 @@ def test_a_tag_that_matches_nothing_lists_the_tags_and_fails(logdir: Path,
     code, out, err = scalars([str(logdir)], ["nosuch"], as_json)
     assert code == EXIT_NOINPUT
     assert err == "gpuwatch scalars: no tag matches nosuch; the tags there: loss, lr\n"
+    assert as_json or out == ""  # not a table saying "(no scalars)" as well
     code, out, err = scalars([str(logdir)], ["loss", "acc/*"], as_json)
     assert code == EXIT_NOINPUT and "no tag matches acc/*;" in err and "loss" in out
     assert scalars([str(logdir)], ["l*"], as_json)[0] == EXIT_OK
@@ -185,3 +186,22 @@ def test_no_verb_module_but_launch_imports_textual() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_verbs_help_offers_only_the_common_options_that_act_there(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuwatch.tui.cli.command import build_parser
+
+    def help_of(verb: str) -> str:
+        return build_parser(verb).format_help()
+
+    assert "--theme" not in help_of("scalars") and "--config" not in help_of("scalars")
+    assert "--interval" not in help_of("init") and "--config" in help_of("init")
+    kill = help_of("kill")
+    assert "--readonly" in kill and "--theme" not in kill and "KILL ends it" in kill
+    assert "--interval" in help_of("watch") and "--theme" not in help_of("watch")
+    main = build_parser(None).format_help()
+    assert all(f"--{o}" in main for o in ("config", "interval", "theme", "readonly"))
+    # Still accepted where not offered: a script that passes them everywhere keeps working.
+    args = build_parser("scalars").parse_args(["runs/", "--theme", "x", "--interval", "5"])
+    assert args.theme == "x" and args.interval == 5.0

@@ -84,19 +84,38 @@ class _Parser(argparse.ArgumentParser):
                               f"Try `{self.prog} --help`.\n")
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+COMMON_SHOWN: dict[str | None, frozenset[str]] = {
+    "init": frozenset({"config"}), "notify": frozenset({"config"}), "scalars": frozenset(),
+    "check": frozenset({"config", "accept_new_host_keys"}),
+    **dict.fromkeys(("kill", "reap", "relaunch"),
+                    frozenset({"config", "readonly", "accept_new_host_keys"})),
+    "watch": frozenset({"config", "interval", "readonly", "accept_new_host_keys"}),
+}
+"""The common options each verb's --help lists (the main command lists them all): the others
+are still accepted, so a script that passes them everywhere keeps working, but a verb's help
+does not offer what does nothing there."""
+
+
+def _common(parser: argparse.ArgumentParser, verb: str | None = None) -> None:
     group = parser.add_argument_group("common options")
+    shown = COMMON_SHOWN.get(verb) if verb is not None else None
+
+    def say(dest: str, text: str) -> str:
+        return text if shown is None or dest in shown else argparse.SUPPRESS
+
     group.add_argument("--config", metavar="PATH",
-                       help="config file (default: $GPUWATCH_CONFIG, else "
-                            "$XDG_CONFIG_HOME/gpuwatch/config.toml)")
+                       help=say("config", "config file (default: $GPUWATCH_CONFIG, else "
+                                          "$XDG_CONFIG_HOME/gpuwatch/config.toml)"))
     group.add_argument("--interval", metavar="S", type=_interval,
-                       help="seconds between two polls of one host (default 10)")
-    group.add_argument("--theme", metavar="NAME", help="TUI theme")
+                       help=say("interval", "seconds between two polls of one host "
+                                            "(default 10)"))
+    group.add_argument("--theme", metavar="NAME", help=say("theme", "TUI theme"))
     group.add_argument("--readonly", action="store_true",
-                       help="turn every action (kill, reap, relaunch) off")
+                       help=say("readonly", "turn every action (kill, reap, relaunch) off"))
     group.add_argument("--accept-new-host-keys", action="store_true",
-                       help="accept and record unknown host keys, like OpenSSH's accept-new "
-                            "(a changed key is always refused)")
+                       help=say("accept_new_host_keys",
+                                "accept and record unknown host keys, like OpenSSH's "
+                                "accept-new (a changed key is always refused)"))
     group.add_argument("--version", action=_VersionAction)
 
 
@@ -150,7 +169,9 @@ def build_parser(verb: str | None) -> argparse.ArgumentParser:
         parser.description = "Signal one process on HOST after re-checking its identity."
         parser.add_argument("host", metavar="HOST")
         parser.add_argument("pid", metavar="PID", type=int)
-        parser.add_argument("--signal", choices=("TERM", "KILL"), default="TERM")
+        parser.add_argument("--signal", choices=("TERM", "KILL"), default="TERM",
+                            help="TERM (the default) asks the process to end; KILL ends it "
+                                 "at once, with no chance to save")
         parser.add_argument("--yes", action="store_true", help="do not ask")
     elif verb == "reap":
         parser.description = "End the processes that hold VRAM as zombies on HOST."
@@ -172,7 +193,7 @@ def build_parser(verb: str | None) -> argparse.ArgumentParser:
         from gpuwatch.tui.cli.watch import add_arguments
 
         add_arguments(parser, verb)
-    _common(parser)
+    _common(parser, verb)
     return parser
 
 

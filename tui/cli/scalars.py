@@ -145,7 +145,7 @@ def run_scalars(paths: list[str], tags: list[str] | None, as_json: bool,
     runs, errors, ok = collect(paths, tags, err)
     if as_json:
         write_json(runs, errors, out)
-    else:
+    elif not tags or any(runs.values()):  # a --tag that matched nothing: stderr says it
         write_text(runs, out, dot=folder_name(paths[0]) if len(paths) == 1 else ".")
         for e in errors:
             err.write(f"gpuwatch scalars: {e['file']}: offset {e['offset']}: {e['message']}\n")
