@@ -193,7 +193,7 @@ def test_a_verbs_help_offers_only_the_common_options_that_act_there(
     from gpuwatch.tui.cli.command import build_parser
 
     def help_of(verb: str) -> str:
-        return build_parser(verb).format_help()
+        return " ".join(build_parser(verb).format_help().split())
 
     assert "--theme" not in help_of("scalars") and "--config" not in help_of("scalars")
     assert "--interval" not in help_of("init") and "--config" in help_of("init")
