@@ -44,6 +44,7 @@ from .state import HostData
 from .theme_css import ThemeCssApp
 from .watching import Watching
 from .why_not import TITLES, why_not
+from .widgets.process_table import ProcessTable
 
 OVERNIGHT_S = 12 * 3600.0
 """How far back the GPU plots reach into the store's history at start."""
@@ -335,7 +336,8 @@ class GpuwatchApp(ThemeCssApp):
         host = screen if isinstance(screen, HostScreen) else None
         why = why_not(action, readonly=self.readonly, in_host=host is not None,
                       host=self.current_host(),
-                      selected_run=host.selected_run if host is not None else None)
+                      selected_run=host.selected_run if host is not None else None,
+                      in_processes=isinstance(self.focused, ProcessTable))
         self.notify(why, title=TITLES[action], severity="warning")
 
     def action_kill(self) -> None:

@@ -7,9 +7,10 @@ TITLES = {"kill": "Kill", "reap": "Reap", "relaunch": "Relaunch", "next_run": "R
 
 
 def why_not(action: str, *, readonly: bool, in_host: bool,
-            host: str | None, selected_run: str | None) -> str:
+            host: str | None, selected_run: str | None, in_processes: bool = False) -> str:
     """K, z, r, n / N or P pressed while greyed out (or hidden). `in_host`: the host view is open;
-    `host`: the host it shows, or the fleet's highlighted one."""
+    `host`: the host it shows, or the fleet's highlighted one; `in_processes`: the process
+    table has the focus."""
     if action == "next_run":
         if not in_host:
             return "n / N go from run to run in a host's view: open a host (Enter) first"
@@ -19,6 +20,9 @@ def why_not(action: str, *, readonly: bool, in_host: bool,
         return ("actions are off: this gpuwatch was started read-only (--readonly, or "
                 "readonly in the config)")
     if action == "kill":
+        if in_processes:
+            return ("the cursor is on a run's heading, not a process: move it onto a process "
+                    "(j or ↓), then press K")
         return ("no process selected: go to Processes (6), put the cursor on a process "
                 "(not a run's heading), then press K" if in_host else
                 "K kills a process from a host's view: open the host (Enter), go to "

@@ -845,6 +845,9 @@ async def test_greyed_and_host_only_keys_say_why_in_a_toast(
         screen = await open_host(pilot, "gpu-healthy")
         assert {"K", "z", "r"} <= footer_keys(app)  # shown, greyed out
         assert screen.selected_pid is None
+        said = await toast_after(pilot, "K")  # the process table has the focus
+        assert said.startswith("the cursor is on a run's heading") and "(j or ↓)" in said
+        await pilot.press("1")  # the GPUs pane
         said = await toast_after(pilot, "K")
         assert said.startswith("no process selected") and "Processes (6)" in said
         said = await toast_after(pilot, "z")

@@ -314,3 +314,23 @@ async def test_loss_plot_marks_findings_at_their_step() -> None:
         assert "✖ finding" in plot.series.xlabel  # type: ignore[attr-defined]
         ticks = plot.series.xticks  # type: ignore[attr-defined]
         assert ticks and all(t == int(t) for t in ticks)
+
+
+def test_the_process_table_lists_runs_and_gpu_holders_not_a_runs_parents() -> None:
+    """The box lists a run's parents too (its shell, tmux, init: whether it dies with the SSH
+    session); they are the findings' evidence, not rows of the Processes pane."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    import tui_fixtures as fx
+    from gpuwatch.tui.widgets.process_table import ProcessTable
+
+    data = SimpleNamespace(reap_targets={99})
+    worker = fx.process(10, cmd="python train.py", run="llama")
+    shell = replace(fx.process(9, cmd="-bash", run=None, gpu_index=None, mem=None),
+                    nvidia_devs=())
+    other = fx.process(11, cmd="python eval.py", run=None)  # another user's, on a GPU
+    leftover = replace(shell, pid=99, cmd="python dead_rank.py")
+    shown = [p.pid for p in (worker, shell, other, leftover)
+             if ProcessTable.worth_a_row(p, data)]  # type: ignore[arg-type]
+    assert shown == [10, 11, 99]

@@ -98,11 +98,12 @@ class ProcessTable(DataTable[Text]):
         if data is None or snap is None:
             return
         groups: dict[str, list[ProcessInfo]] = {}
+        shown = [p for p in snap.processes if self.worth_a_row(p, data)]
         if sorted_by is None:
             groups = {r.name: [] for r in data.config.runs}
-            ordered = sorted(snap.processes, key=lambda p: (p.run is None, p.run or "", p.pid))
+            ordered = sorted(shown, key=lambda p: (p.run is None, p.run or "", p.pid))
         else:  # the run of the first process first
-            ordered = sorted(snap.processes, key=lambda p: process_key(sorted_by, p))
+            ordered = sorted(shown, key=lambda p: process_key(sorted_by, p))
         for p in ordered:
             groups.setdefault(p.run or NO_RUN, []).append(p)
         muted = colour(self.app, "text-muted")
@@ -125,6 +126,14 @@ class ProcessTable(DataTable[Text]):
         if keep in self._keys:
             self.move_cursor(row=self._keys.index(keep))
         self.post_message(ProcessSelected(self.selected_pid))
+
+    @staticmethod
+    def worth_a_row(p: ProcessInfo, data: HostData) -> bool:
+        """A run's process, or one that holds a GPU. The box also lists a run's parents (its
+        shell, tmux, init: whether it dies with the SSH session, seed 000): evidence for the
+        findings, not rows here."""
+        return (p.run is not None or p.gpu_index is not None or bool(p.gpu_mem_mib)
+                or bool(p.nvidia_devs) or p.zombie or p.pid in data.reap_targets)
 
     def _add(self, key: str, cells: list[Text]) -> None:
         self.add_row(*cells, key=key)
