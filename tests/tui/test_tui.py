@@ -940,3 +940,47 @@ async def test_a_timed_out_host_says_so_first() -> None:
         await feed(pilot, [fx.failed(host, fx.NOW, "timeout", "did not finish connecting")])
         cell = app.screen.query_one(FleetTable).state_cell(app.hosts[host.name], fx.NOW, 10.0)
         assert cell.plain.startswith("✗ timed out: did") and isinstance(host, Host)
+
+
+async def test_the_cursor_stays_on_its_host_through_sort_resize_refit_and_filter() -> None:
+    """`o`, a resize and a poll that changes the columns rebuilt the table and left the cursor
+    on row 0: Enter, z and ? then acted on another host than the one picked."""
+    cfg = fx.config(n_extra=3)
+    app = make_app(cfg)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await feed(pilot, fx.latest(cfg))
+        screen = app.screen
+        assert isinstance(screen, FleetScreen)
+        table = screen.table
+        await pilot.press("j", "j")
+        assert table.selected_host == "gpu-zombie"
+        for _ in range(5):  # every order, back to the config's
+            await pilot.press("o")
+            await pilot.pause()
+            assert table.selected_host == "gpu-zombie", screen.sort
+        fit = table.fit
+        await pilot.resize_terminal(200, 50)
+        await pilot.pause()
+        assert table.fit != fit and table.selected_host == "gpu-zombie"
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert table.selected_host == "gpu-zombie"
+        # a poll whose cells need other columns: every row anew, the cursor stays put
+        fit = table.fit
+        down = fx.failed(cfg.hosts[3], fx.NOW, "unreachable", "x" * 60)
+        await feed(pilot, [down])
+        await pilot.pause()
+        assert table.selected_host == "gpu-zombie", (fit, table.fit)
+        # filtered: kept while it matches; filtered out, the cursor goes to a shown host
+        await pilot.press("slash", *"gpu")
+        await pilot.pause()
+        assert table.selected_host == "gpu-zombie"
+        await pilot.press(*"-new")
+        await pilot.pause()
+        assert table.selected_host == "gpu-new"
+        await pilot.press("escape", "escape")
+        await pilot.pause()
+        assert table.selected_host == "gpu-new"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, HostScreen) and app.screen.host == "gpu-new"

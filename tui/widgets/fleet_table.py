@@ -140,11 +140,12 @@ class FleetTable(DataTable[Text]):
             return
         fit = self.choose_fit()
         if fit != self.fit:
+            keep = self.selected_host, self.cursor_row  # clear(columns=True) moves the cursor
             self.fit = fit
             self.clear(columns=True)
             self._add_columns()
             self._states.clear()
-            self._fill(self._hosts, *self._when)
+            self._fill(self._hosts, *self._when, keep=keep)
 
     @property
     def shown(self) -> list[str]:
@@ -163,22 +164,31 @@ class FleetTable(DataTable[Text]):
         self._hosts, self._when = list(hosts), (now, interval)
         self._widths = {h.name: self.measure(h) for h in hosts}
         fit = self.choose_fit() if self.size.width else self.fit
+        keep = self.selected_host, self.cursor_row  # before clear(columns=True) moves the cursor
         if fit != self.fit or sorted_by != self.sorted_by:
             self.sorted_by = sorted_by
             self.fit = fit
             self.clear(columns=True)
             self._add_columns()
-        self._fill(hosts, now, interval)
+        self._fill(hosts, now, interval, keep=keep)
 
-    def _fill(self, hosts: Sequence[HostData], now: float, interval: float) -> None:
-        keep = self.selected_host
+    def _fill(self, hosts: Sequence[HostData], now: float, interval: float,
+              keep: tuple[str | None, int] | None = None) -> None:
+        """Every row anew; the cursor stays on the host it was on (`keep`: that host and its
+        row, taken before any clear), or, where that host is no longer shown, on the row it was
+        on (the next host down), or the last."""
+        host, row = keep if keep is not None else (self.selected_host, self.cursor_row)
         self.clear()
         self._states.clear()
         self._shown = [h.name for h in hosts]
         for data in hosts:
             self.add_row(*self.cells(data, now, interval), key=data.name)
-        if keep in self._shown:
-            self.move_cursor(row=self._shown.index(keep))
+        if not self._shown:
+            return
+        if host in self._shown:
+            self.move_cursor(row=self._shown.index(host))
+        else:
+            self.move_cursor(row=max(0, min(row, len(self._shown) - 1)))
 
     def update_host(self, data: HostData, now: float, interval: float) -> None:
         if data.name not in self._shown:
