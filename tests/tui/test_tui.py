@@ -984,3 +984,35 @@ async def test_the_cursor_stays_on_its_host_through_sort_resize_refit_and_filter
         await pilot.press("enter")
         await pilot.pause()
         assert isinstance(app.screen, HostScreen) and app.screen.host == "gpu-new"
+
+
+async def test_the_confirm_dialog_keeps_its_buttons_and_keys_on_a_small_screen() -> None:
+    """At 80x24 a long plan (a relaunch's command lines, paths) pushed the buttons out of the
+    box: the description scrolls instead, and the keys that answer are said beside them."""
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        description = "\n".join(f"line {i}: /data/run/outputs/checkpoint-{i}" for i in range(40))
+        app.push_screen(ConfirmAction("Relaunch bert-ddp on gpu-zombie?", description,
+                                      verb="Relaunch"))
+        await pilot.pause()
+        modal = app.screen
+        assert isinstance(modal, ConfirmAction)
+        screen = modal.region
+        for button in ("#cancel", "#confirm", "#confirm-keys"):
+            region = modal.query_one(button).region
+            assert region.height and screen.contains_region(region), (button, region, screen)
+            box = modal.query_one("#confirm-box").region
+            assert box.contains_region(region), (button, region, box)
+        text = screen_text(app)
+        assert "y relaunch · n / Esc cancel" in text
+        assert "Cancel" in text and "Relaunch" in text
+        body = modal.query_one("#confirm-body")
+        assert body.max_scroll_y > 0  # the rest of the plan is a scroll away
+        await pilot.press("n")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmAction)
+        refused = ConfirmAction("Relaunch?", description, verb="Relaunch", refusal="alive")
+        app.push_screen(refused)
+        await pilot.pause()
+        assert "n / Esc cancel" in screen_text(app) and "y relaunch" not in screen_text(app)
+        assert screen.contains_region(refused.query_one("#cancel").region)
