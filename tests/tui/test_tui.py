@@ -1016,3 +1016,121 @@ async def test_the_confirm_dialog_keeps_its_buttons_and_keys_on_a_small_screen()
         await pilot.pause()
         assert "n / Esc cancel" in screen_text(app) and "y relaunch" not in screen_text(app)
         assert screen.contains_region(refused.query_one("#cancel").region)
+
+
+def dead_run(run: str, cause: str, evidence: dict[str, Any],
+             severity: Severity = Severity.CRITICAL) -> Any:
+    from gpuwatch.remote.model.death import Diagnosis
+    from gpuwatch.remote.model.finding import Finding
+
+    diagnosis = Diagnosis(cause, evidence)
+    return Finding("run.dead", severity, f"run {run} is dead: {diagnosis.summary}", run=run,
+                   evidence={"cause": cause, "diagnosis": diagnosis.to_json()})
+
+
+async def test_the_state_says_why_a_run_died_and_the_host_header_says_the_same() -> None:
+    """demo-oom read "▲ run died" in the fleet and "ok" in its own header: the state cell names
+    the cause in words, and the host view's header says the fleet's words (one source)."""
+    cfg = fx.config()
+    app = make_app(cfg)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await feed(pilot, fx.latest(cfg))
+        screen = app.screen
+        assert isinstance(screen, FleetScreen)
+        data = app.hosts["gpu-healthy"]
+        data._set_findings([dead_run("llama-7b", "oom_cgroup", {"pid": 4121})], fx.NOW)
+        screen.refresh_all()
+        await pilot.pause()
+        for size in ((80, 24), (160, 48)):
+            await pilot.resize_terminal(*size)
+            await pilot.pause()
+            cell = screen.table.get_cell("gpu-healthy", "state").plain
+            assert cell == "✖ run died: OOM-killed", (size, cell)
+        data._set_findings([dead_run("llama-7b", "killed", {
+            "signal": 9, "signal_name": "SIGKILL", "exit_code": 137}, Severity.WARNING)],
+            fx.NOW)
+        assert data.headline(fx.NOW, 10.0).text == "▲ run died: killed (SIGKILL)"
+        data._set_findings([dead_run("llama-7b", "unknown", {})], fx.NOW)
+        assert data.headline(fx.NOW, 10.0).text == "✖ run died"
+        data._set_findings([dead_run("llama-7b", "oom_cgroup", {"pid": 4121})], fx.NOW)
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        # the host view's header: the fleet's words, never "ok" beside a critical finding
+        for name in ("gpu-healthy", "gpu-zombie", "gpu-capped"):
+            host = await open_host(pilot, name)
+            header = screen_text(app).splitlines()[0]
+            words = app.hosts[name].headline(app.clock(), 10.0).text
+            assert words in header, (name, header)
+            if name != "gpu-capped":  # a dead run, a zombie: never "ok"
+                assert words.split()[0] != "●" and " ok " not in header, (name, header)
+            assert isinstance(host, HostScreen)
+            await pilot.press("escape", "g")  # open_host counts rows from the first
+            await pilot.pause()
+        await open_host(pilot, "gpu-healthy")
+        assert "✖ run died: OOM-killed" in screen_text(app).splitlines()[0]
+
+
+async def test_paused_the_state_still_names_the_worst_and_the_title_says_the_age() -> None:
+    """After `p` every row read "◌ paused, data 26 s …": the worst findings went and "old" was
+    cut. Paused, a host's worst finding stays; the data's age is said where nothing is wrong
+    and in the title."""
+    cfg = fx.config()
+    now = [fx.NOW]
+    collector = FakeCollector(fx.latest(cfg))
+    app = build_app(cfg, store=fx.seeded_store(cfg), clock=lambda: now[0],
+                    collector=collector)  # type: ignore[arg-type]
+    async with app.run_test(size=(80, 24)) as pilot:
+        for _ in range(50):
+            await pilot.pause(0.02)
+            if all(collector.calls[h.name] for h in cfg.hosts):
+                break
+        screen = app.screen
+        assert isinstance(screen, FleetScreen)
+        table = screen.table
+        before = {h: table.get_cell(h, "state").plain for h in ("gpu-zombie", "gpu-down")}
+        await pilot.press("p")
+        await pilot.pause()
+        assert app.paused
+        now[0] = max(h.history.last_ok_at or 0.0 for h in app.hosts.values()) + 60
+        screen.tick()
+        await pilot.pause()
+        cells = {h: table.get_cell(h, "state").plain for h in app.hosts}
+        for name, cell in before.items():
+            assert cells[name] == cell, (name, cell, cells[name])  # the worst, not "paused"
+        assert cells["gpu-healthy"] == "◌ ok 60 s ago", cells
+        assert not [c for c in cells.values() if c.endswith("…") and "ago" in c]
+        title = str(screen.query_one("#fleet-title").render())
+        assert "PAUSED, data 60 s old (p resumes)" in title, title
+        await open_host(pilot, "gpu-zombie")
+        header = screen_text(app).splitlines()[0]
+        assert before["gpu-zombie"] in header and "polling paused (p)" in header, header
+
+
+async def test_the_fleet_title_and_cells_drop_whole_words_never_cut_a_number() -> None:
+    """At 80x24 the title read "… · polling every" (the number gone) while filtering, and a
+    wedged driver's words read "⚠ driver misma…": whole parts go, least needed first."""
+    from gpuwatch.tui.format import fit_words
+
+    app = make_app(fx.config(n_extra=1))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        screen = app.screen
+        assert isinstance(screen, FleetScreen)
+        await pilot.press("o")
+        await pilot.press("slash", *"xyzq")
+        await pilot.pause()
+        title = str(screen.query_one("#fleet-title").render()).rstrip()
+        assert len(title) <= 78, title
+        assert "0 shown (filter 'xyzq')" in title, title
+        for part in title.split(" · "):
+            assert part in ("gpuwatch", "6 hosts", "0 shown (filter 'xyzq')",
+                            "sorted by name", "polling every 10 s"), (part, title)
+        await pilot.press("escape", "escape")
+        await pilot.pause()
+        title = str(screen.query_one("#fleet-title").render()).rstrip()
+        assert title.endswith("polling every 10 s"), title
+    assert fit_words("⚠ driver mismatch", 15) == "⚠ driver…"
+    assert fit_words("✖ run died: OOM-killed", 16, " +2") == "✖ run died… +2"
+    assert fit_words("✗ timed out after 12.5 s", 19) == "✗ timed out after…"
+    assert fit_words("12345", 3) == "…"  # a number is never cut
+    assert fit_words("● ok", 20) == "● ok"
