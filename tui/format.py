@@ -22,7 +22,7 @@ __all__ = ["visible"]  # the one sanitiser (remote/textsafe.py), for the widgets
 SEVERITY_GLYPH = {Severity.CRITICAL: "✖", Severity.WARNING: "▲", Severity.INFO: "●"}
 STATUS_GLYPH = {"ok": "●", "stale": "◌", "unreachable": "✗", "waiting": "…"}
 """A host's state: polled fine, old data, could not be polled (✗), not polled yet."""
-RUN_GLYPH = {"running": "▶", "finished": "✓", "dead": "✗", "unknown": "?", "left behind": "⊘"}
+RUN_GLYPH = {"running": "▶", "finished": "✓", "dead": "†", "unknown": "?", "left behind": "⊘"}
 """A run's status; a dead run is † so that it is never read as ✗, a host not polled."""
 
 SPARK = "▁▂▃▄▅▆▇█"
