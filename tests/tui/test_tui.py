@@ -112,7 +112,7 @@ async def test_fleet_shows_every_host_state_gpus_runs_and_findings() -> None:
         assert cell("gpu-capped", "clock").endswith(" 37%")  # util 100 % at 37 % clock: U21
         assert cell("gpu-healthy", "vram") == "240/319 GiB"
         assert cell("gpu-healthy", "runs") == "llama-7b▶"
-        assert cell("gpu-zombie", "runs") == "bert-ddp✗"  # seen running overnight, gone now
+        assert cell("gpu-zombie", "runs") == "bert-ddp†"  # seen running overnight, gone now
         assert "✖" in cell("gpu-down", "findings")
 
 
@@ -759,7 +759,9 @@ async def test_log_follows_the_tail_pauses_when_scrolled_up_and_end_or_G_follows
         assert app.focused is log
         await pilot.press("pageup")
         await pilot.pause(0.3)
-        assert not log.following and "paused" in str(pane.border_subtitle)
+        # (in words of its own: "paused" is the polling's, p)
+        assert not log.following and "scrolled up" in str(pane.border_subtitle)
+        assert "paused" not in str(pane.border_subtitle)
         top = log.lines[round(log.scroll_y)]
         # ...new lines then leave what is read where it is, and say how many came.
         await feed(pilot, [with_tail(capped, log_lines(21, 60))])
@@ -1134,3 +1136,61 @@ async def test_the_fleet_title_and_cells_drop_whole_words_never_cut_a_number() -
     assert fit_words("✗ timed out after 12.5 s", 19) == "✗ timed out after…"
     assert fit_words("12345", 3) == "…"  # a number is never cut
     assert fit_words("● ok", 20) == "● ok"
+
+
+async def test_help_explains_the_other_glyphs_and_fits_or_says_it_scrolls() -> None:
+    """⚠ ◆ ▼ ▾ ├ └ and "+1" were not in the legend, and ✗ meant both "could not be polled" and
+    "dead run"; at 160x48 the help did not fit and nothing said it scrolled."""
+    from gpuwatch.tui.colours import RUN_GLYPH, STATUS_GLYPH
+    from gpuwatch.tui.screens.help import GLYPHS
+
+    listed = " ".join(glyph for glyph, _ in GLYPHS)
+    for glyph in ("⚠", "◆", "▼", "▾", "├", "└", "+2"):
+        assert glyph in listed, glyph
+    assert RUN_GLYPH["dead"] not in STATUS_GLYPH.values()
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        await pilot.pause()
+        scroll = app.screen.query_one("#help-scroll")
+        assert scroll.max_scroll_y == 0  # side by side, all of it on screen
+        assert "Esc / ? / q close" in screen_text(app)
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        await pilot.pause()
+        assert "more below: ↓ PageDown End scroll" in screen_text(app)
+        await pilot.press("end")
+        await pilot.pause()
+        await pilot.pause()
+        text = screen_text(app)
+        assert "more below" not in text and "↑ PageUp Home scroll" in text
+        assert "Cancel as the default" in text
+
+
+async def test_the_footer_says_resume_while_paused_and_enter_opens_in_the_fleet() -> None:
+    """The footer kept "p Pause" while polling was paused, and the fleet's footer did not say
+    that Enter opens a host."""
+    cfg = fx.config()
+    collector = FakeCollector(fx.latest(cfg))
+    app = make_app(cfg, poll=True, collector=collector)  # type: ignore[arg-type]
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+
+        def labels() -> dict[str, str]:
+            return {key.key: key.description for key in app.screen.query(FooterKey)}
+
+        assert labels().get("enter") == "Open" and labels().get("p") == "Pause", labels()
+        await pilot.press("p")
+        await pilot.pause()
+        await pilot.pause()
+        assert app.paused and labels().get("p") == "Resume", labels()
+        await pilot.press("p")
+        await pilot.pause()
+        await pilot.pause()
+        assert not app.paused and labels().get("p") == "Pause", labels()
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, HostScreen) and app.screen.host == "gpu-healthy"

@@ -15,7 +15,7 @@ from typing import ClassVar
 from gpuwatch.remote.findings.rules import Severity
 from rich.cells import cell_len
 from rich.text import Text
-from textual.binding import BindingType
+from textual.binding import Binding, BindingType
 from textual.widgets import DataTable
 
 from ..colours import (
@@ -67,7 +67,9 @@ class FleetTable(DataTable[Text]):
     """The fleet, one row per host (row key: the host name), in the order its screen gives;
     `sorted_by` (a column key or None) marks that column's header."""
 
-    BINDINGS: ClassVar[list[BindingType]] = CURSOR_KEYS
+    BINDINGS: ClassVar[list[BindingType]] = [
+        *CURSOR_KEYS, Binding("enter", "select_cursor", "Open", key_display="Enter")]
+    """The cursor keys, and Enter (the table's own, hidden) shown: it opens the host."""
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
