@@ -75,6 +75,10 @@ def finding_words(finding: Finding) -> str:
     return words
 
 
+PUNCTUATION = ":,;·("
+"""What a cut leaves off the end of its last word ("driver mismatch…", not "mismatch:…")."""
+
+
 def fit_words(text: str, width: int, suffix: str = "") -> str:
     """`text` then `suffix` ("+2") in `width` cells: where it is too long, whole words go from
     the end and "…" says so, the suffix kept; a word is cut only where it stands alone, and a
@@ -83,11 +87,11 @@ def fit_words(text: str, width: int, suffix: str = "") -> str:
         return text + suffix
     room = width - cell_len(suffix) - 1
     words = text.split(" ")
-    while len(words) > 1 and cell_len(" ".join(words)) > room:
+    while len(words) > 1 and cell_len(" ".join(words).rstrip(PUNCTUATION)) > room:
         words.pop()
     kept = " ".join(words)
     if len(words) > 1:
-        kept = kept.rstrip(":,;·(")
+        kept = kept.rstrip(PUNCTUATION)
     elif cell_len(kept) > room:
         if any(c.isdigit() for c in kept):
             return "…" + suffix

@@ -1132,6 +1132,7 @@ async def test_the_fleet_title_and_cells_drop_whole_words_never_cut_a_number() -
         title = str(screen.query_one("#fleet-title").render()).rstrip()
         assert title.endswith("polling every 10 s"), title
     assert fit_words("⚠ driver mismatch", 15) == "⚠ driver…"
+    assert fit_words("⚠ driver mismatch: reboot: Failed", 18) == "⚠ driver mismatch…"
     assert fit_words("✖ run died: OOM-killed", 16, " +2") == "✖ run died… +2"
     assert fit_words("✗ timed out after 12.5 s", 19) == "✗ timed out after…"
     assert fit_words("12345", 3) == "…"  # a number is never cut

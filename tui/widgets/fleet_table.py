@@ -136,16 +136,17 @@ class FleetTable(DataTable[Text]):
 
     @staticmethod
     def widen(fit: Fit, spare: int, widest: dict[str, int]) -> Fit:
-        """The fit with the columns it left over given to the state's words, then to a GPU
-        error's ("▲ busy, low c…" at 80 columns had room beside it)."""
-        grow = min(spare, max(0, min(STATE_WIDTH, widest["state"]) - fit.state_width))
-        fit = replace(fit, state_width=fit.state_width + grow)
-        spare -= grow
+        """The fit with the columns it left over given to a GPU error's words, then to the
+        state's ("▲ busy, low c…" at 80 columns had room beside it). A finding's words in the
+        state have their room already (choose_fit): what is left would only lengthen a reason
+        that is cut anyway, while "⚠ driver…" lost the error's point."""
         if fit.error_width is not None and widest["error"] > max(fit.error_width,
                                                                   widest["util"]):
             extra = min(spare, widest["error"] - max(fit.error_width, widest["util"]))
             fit = replace(fit, error_width=fit.error_width + extra)
-        return fit
+            spare -= extra
+        grow = min(spare, max(0, min(STATE_WIDTH, widest["state"]) - fit.state_width))
+        return replace(fit, state_width=fit.state_width + grow)
 
     def _refit(self) -> None:
         if not self.size.width:
