@@ -969,10 +969,16 @@ async def test_the_cursor_stays_on_its_host_through_sort_resize_refit_and_filter
         assert table.selected_host == "gpu-zombie"
         # a poll whose cells need other columns: every row anew, the cursor stays put
         fit = table.fit
-        down = fx.failed(cfg.hosts[3], fx.NOW, "unreachable", "x" * 60)
-        await feed(pilot, [down])
+        from gpuwatch.remote.model.snapshot import GpuError
+
+        capped = next(o for o in fx.latest(cfg) if o.host.name == "gpu-capped")
+        assert capped.snapshot is not None
+        wedged = replace(capped, snapshot=replace(capped.snapshot, gpus=(), gpu_error=GpuError(
+            "driver_mismatch", "Failed to initialize NVML: Driver/library version mismatch",
+            0.1)))
+        await feed(pilot, [wedged])
         await pilot.pause()
-        assert table.selected_host == "gpu-zombie", (fit, table.fit)
+        assert table.fit != fit and table.selected_host == "gpu-zombie", (fit, table.fit)
         # filtered: kept while it matches; filtered out, the cursor goes to a shown host
         await pilot.press("slash", *"gpu")
         await pilot.pause()
