@@ -16,6 +16,7 @@ import contextlib
 import sqlite3
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -460,6 +461,10 @@ class GpuwatchApp(ThemeCssApp):
         else:
             self.feed.pause()
             self.notify("polling paused (p resumes)")
+        self._bindings.key_to_bindings["p"] = [  # the footer says what p does now
+            replace(b, description="Resume" if self.feed.paused else "Pause")
+            for b in self._bindings.key_to_bindings.get("p", [])]
+        self.refresh_bindings()
         self._rerender()
 
     def action_poll_now(self) -> None:

@@ -7,12 +7,15 @@ from gpuwatch.remote.findings.rules import Severity
 from textual.app import App
 from textual.color import Color
 
+from .format import RUN_GLYPH, SEVERITY_GLYPH, STATUS_GLYPH
+
+__all__ = ["RUN_GLYPH", "SEVERITY_GLYPH", "STATUS_GLYPH", "colour", "contrast_ratio", "rgb",
+           "severity_colour"]
+
 SEVERITY_VARIABLE = {Severity.CRITICAL: "error", Severity.WARNING: "warning",
                      Severity.INFO: "primary"}
-SEVERITY_GLYPH = {Severity.CRITICAL: "✖", Severity.WARNING: "▲", Severity.INFO: "●"}
 STATUS_VARIABLE = {"ok": "success", "stale": "warning", "unreachable": "error",
                    "waiting": "text-muted"}
-RUN_GLYPH = {"running": "▶", "finished": "✓", "dead": "✗", "unknown": "?", "left behind": "⊘"}
 RUN_WORDS = {"unknown": "not running"}
 """A run's status in words where the status's own name would read as jargon ("? unknown"): a
 configured run gpuwatch never saw running is not called dead (it may not have started yet), but

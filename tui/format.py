@@ -13,9 +13,18 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 
+from gpuwatch.remote.findings.rules import Finding, Severity
+from gpuwatch.remote.model.death import Diagnosis
 from gpuwatch.remote.textsafe import visible
+from rich.cells import cell_len
 
 __all__ = ["visible"]  # the one sanitiser (remote/textsafe.py), for the widgets
+
+SEVERITY_GLYPH = {Severity.CRITICAL: "✖", Severity.WARNING: "▲", Severity.INFO: "●"}
+STATUS_GLYPH = {"ok": "●", "stale": "◌", "unreachable": "✗", "waiting": "…"}
+"""A host's state: polled fine, old data, could not be polled (✗), not polled yet."""
+RUN_GLYPH = {"running": "▶", "finished": "✓", "dead": "†", "unknown": "?", "left behind": "⊘"}
+"""A run's status; a dead run is † so that it is never read as ✗, a host not polled."""
 
 SPARK = "▁▂▃▄▅▆▇█"
 EIGHTHS = " ▏▎▍▌▋▊▉█"
@@ -52,6 +61,44 @@ FINDING_WORDS = {  # most important first: of two findings of one severity, the 
     "run.overfitting": "overfitting", "run.loss_spike": "loss spikes", "run.plateau": "plateau",
 }
 """A finding's code in a few words, for a cell that names a host's worst problem."""
+
+
+def finding_words(finding: Finding) -> str:
+    """A finding in a few words: FINDING_WORDS', and for a dead run the cause where it is
+    known ("run died: OOM-killed"), in the words of the diagnosis the host view shows whole."""
+    words = FINDING_WORDS.get(finding.code, finding.code)
+    said = finding.evidence.get("diagnosis") if finding.code == "run.dead" else None
+    if isinstance(said, Mapping):
+        diagnosis = Diagnosis.from_state(said)
+        cause = diagnosis.words if diagnosis is not None else None
+        if cause:
+            words = f"{words}: {visible(cause)}"
+    return words
+
+
+PUNCTUATION = ":,;·("
+"""What a cut leaves off the end of its last word ("driver mismatch…", not "mismatch:…")."""
+
+
+def fit_words(text: str, width: int, suffix: str = "") -> str:
+    """`text` then `suffix` ("+2") in `width` cells: where it is too long, whole words go from
+    the end and "…" says so, the suffix kept; a word is cut only where it stands alone, and a
+    number never (the words are ordered most important first)."""
+    if cell_len(text + suffix) <= width:
+        return text + suffix
+    room = width - cell_len(suffix) - 1
+    words = text.split(" ")
+    while len(words) > 1 and cell_len(" ".join(words).rstrip(PUNCTUATION)) > room:
+        words.pop()
+    kept = " ".join(words)
+    if len(words) > 1:
+        kept = kept.rstrip(PUNCTUATION)
+    elif cell_len(kept) > room:
+        if any(c.isdigit() for c in kept):
+            return "…" + suffix
+        while kept and cell_len(kept) > room:
+            kept = kept[:-1]
+    return kept + "…" + suffix
 
 
 def human_bytes(n: float | None) -> str:

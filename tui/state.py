@@ -20,7 +20,7 @@ from gpuwatch.remote.model.snapshot import DiskUsage, HostSnapshot
 from gpuwatch.remote.store import GpuRow
 from gpuwatch.remote.wire.collect import PollOutcome
 
-from .format import human_age
+from .format import FINDING_WORDS, SEVERITY_GLYPH, STATUS_GLYPH, finding_words, human_age, visible
 
 GPU_HISTORY = 720
 """GPU samples kept per GPU in memory for the sparklines (2 h at 10 s)."""
@@ -59,6 +59,32 @@ class HostStatus:
     kind: str
     text: str
     age_s: float | None
+    paused: bool = False
+    """Old only because polling is paused (kind "stale"): the data is the last poll's."""
+
+
+@dataclass(frozen=True, slots=True)
+class Headline:
+    """A host's state in a few words, the one the fleet's state cell and the host view's
+    header both say: where it was polled fine (or polling is paused), its worst finding at
+    warning or worse; else its state (stale, unreachable and why, not polled yet)."""
+
+    glyph: str
+    words: str
+    more: int = 0
+    """Further findings at warning or worse ("+2")."""
+    kind: str = "ok"
+    """The status's kind (ok | stale | unreachable | waiting)."""
+    severity: Severity | None = None
+    """The worst finding's, where the words are its."""
+
+    @property
+    def text(self) -> str:
+        return f"{self.glyph} {self.words}{self.suffix}"
+
+    @property
+    def suffix(self) -> str:
+        return f" +{self.more}" if self.more else ""
 
 
 def _clock_pct(clock: float | None, clock_max: float | None) -> float | None:
@@ -219,9 +245,26 @@ class HostData:
             return HostStatus("stale", f"stale {human_age(age)} (from the store)", age)
         if age is not None and age > 3 * interval + 5:
             if paused:
-                return HostStatus("stale", f"paused, data {human_age(age)} old", age)
+                return HostStatus("stale", f"paused, data {human_age(age)} old", age, True)
             return HostStatus("stale", f"stale {human_age(age)}", age)
         return HostStatus("ok", "ok", age)
+
+    def headline(self, now: float, interval: float, paused: bool = False) -> Headline:
+        """The host's state in a few words (Headline): a dead run or a wedged driver is not
+        "ok", and pausing hides neither (old data while paused says its age where it is ok)."""
+        status = self.status(now, interval, paused)
+        serious = [f for f in self.findings if f.severity >= Severity.WARNING]
+        rank = list(FINDING_WORDS)
+        if serious and (status.kind == "ok" or status.paused):
+            worst = min(serious, key=lambda f: (
+                -f.severity, rank.index(f.code) if f.code in rank else len(rank)))
+            return Headline(SEVERITY_GLYPH[worst.severity], finding_words(worst),
+                            len(serious) - 1, status.kind, worst.severity)
+        if status.paused:
+            return Headline(STATUS_GLYPH["stale"], f"ok {human_age(status.age_s)} ago",
+                            kind=status.kind)
+        # an error's text may quote the box
+        return Headline(STATUS_GLYPH[status.kind], visible(status.text), kind=status.kind)
 
     def severity_counts(self) -> dict[Severity, int]:
         counts = dict.fromkeys(Severity, 0)

@@ -12,6 +12,14 @@ from typing import Any
 CAUSES = ("reboot", "oom_cgroup", "oom_kernel", "xid", "gpu_lost", "exception", "sighup",
           "killed", "exited", "unknown")
 
+CAUSE_WORDS = {"reboot": "box rebooted", "oom_cgroup": "OOM-killed", "oom_kernel": "OOM-killed",
+               "xid": "GPU Xid", "gpu_lost": "GPU lost", "exception": "crashed",
+               "sighup": "died at logout", "killed": "killed", "exited": "exited"}
+"""Each cause in a word or two (Diagnosis.words); "unknown" has none."""
+CRASH_WORDS = {"cuda_oom": "CUDA out of memory", "nccl_timeout": "NCCL timeout",
+               "nccl_error": "NCCL error", "cuda_error": "CUDA error", "disk_full": "disk full"}
+"""A crash line's kind (EXCEPTION_PATTERNS) in words; any other crash is "crashed"."""
+
 # The most telling lines of a crash, most specific first; each is searched in the log's tail.
 EXCEPTION_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("cuda_oom", re.compile(r"CUDA out of memory|OutOfMemoryError")),  # U10
@@ -93,6 +101,21 @@ class Diagnosis:
             return (f"it exited with status {ev.get('exit_code')} (its launch wrapper recorded "
                     "it) and no traceback in its log's tail says why")
         return f"cause unknown ({', '.join(ev.get('unchecked', ())) or 'no evidence'})"
+
+    @property
+    def words(self) -> str | None:
+        """The cause in a word or two, for a narrow cell ("OOM-killed", "killed (SIGKILL)");
+        None where it is not known. The summary says it whole."""
+        ev = self.evidence
+        if self.cause == "exception":
+            return CRASH_WORDS.get(str(ev.get("kind")), "crashed")
+        if self.cause == "killed" and ev.get("signal_name"):
+            return f"killed ({ev['signal_name']})"
+        if self.cause == "exited" and ev.get("exit_code") is not None:
+            return f"exit status {ev['exit_code']}"
+        if self.cause == "xid" and ev.get("xid") is not None:
+            return f"GPU Xid {ev['xid']}"
+        return CAUSE_WORDS.get(self.cause)
 
     def _cgroup_summary(self) -> str:
         ev = self.evidence

@@ -112,7 +112,7 @@ async def test_fleet_shows_every_host_state_gpus_runs_and_findings() -> None:
         assert cell("gpu-capped", "clock").endswith(" 37%")  # util 100 % at 37 % clock: U21
         assert cell("gpu-healthy", "vram") == "240/319 GiB"
         assert cell("gpu-healthy", "runs") == "llama-7b▶"
-        assert cell("gpu-zombie", "runs") == "bert-ddp✗"  # seen running overnight, gone now
+        assert cell("gpu-zombie", "runs") == "bert-ddp†"  # seen running overnight, gone now
         assert "✖" in cell("gpu-down", "findings")
 
 
@@ -779,7 +779,9 @@ async def test_log_follows_the_tail_pauses_when_scrolled_up_and_end_or_G_follows
         assert app.focused is log
         await pilot.press("pageup")
         await pilot.pause(0.3)
-        assert not log.following and "paused" in str(pane.border_subtitle)
+        # (in words of its own: "paused" is the polling's, p)
+        assert not log.following and "scrolled up" in str(pane.border_subtitle)
+        assert "paused" not in str(pane.border_subtitle)
         top = log.lines[round(log.scroll_y)]
         # ...new lines then leave what is read where it is, and say how many came.
         await feed(pilot, [with_tail(capped, log_lines(21, 60))])
@@ -991,3 +993,262 @@ async def test_a_timed_out_host_says_so_first() -> None:
         await feed(pilot, [fx.failed(host, fx.NOW, "timeout", "did not finish connecting")])
         cell = app.screen.query_one(FleetTable).state_cell(app.hosts[host.name], fx.NOW, 10.0)
         assert cell.plain.startswith("✗ timed out: did") and isinstance(host, Host)
+
+
+async def test_the_cursor_stays_on_its_host_through_sort_resize_refit_and_filter() -> None:
+    """`o`, a resize and a poll that changes the columns rebuilt the table and left the cursor
+    on row 0: Enter, z and ? then acted on another host than the one picked."""
+    cfg = fx.config(n_extra=3)
+    app = make_app(cfg)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await feed(pilot, fx.latest(cfg))
+        screen = app.screen
+        assert isinstance(screen, FleetScreen)
+        table = screen.table
+        await pilot.press("j", "j")
+        assert table.selected_host == "gpu-zombie"
+        for _ in range(5):  # every order, back to the config's
+            await pilot.press("o")
+            await pilot.pause()
+            assert table.selected_host == "gpu-zombie", screen.sort
+        fit = table.fit
+        await pilot.resize_terminal(200, 50)
+        await pilot.pause()
+        assert table.fit != fit and table.selected_host == "gpu-zombie"
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert table.selected_host == "gpu-zombie"
+        # a poll whose cells need other columns: every row anew, the cursor stays put
+        fit = table.fit
+        from gpuwatch.remote.model.snapshot import GpuError
+
+        capped = next(o for o in fx.latest(cfg) if o.host.name == "gpu-capped")
+        assert capped.snapshot is not None
+        wedged = replace(capped, snapshot=replace(capped.snapshot, gpus=(), gpu_error=GpuError(
+            "driver_mismatch", "Failed to initialize NVML: Driver/library version mismatch",
+            0.1)))
+        await feed(pilot, [wedged])
+        await pilot.pause()
+        assert table.fit != fit and table.selected_host == "gpu-zombie", (fit, table.fit)
+        # filtered: kept while it matches; filtered out, the cursor goes to a shown host
+        await pilot.press("slash", *"gpu")
+        await pilot.pause()
+        assert table.selected_host == "gpu-zombie"
+        await pilot.press(*"-new")
+        await pilot.pause()
+        assert table.selected_host == "gpu-new"
+        await pilot.press("escape", "escape")
+        await pilot.pause()
+        assert table.selected_host == "gpu-new"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, HostScreen) and app.screen.host == "gpu-new"
+
+
+async def test_the_confirm_dialog_keeps_its_buttons_and_keys_on_a_small_screen() -> None:
+    """At 80x24 a long plan (a relaunch's command lines, paths) pushed the buttons out of the
+    box: the description scrolls instead, and the keys that answer are said beside them."""
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        description = "\n".join(f"line {i}: /data/run/outputs/checkpoint-{i}" for i in range(40))
+        app.push_screen(ConfirmAction("Relaunch bert-ddp on gpu-zombie?", description,
+                                      verb="Relaunch"))
+        await pilot.pause()
+        modal = app.screen
+        assert isinstance(modal, ConfirmAction)
+        screen = modal.region
+        for button in ("#cancel", "#confirm", "#confirm-keys"):
+            region = modal.query_one(button).region
+            assert region.height and screen.contains_region(region), (button, region, screen)
+            box = modal.query_one("#confirm-box").region
+            assert box.contains_region(region), (button, region, box)
+        text = screen_text(app)
+        assert "y relaunch · n / Esc cancel" in text
+        assert "Cancel" in text and "Relaunch" in text
+        body = modal.query_one("#confirm-body")
+        assert body.max_scroll_y > 0  # the rest of the plan is a scroll away
+        await pilot.press("n")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmAction)
+        refused = ConfirmAction("Relaunch?", description, verb="Relaunch", refusal="alive")
+        app.push_screen(refused)
+        await pilot.pause()
+        assert "n / Esc cancel" in screen_text(app) and "y relaunch" not in screen_text(app)
+        assert screen.contains_region(refused.query_one("#cancel").region)
+
+
+def dead_run(run: str, cause: str, evidence: dict[str, Any],
+             severity: Severity = Severity.CRITICAL) -> Any:
+    from gpuwatch.remote.model.death import Diagnosis
+    from gpuwatch.remote.model.finding import Finding
+
+    diagnosis = Diagnosis(cause, evidence)
+    return Finding("run.dead", severity, f"run {run} is dead: {diagnosis.summary}", run=run,
+                   evidence={"cause": cause, "diagnosis": diagnosis.to_json()})
+
+
+async def test_the_state_says_why_a_run_died_and_the_host_header_says_the_same() -> None:
+    """demo-oom read "▲ run died" in the fleet and "ok" in its own header: the state cell names
+    the cause in words, and the host view's header says the fleet's words (one source)."""
+    cfg = fx.config()
+    app = make_app(cfg)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await feed(pilot, fx.latest(cfg))
+        screen = app.screen
+        assert isinstance(screen, FleetScreen)
+        data = app.hosts["gpu-healthy"]
+        data._set_findings([dead_run("llama-7b", "oom_cgroup", {"pid": 4121})], fx.NOW)
+        screen.refresh_all()
+        await pilot.pause()
+        for size in ((80, 24), (160, 48)):
+            await pilot.resize_terminal(*size)
+            await pilot.pause()
+            cell = screen.table.get_cell("gpu-healthy", "state").plain
+            assert cell == "✖ run died: OOM-killed", (size, cell)
+        data._set_findings([dead_run("llama-7b", "killed", {
+            "signal": 9, "signal_name": "SIGKILL", "exit_code": 137}, Severity.WARNING)],
+            fx.NOW)
+        assert data.headline(fx.NOW, 10.0).text == "▲ run died: killed (SIGKILL)"
+        data._set_findings([dead_run("llama-7b", "unknown", {})], fx.NOW)
+        assert data.headline(fx.NOW, 10.0).text == "✖ run died"
+        data._set_findings([dead_run("llama-7b", "oom_cgroup", {"pid": 4121})], fx.NOW)
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        # the host view's header: the fleet's words, never "ok" beside a critical finding
+        for name in ("gpu-healthy", "gpu-zombie", "gpu-capped"):
+            host = await open_host(pilot, name)
+            header = screen_text(app).splitlines()[0]
+            words = app.hosts[name].headline(app.clock(), 10.0).text
+            assert words in header, (name, header)
+            if name != "gpu-capped":  # a dead run, a zombie: never "ok"
+                assert words.split()[0] != "●" and " ok " not in header, (name, header)
+            assert isinstance(host, HostScreen)
+            await pilot.press("escape", "g")  # open_host counts rows from the first
+            await pilot.pause()
+        await open_host(pilot, "gpu-healthy")
+        assert "✖ run died: OOM-killed" in screen_text(app).splitlines()[0]
+
+
+async def test_paused_the_state_still_names_the_worst_and_the_title_says_the_age() -> None:
+    """After `p` every row read "◌ paused, data 26 s …": the worst findings went and "old" was
+    cut. Paused, a host's worst finding stays; the data's age is said where nothing is wrong
+    and in the title."""
+    cfg = fx.config()
+    now = [fx.NOW]
+    collector = FakeCollector(fx.latest(cfg))
+    app = build_app(cfg, store=fx.seeded_store(cfg), clock=lambda: now[0],
+                    collector=collector)  # type: ignore[arg-type]
+    async with app.run_test(size=(80, 24)) as pilot:
+        for _ in range(50):
+            await pilot.pause(0.02)
+            if all(collector.calls[h.name] for h in cfg.hosts):
+                break
+        screen = app.screen
+        assert isinstance(screen, FleetScreen)
+        table = screen.table
+        before = {h: table.get_cell(h, "state").plain for h in ("gpu-zombie", "gpu-down")}
+        await pilot.press("p")
+        await pilot.pause()
+        assert app.paused
+        now[0] = max(h.history.last_ok_at or 0.0 for h in app.hosts.values()) + 60
+        screen.tick()
+        await pilot.pause()
+        cells = {h: table.get_cell(h, "state").plain for h in app.hosts}
+        for name, cell in before.items():
+            assert cells[name] == cell, (name, cell, cells[name])  # the worst, not "paused"
+        assert cells["gpu-healthy"] == "◌ ok 60 s ago", cells
+        assert not [c for c in cells.values() if c.endswith("…") and "ago" in c]
+        title = str(screen.query_one("#fleet-title").render())
+        assert "PAUSED, data 60 s old (p resumes)" in title, title
+        await open_host(pilot, "gpu-zombie")
+        header = screen_text(app).splitlines()[0]
+        assert before["gpu-zombie"] in header and "polling paused (p)" in header, header
+
+
+async def test_the_fleet_title_and_cells_drop_whole_words_never_cut_a_number() -> None:
+    """At 80x24 the title read "… · polling every" (the number gone) while filtering, and a
+    wedged driver's words read "⚠ driver misma…": whole parts go, least needed first."""
+    from gpuwatch.tui.format import fit_words
+
+    app = make_app(fx.config(n_extra=1))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        screen = app.screen
+        assert isinstance(screen, FleetScreen)
+        await pilot.press("o")
+        await pilot.press("slash", *"xyzq")
+        await pilot.pause()
+        title = str(screen.query_one("#fleet-title").render()).rstrip()
+        assert len(title) <= 78, title
+        assert "0 shown (filter 'xyzq')" in title, title
+        for part in title.split(" · "):
+            assert part in ("gpuwatch", "6 hosts", "0 shown (filter 'xyzq')",
+                            "sorted by name", "polling every 10 s"), (part, title)
+        await pilot.press("escape", "escape")
+        await pilot.pause()
+        title = str(screen.query_one("#fleet-title").render()).rstrip()
+        assert title.endswith("polling every 10 s"), title
+    assert fit_words("⚠ driver mismatch", 15) == "⚠ driver…"
+    assert fit_words("⚠ driver mismatch: reboot: Failed", 18) == "⚠ driver mismatch…"
+    assert fit_words("✖ run died: OOM-killed", 16, " +2") == "✖ run died… +2"
+    assert fit_words("✗ timed out after 12.5 s", 19) == "✗ timed out after…"
+    assert fit_words("12345", 3) == "…"  # a number is never cut
+    assert fit_words("● ok", 20) == "● ok"
+
+
+async def test_help_explains_the_other_glyphs_and_fits_or_says_it_scrolls() -> None:
+    """⚠ ◆ ▼ ▾ ├ └ and "+1" were not in the legend, and ✗ meant both "could not be polled" and
+    "dead run"; at 160x48 the help did not fit and nothing said it scrolled."""
+    from gpuwatch.tui.colours import RUN_GLYPH, STATUS_GLYPH
+    from gpuwatch.tui.screens.help import GLYPHS
+
+    listed = " ".join(glyph for glyph, _ in GLYPHS)
+    for glyph in ("⚠", "◆", "▼", "▾", "├", "└", "+2"):
+        assert glyph in listed, glyph
+    assert RUN_GLYPH["dead"] not in STATUS_GLYPH.values()
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        await pilot.pause()
+        scroll = app.screen.query_one("#help-scroll")
+        assert scroll.max_scroll_y == 0  # side by side, all of it on screen
+        assert "Esc / ? / q close" in screen_text(app)
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        await pilot.pause()
+        assert "more below: ↓ PageDown End scroll" in screen_text(app)
+        await pilot.press("end")
+        await pilot.pause()
+        await pilot.pause()
+        text = screen_text(app)
+        assert "more below" not in text and "↑ PageUp Home scroll" in text
+        assert "Cancel as the default" in text
+
+
+async def test_the_footer_says_resume_while_paused_and_enter_opens_in_the_fleet() -> None:
+    """The footer kept "p Pause" while polling was paused, and the fleet's footer did not say
+    that Enter opens a host."""
+    cfg = fx.config()
+    collector = FakeCollector(fx.latest(cfg))
+    app = make_app(cfg, poll=True, collector=collector)  # type: ignore[arg-type]
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+
+        def labels() -> dict[str, str]:
+            return {key.key: key.description for key in app.screen.query(FooterKey)}
+
+        assert labels().get("enter") == "Open" and labels().get("p") == "Pause", labels()
+        await pilot.press("p")
+        await pilot.pause()
+        await pilot.pause()
+        assert app.paused and labels().get("p") == "Resume", labels()
+        await pilot.press("p")
+        await pilot.pause()
+        await pilot.pause()
+        assert not app.paused and labels().get("p") == "Pause", labels()
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, HostScreen) and app.screen.host == "gpu-healthy"

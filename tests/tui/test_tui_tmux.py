@@ -195,7 +195,7 @@ def test_demo_in_tmux_relaunch_reap_and_quit(demo: Tmux) -> None:
 
     # The OOM box's run dies a minute in; relaunch it with r and confirm, see it running again.
     open_host(tmux, "demo-oom")
-    tmux.wait_for("gpt2-xl ✗ dead", 150)
+    tmux.wait_for("gpt2-xl † dead", 150)
     tmux.keys("r")
     modal = tmux.wait_for("Relaunch run gpt2-xl on demo-oom?", 10)
     assert "Cancel" in modal and "--resume" in modal

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+from rich.cells import cell_len
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Input, Static
 
+from ..format import human_age
 from ..state import HostData
 from ..widgets.fleet_table import FleetTable
 from ..widgets.key_footer import KeyFooter
@@ -91,7 +93,8 @@ class FleetScreen(KeptScreen):
 
         def words(h: HostData) -> str:
             return " ".join([h.name, h.config.ssh, *h.run_names(),
-                             h.status(now, interval).text, *(f.code for f in h.findings)]
+                             h.status(now, interval).text, h.headline(now, interval).words,
+                             *(f.code for f in h.findings)]
                             ).lower()
 
         return [h for h in hosts if needle in words(h)]
@@ -126,22 +129,41 @@ class FleetScreen(KeptScreen):
                 return
         self.table.paused = self.gw.paused
         self.table.update_states(self.visible_hosts(), self.gw.clock(), self.gw.config.interval)
+        if self.gw.paused:  # the data's age moves on
+            self.refresh_title()
 
     def refresh_title(self) -> None:
+        """One line: the parts that fit, whole; where the screen is narrow the least needed
+        go first (the interval, then the sort), never a part cut mid-number."""
         gw = self.gw
         n = len(gw.hosts)
         shown = self.table.row_count
-        bits = [f"gpuwatch · {n} host{'s' * (n != 1)}"]
+        parts: list[tuple[int, str]] = [(0, f"gpuwatch · {n} host{'s' * (n != 1)}")]
         if shown != n:
-            bits.append(f"{shown} shown (filter {self.filter_text!r})")
+            parts.append((1, f"{shown} shown (filter {self.filter_text!r})"))
         if self.sort:
-            bits.append(f"sorted by {SORTS[self.sort][1]}")
-        bits.append(f"polling every {gw.config.interval:g} s")
+            parts.append((3, f"sorted by {SORTS[self.sort][1]}"))
+        parts.append((4, f"polling every {gw.config.interval:g} s"))
         if gw.paused:
-            bits.append("PAUSED (p resumes)")
+            now, interval = gw.clock(), gw.config.interval
+            ages = [s.age_s for s in (h.status(now, interval, True) for h in gw.hosts.values())
+                    if s.paused and s.age_s is not None]
+            old = f", data {human_age(max(ages))} old" if ages else ""
+            parts.append((0, f"PAUSED{old} (p resumes)"))
         if gw.readonly:
-            bits.append("read-only")
-        self.query_one("#fleet-title", Static).update(" · ".join(bits))
+            parts.append((2, "read-only"))
+        title = self.query_one("#fleet-title", Static)
+        width = title.size.width or self.app.size.width - 2  # less its padding
+        while len(parts) > 1 and cell_len(" · ".join(p for _, p in parts)) > width:
+            drop = max(range(len(parts)), key=lambda i: (parts[i][0], i))
+            if parts[drop][0] == 0:
+                break
+            del parts[drop]
+        title.update(" · ".join(p for _, p in parts))
+
+    def on_resize(self) -> None:
+        if self.is_mounted and self.query(FleetTable):
+            self.refresh_title()
 
     # -- keys and mouse --------------------------------------------------------------------
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:

@@ -15,7 +15,7 @@ from typing import ClassVar
 from gpuwatch.remote.findings.rules import Severity
 from rich.cells import cell_len
 from rich.text import Text
-from textual.binding import BindingType
+from textual.binding import Binding, BindingType
 from textual.widgets import DataTable
 
 from ..colours import (
@@ -26,8 +26,8 @@ from ..colours import (
     colour,
     severity_colour,
 )
-from ..format import FINDING_WORDS, level_char, pct, visible
-from ..state import HostData
+from ..format import fit_words, level_char, pct, visible
+from ..state import Headline, HostData
 from .cursor_keys import CURSOR_KEYS
 
 COLUMNS = (("host", "host"), ("state", "state"), ("util", "GPU util"),
@@ -67,7 +67,9 @@ class FleetTable(DataTable[Text]):
     """The fleet, one row per host (row key: the host name), in the order its screen gives;
     `sorted_by` (a column key or None) marks that column's header."""
 
-    BINDINGS: ClassVar[list[BindingType]] = CURSOR_KEYS
+    BINDINGS: ClassVar[list[BindingType]] = [
+        *CURSOR_KEYS, Binding("enter", "select_cursor", "Open", key_display="Enter")]
+    """The cursor keys, and Enter (the table's own, hidden) shown: it opens the host."""
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
@@ -95,56 +97,68 @@ class FleetTable(DataTable[Text]):
         self._refit()
 
     def choose_fit(self) -> Fit:
-        """The widest fit whose columns all fit the table's width."""
+        """The widest fit whose columns all fit the table's width, with room for each host's
+        worst finding in words, whole ("✖ run died: OOM-killed"), where one affords it: the
+        findings column's counts go before those words are cut."""
         width = self.size.width - SCROLLBAR
         widest: dict[str, int] = {key: cell_len(label) + 2 * (key == self.sorted_by)
                                   for key, label in COLUMNS}
-        widest["runs-glyphs"] = widest["error"] = widest["state"] = 0
+        widest["runs-glyphs"] = widest["error"] = widest["state"] = widest["finding"] = 0
         for cells in self._widths.values():
             for key, w in cells.items():
                 widest[key] = max(widest[key], w)
-        for fit in FITS:
-            need = 0
-            for key, _ in fit.columns:
-                if key == "state":
-                    need += fit.state_width
-                elif key == "runs":
-                    need += max(widest["runs" if fit.runs == "names" else "runs-glyphs"],
-                                cell_len("runs"))
-                elif key == "util":
-                    error = widest["error"] if fit.error_width is None else min(
-                        widest["error"], fit.error_width)
-                    need += max(widest["util"], error)
-                else:
-                    need += widest[key]
-                need += PADDING
-            if need <= width:
-                return self.widen(fit, width - need, widest)
+        for floor in (min(STATE_WIDTH, widest["finding"]), 0):
+            for fit in FITS:
+                need = self.need(fit, widest, floor)
+                if need <= width:
+                    return self.widen(replace(fit, state_width=max(fit.state_width, floor)),
+                                      width - need, widest)
         return FITS[-1]
 
     @staticmethod
+    def need(fit: Fit, widest: dict[str, int], state_floor: int) -> int:
+        """The cells a fit's columns take, its state at least `state_floor` wide."""
+        need = 0
+        for key, _ in fit.columns:
+            if key == "state":
+                need += max(fit.state_width, state_floor)
+            elif key == "runs":
+                need += max(widest["runs" if fit.runs == "names" else "runs-glyphs"],
+                            cell_len("runs"))
+            elif key == "util":
+                error = widest["error"] if fit.error_width is None else min(
+                    widest["error"], fit.error_width)
+                need += max(widest["util"], error)
+            else:
+                need += widest[key]
+            need += PADDING
+        return need
+
+    @staticmethod
     def widen(fit: Fit, spare: int, widest: dict[str, int]) -> Fit:
-        """The fit with the columns it left over given to the state's words, then to a GPU
-        error's ("▲ busy, low c…" at 80 columns had room beside it)."""
-        grow = min(spare, max(0, min(STATE_WIDTH, widest["state"]) - fit.state_width))
-        fit = replace(fit, state_width=fit.state_width + grow)
-        spare -= grow
+        """The fit with the columns it left over given to a GPU error's words, then to the
+        state's ("▲ busy, low c…" at 80 columns had room beside it). A finding's words in the
+        state have their room already (choose_fit): what is left would only lengthen a reason
+        that is cut anyway, while "⚠ driver…" lost the error's point."""
         if fit.error_width is not None and widest["error"] > max(fit.error_width,
                                                                   widest["util"]):
             extra = min(spare, widest["error"] - max(fit.error_width, widest["util"]))
             fit = replace(fit, error_width=fit.error_width + extra)
-        return fit
+            spare -= extra
+        grow = min(spare, max(0, min(STATE_WIDTH, widest["state"]) - fit.state_width))
+        return replace(fit, state_width=fit.state_width + grow)
 
     def _refit(self) -> None:
         if not self.size.width:
             return
         fit = self.choose_fit()
         if fit != self.fit:
+            keep = self.selected_host, self.cursor_row  # clear(columns=True) moves the cursor
             self.fit = fit
             self.clear(columns=True)
             self._add_columns()
             self._states.clear()
-            self._fill(self._hosts, *self._when)
+            self._fill(self._hosts, *self._when, keep=keep)
 
     @property
     def shown(self) -> list[str]:
@@ -163,22 +177,31 @@ class FleetTable(DataTable[Text]):
         self._hosts, self._when = list(hosts), (now, interval)
         self._widths = {h.name: self.measure(h) for h in hosts}
         fit = self.choose_fit() if self.size.width else self.fit
+        keep = self.selected_host, self.cursor_row  # before clear(columns=True) moves the cursor
         if fit != self.fit or sorted_by != self.sorted_by:
             self.sorted_by = sorted_by
             self.fit = fit
             self.clear(columns=True)
             self._add_columns()
-        self._fill(hosts, now, interval)
+        self._fill(hosts, now, interval, keep=keep)
 
-    def _fill(self, hosts: Sequence[HostData], now: float, interval: float) -> None:
-        keep = self.selected_host
+    def _fill(self, hosts: Sequence[HostData], now: float, interval: float,
+              keep: tuple[str | None, int] | None = None) -> None:
+        """Every row anew; the cursor stays on the host it was on (`keep`: that host and its
+        row, taken before any clear), or, where that host is no longer shown, on the row it was
+        on (the next host down), or the last."""
+        host, row = keep if keep is not None else (self.selected_host, self.cursor_row)
         self.clear()
         self._states.clear()
         self._shown = [h.name for h in hosts]
         for data in hosts:
             self.add_row(*self.cells(data, now, interval), key=data.name)
-        if keep in self._shown:
-            self.move_cursor(row=self._shown.index(keep))
+        if not self._shown:
+            return
+        if host in self._shown:
+            self.move_cursor(row=self._shown.index(host))
+        else:
+            self.move_cursor(row=max(0, min(row, len(self._shown) - 1)))
 
     def update_host(self, data: HostData, now: float, interval: float) -> None:
         if data.name not in self._shown:
@@ -219,12 +242,14 @@ class FleetTable(DataTable[Text]):
     def measure(self, data: HostData) -> dict[str, int]:
         """The width each of this host's cells needs (the state is cut to fit instead)."""
         util, clock, vram = self.gpu_cells(data)
+        headline = data.headline(*self._when, self.paused)
         snap = data.snapshot
         error = snap is not None and snap.gpu_error is not None and not snap.gpus
         said = cell_len(f"⚠ {snap.gpu_error.summary}") if (
             snap is not None and snap.gpu_error is not None and error) else 0
         return {"host": cell_len(visible(data.name)), "util": 0 if error else util.cell_len,
-                "state": cell_len(self.state_words(data, *self._when)[0]) + 1,
+                "state": cell_len(headline.text) + 1,
+                "finding": cell_len(headline.text) + 1 if headline.severity is not None else 0,
                 "error": said,
                 "clock": clock.cell_len, "vram": vram.cell_len,
                 "findings": self.findings_cell(data).cell_len,
@@ -233,40 +258,33 @@ class FleetTable(DataTable[Text]):
 
     def state_cell(self, data: HostData, now: float, interval: float) -> Text:
         """The host's state, or, where it was polled fine, its worst problem in words: a
-        dead run or a wedged driver is not "● ok" (the findings column may not fit)."""
-        text, style = self.state_words(data, now, interval)
-        width = self.fit.state_width
-        if len(text) > width:
-            text = text[: width - 1] + "…"
-        return Text(text, style=style)
+        dead run or a wedged driver is not "● ok" (the findings column may not fit). Too long,
+        whole words go from the end, the "+N" kept."""
+        headline = data.headline(now, interval, self.paused)
+        text = fit_words(f"{headline.glyph} {headline.words}", self.fit.state_width,
+                         headline.suffix)
+        return Text(text, style=self.headline_colour(headline))
 
     def state_words(self, data: HostData, now: float, interval: float) -> tuple[str, str]:
         """The state cell's words, whole, and their colour."""
-        status = data.status(now, interval, self.paused)
-        glyph = {"ok": "●", "stale": "◌", "unreachable": "✗", "waiting": "…"}[status.kind]
-        text = f"{glyph} {visible(status.text)}"  # an error's text may quote the box
-        style = colour(self.app, STATUS_VARIABLE[status.kind])
-        rank = list(FINDING_WORDS)
-        worst = min(data.findings, default=None, key=lambda f: (
-            -f.severity, rank.index(f.code) if f.code in rank else len(rank)))
-        if status.kind == "ok" and worst is not None and worst.severity >= Severity.WARNING:
-            more = sum(f.severity >= Severity.WARNING for f in data.findings) - 1
-            words = FINDING_WORDS.get(worst.code, worst.code)
-            text = f"{SEVERITY_GLYPH[worst.severity]} {words}{f' +{more}' if more else ''}"
-            style = severity_colour(self.app, worst.severity)
-        return text, style
+        headline = data.headline(now, interval, self.paused)
+        return headline.text, self.headline_colour(headline)
+
+    def headline_colour(self, headline: Headline) -> str:
+        if headline.severity is not None:
+            return severity_colour(self.app, headline.severity)
+        return colour(self.app, STATUS_VARIABLE[headline.kind])
 
     def gpu_cells(self, data: HostData) -> list[Text]:
         snap = data.snapshot
         if snap is not None and snap.gpu_error is not None and not snap.gpus:
             # A wedged driver is not "no GPU": said where the GPUs would be (words: they may
             # be cut short to fit, the host view says them whole).
-            said = Text(f"⚠ {snap.gpu_error.summary}", style=colour(self.app, "error"))
+            said = f"⚠ {visible(snap.gpu_error.summary)}"
             width = self.fit.error_width
-            if width is not None and said.cell_len > width:
-                said.truncate(width - 1)
-                said.append("…")
-            return [said, Text(""), Text("")]
+            if width is not None:
+                said = fit_words(said, width)
+            return [Text(said, style=colour(self.app, "error")), Text(""), Text("")]
         if snap is None or not snap.gpus:
             muted = colour(self.app, "text-muted")
             none = "no GPU" if snap is not None else ""

@@ -1,10 +1,11 @@
-"""HostHeader: one line about the host: state and staleness, box facts, polling state."""
+"""HostHeader: one line about the host: its state in the fleet's words (its worst finding, or
+stale / unreachable and why), box facts, polling state."""
 
 from __future__ import annotations
 
 from rich.text import Text
 
-from ..colours import STATUS_VARIABLE, colour
+from ..colours import STATUS_VARIABLE, colour, severity_colour
 from ..format import human_age, visible
 from ..state import HostData
 from .text_pane import TextPane
@@ -19,11 +20,12 @@ class HostHeader(TextPane):
         text = Text(no_wrap=True, overflow="ellipsis")
         if data is None:
             return text
-        status = data.status(now, interval, paused)
+        headline = data.headline(now, interval, paused)  # the fleet's state cell's words
         text.append(visible(data.name), style="bold")
         text.append("  ")
-        text.append(visible(status.text),
-                    style=f"bold {colour(self.app, STATUS_VARIABLE[status.kind])}")
+        shade = (severity_colour(self.app, headline.severity) if headline.severity is not None
+                 else colour(self.app, STATUS_VARIABLE[headline.kind]))
+        text.append(headline.text, style=f"bold {shade}")
         snap = data.snapshot
         muted = colour(self.app, "text-muted")
         if snap is not None:
@@ -32,7 +34,7 @@ class HostHeader(TextPane):
             # 62…" at 80 columns).
             facts = []
             if snap.hostname:
-                facts.append(visible(snap.hostname))  # the box's own name for itself
+                facts.append(f"hostname {visible(snap.hostname)}")  # the box's own name
             if snap.cgroup is not None and snap.cgroup.memory_max_bytes:
                 cur = snap.cgroup.memory_current_bytes or 0
                 facts.append(f"cgroup mem {cur / snap.cgroup.memory_max_bytes:.0%}")

@@ -4,7 +4,8 @@ escape sequences are shown as `\x1b[31m`, never sent to the terminal).
 
 It follows the end as `tail -f` does: new lines scroll into view, until the person scrolls up
 (arrows, PageUp, Home, the wheel); then it stays where they are and the pane's bottom border
-says it is paused and how many lines came since. End (or G) follows again. Each poll brings
+says it is scrolled up (held: not "paused", which is the polling's word) and how many lines
+came since. End (or G) follows again. Each poll brings
 the box's whole tail anew, so the lines that are new are what the old tail does not end with.
 """
 
@@ -93,7 +94,7 @@ class LogTail(Log):
         if self.following:
             return ""
         news = f"↓ {self.unseen} new line{'s' * (self.unseen != 1)} · " if self.unseen else ""
-        return f"paused · {news}End follows"
+        return f"scrolled up · {news}End follows"
 
     def _say(self) -> None:
         if isinstance(self.parent, Widget):  # the pane's bottom border, as the loss pane's
