@@ -37,6 +37,7 @@ from gpuwatch.remote.watch import history_from_store, judge, remember
 from gpuwatch.remote.wire import raw_events, tfevents_fast
 from gpuwatch.remote.wire.collect import PollOutcome
 from gpuwatch.remote.wire.document import parse_probe_output
+from gpuwatch.remote.wire.reader import MAX_DEPTH, MAX_NUMBER_DIGITS
 from hostile_docs import CAPTURES, real_document
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -59,6 +60,28 @@ LEAF = st.one_of(
 HOSTILE = st.recursive(LEAF, lambda inner: st.one_of(
     st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=4)),
     max_leaves=12)
+
+
+def nesting(value: Any) -> int:
+    """How many lists and objects deep `value` goes."""
+    if isinstance(value, dict):
+        return 1 + max((nesting(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((nesting(v) for v in value), default=0)
+    return 0
+
+
+def past_document_limits(doc: Any) -> bool:
+    """Whether `doc` nests near the reader's MAX_DEPTH or holds an integer of more digits than
+    its MAX_NUMBER_DIGITS: the limits that refuse a whole document, whatever field it is."""
+    def digits(value: Any) -> int:
+        if isinstance(value, dict):
+            return max((digits(v) for v in value.values()), default=0)
+        if isinstance(value, list):
+            return max((digits(v) for v in value), default=0)
+        return len(str(abs(value))) if isinstance(value, int) else 0
+
+    return nesting(doc) >= MAX_DEPTH - 2 or digits(doc) > MAX_NUMBER_DIGITS
 
 
 def deep_value(levels: int) -> Any:
@@ -197,8 +220,9 @@ def test_damaged_document_bytes_are_a_probe_error_at_worst(
 def test_hostile_cpu_figures_are_none_and_never_the_hosts_error(
         bases: list[dict[str, Any]], data: st.DataObject) -> None:
     """Two polls of the fixture box, the processes' CPU ticks and the table's uptime of either
-    swapped for anything: both documents still read, and each process's cpu_s and CPU% is a
-    number in range or None; judging and every report go on."""
+    swapped for anything: both documents still read (but one given a value past a limit of the
+    whole document, nesting or digits, which is refused as such), and each process's cpu_s
+    and CPU% is a number in range or None; judging and every report go on."""
     first = copy.deepcopy(bases[0])
     procs = first["processes"]
     at = procs["procs"]["fields"].index("cpu_ticks")
@@ -217,7 +241,16 @@ def test_hostile_cpu_figures_are_none_and_never_the_hosts_error(
     history = HostHistory("gpu1")
     for doc, at_s in ((first, 0.0), (second, 10.0)):
         data_bytes = json.dumps(doc).encode()
-        history.record(parse_probe_output(data_bytes, "gpu1"), at_s)  # never a ProbeError
+        try:
+            parsed, refused = parse_probe_output(data_bytes, "gpu1"), ""
+        except ProbeError as error:
+            parsed, refused = None, str(error)
+        if parsed is None:  # only a value past a limit of the whole document refuses it
+            assert past_document_limits(doc) and (
+                "MAX_DEPTH" in refused or "MAX_NUMBER_DIGITS" in refused), refused
+            judged_everywhere(data_bytes)
+            continue
+        history.record(parsed, at_s)
         snap = history.snapshots[-1]
         ncpu = snap.ncpu or 1
         for p in snap.processes:
