@@ -42,9 +42,6 @@ class HostReport:
     """Run objects as the JSON schema has them (built by the runs layer)."""
     zombies: Mapping[int, str] = field(default_factory=dict)
     """pid → why it holds VRAM for nothing (zombies.REASONS), for the processes' `zombie`."""
-    cpu_pct: Mapping[int, float] = field(default_factory=dict)
-    """pid → its CPU% since the previous poll (the history works it out: model.processes
-    .with_cpu_pct), for the processes' `cpu_pct`; a process not in it has none yet."""
 
     @property
     def name(self) -> str:
@@ -80,27 +77,22 @@ def host_json(report: HostReport) -> dict[str, Any]:
         "gpus": [g.to_json() for g in snap.gpus] if snap else [],
         "gpu_query_s": snap.gpu_query_s if snap else None,
         "gpu_error": snap.gpu_error.to_json() if snap and snap.gpu_error else None,
-        "processes": [_process_json(p, report.zombies, report.cpu_pct)
-                      for p in snap.processes] if snap else [],
+        "processes": [_process_json(p, report.zombies) for p in snap.processes] if snap else [],
         "disks": [d.to_json() for d in snap.disks] if snap else [],
         "runs": list(report.runs),
         "findings": [f.to_json() for f in report.findings],
     }
 
 
-def _process_json(proc: ProcessInfo, zombies: Mapping[int, str],
-                  cpu: Mapping[int, float] | None = None) -> dict[str, Any]:
+def _process_json(proc: ProcessInfo, zombies: Mapping[int, str]) -> dict[str, Any]:
     """A process as the schema has it; `zombie` says why it holds VRAM for nothing where the
     rules found so (orphaned, defunct: U11; an invisible holder is in no process list), else
-    "defunct" for any <defunct>; `cpu_pct` is its CPU% since the previous poll, null on the
-    first poll that lists it."""
+    "defunct" for any <defunct>; `cpu_pct` (the judged snapshot's, as the history worked it
+    out) is null on the first poll that lists it."""
     doc = proc.to_json()
     reason = zombies.get(proc.pid)
     if reason is not None:
         doc["zombie"] = reason
-    pct = (cpu or {}).get(proc.pid)
-    if pct is not None:
-        doc["cpu_pct"] = round(pct, 1)
     return doc
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .config.schema import HostConfig
@@ -74,16 +75,14 @@ def judge(history: HostHistory, outcome: PollOutcome) -> HostReport:
 def _judge(history: HostHistory, outcome: PollOutcome) -> HostReport:
     if outcome.snapshot is not None:
         history.record(outcome.snapshot, outcome.ended_at)
+        # As the history keeps it: its processes' CPU% since the previous poll worked out.
+        outcome = replace(outcome, snapshot=history.current)
     else:
         history.record_failure(PollFailure(outcome.error_kind or "probe",
                                            outcome.error_message or "", outcome.ended_at))
     findings = evaluate(history).apply(history)
     zombies = {z.pid: z.reason for z in history.zombies or () if z.pid is not None}
-    current = history.current if outcome.snapshot is not None else None  # with CPU% worked out
-    cpu = {p.pid: p.cpu_pct for p in current.processes if p.cpu_pct is not None} \
-        if current is not None else {}
-    return HostReport(outcome, findings, runs=runs_json(history, outcome.host), zombies=zombies,
-                      cpu_pct=cpu)
+    return HostReport(outcome, findings, runs=runs_json(history, outcome.host), zombies=zombies)
 
 
 def runs_json(history: HostHistory, host: HostConfig) -> list[dict[str, Any]]:
