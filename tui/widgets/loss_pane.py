@@ -65,9 +65,6 @@ class LossPane(Vertical, can_focus=True):
         yield Static(id="loss-tags", markup=False)
         yield LossPlot(id="loss-plot")
 
-    def on_resize(self) -> None:
-        self.redraw(force=True)
-
     def on_click(self, event: object) -> None:
         widget = getattr(event, "widget", None)
         if widget is not None and widget.id == "loss-tags":
@@ -118,12 +115,11 @@ class LossPane(Vertical, can_focus=True):
             return
         run, tag = self.run, self.current_tag()
         series = run.series.get(tag) if run is not None and tag is not None else None
-        width = max(20, self.size.width)
         skipped = run.skipped_lines() if run is not None else {}
         key = (id(run), tag, len(series) if series else 0,
                series.last_step if series else None,
                len(run.restarts) if run else 0, len(run.checkpoint_times) if run else 0,
-               width, self.settings.smoothing, self.settings.logy, self.settings.wall,
+               self.settings.smoothing, self.settings.logy, self.settings.wall,
                tuple(skipped.values()), self.step_marks)
         if not force and key == self._key:
             return
@@ -131,7 +127,11 @@ class LossPane(Vertical, can_focus=True):
         if isinstance(self.parent, Widget):  # the pane's bottom border: lines not read
             self.parent.border_subtitle = skipped_note(skipped)
         self.query_one("#loss-tags", Static).update(self.tag_line(tag, series))
-        self.query_one(LossPlot).show(self.prepare(run, tag, series, width))
+        # Prepared (decimated to the width, ticks) by the plot as it is drawn, and again when
+        # its width changes: the first paint draws it at its laid-out width, once.
+        settings, marks = LossSettings(**vars(self.settings)), self.step_marks
+        self.query_one(LossPlot).show_for_width(
+            lambda width: self.prepare(run, tag, series, width, settings, marks))
 
     def tag_line(self, tag: str | None, series: TagSeries | None) -> Text:
         s = self.settings
@@ -153,8 +153,7 @@ class LossPane(Vertical, can_focus=True):
         return text
 
     def prepare(self, run: RunSeries | None, tag: str | None, series: TagSeries | None,
-                width: int) -> LossSeries:
-        s = self.settings
+                width: int, s: LossSettings, step_marks: tuple[StepMark, ...]) -> LossSeries:
         if run is None or series is None or len(series) == 0:
             return LossSeries(message="no points yet", logy=s.logy)
         points = series.decimated(width)  # about 2 points per column, spikes kept
@@ -183,7 +182,7 @@ class LossPane(Vertical, can_focus=True):
             x = x_of(_step_of(path, mtime, series), mtime)
             if x is not None:
                 marks.append(Mark(x, y_at(x), CHECKPOINT_MARK, "checkpoint"))
-        for m in self.step_marks:
+        for m in step_marks:
             x = x_of(m.step, _wall_of(m.step, series))
             if x is not None:
                 marks.append(Mark(x, y_at(x), m.glyph, m.variable))
@@ -196,7 +195,7 @@ class LossPane(Vertical, can_focus=True):
             steps = step_ticks(min(xs), max(xs), count)
             ticks, labels = [float(t) for t in steps], [str(t) for t in steps]
         legend = f"   {CHECKPOINT_MARK} checkpoint" if run.checkpoint_times else ""
-        glyphs = dict.fromkeys(m.glyph for m in self.step_marks)
+        glyphs = dict.fromkeys(m.glyph for m in step_marks)
         if glyphs:
             legend += f"   {' '.join(glyphs)} finding"
         return LossSeries(xs=xs, raw=raw, smooth=smooth, restarts=restarts, marks=marks,

@@ -8,6 +8,7 @@ restart (a run resumed from an earlier step) is the one vertical line, in its ow
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rich.text import Text
@@ -49,16 +50,28 @@ class LossSeries:
 
 
 class LossPlot(PlotextPlot):
-    """Draws a LossSeries."""
+    """Draws a LossSeries, prepared for its width when it is drawn (`show_for_width`)."""
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.series = LossSeries()
         self._drawn: list[tuple[tuple[object, ...], Text]] = []
+        self._source: Callable[[int], LossSeries] | None = None
+        self._prepared_for: int | None = None
+
+    def width_for_points(self) -> int:
+        return max(20, self.size.width)
 
     def render(self) -> RenderResult:
         """plotext's drawing (about 25 ms for a 1,000-point curve), kept for the same series at
-        the same size in the same theme."""
+        the same size in the same theme. A series handed in as a function of the width is
+        prepared here, at the width it is drawn at: a host view's first paint draws it once,
+        at its laid-out width, rather than at a guess and again when the first Resize came."""
+        width = self.width_for_points()
+        if self._source is not None and self._prepared_for != width:
+            self.series = self._source(width)
+            self._prepared_for = width
+            self._configure()
         key = (self.series, self.size, self.app.theme)
         for drawn_key, text in self._drawn:
             if drawn_key == key:
@@ -74,10 +87,21 @@ class LossPlot(PlotextPlot):
         self.replot()
 
     def show(self, series: LossSeries) -> None:
+        self._source = None
         self.series = series
         self.replot()
 
+    def show_for_width(self, source: Callable[[int], LossSeries]) -> None:
+        """Draw source(width) from its next paint on, prepared again when the width changes."""
+        self._source = source
+        self._prepared_for = None
+        self.refresh()
+
     def replot(self) -> None:
+        self._configure()
+        self.refresh()
+
+    def _configure(self) -> None:
         s, plt = self.series, self.plt
         plt.clear_data()
         plt.clear_figure()
@@ -97,7 +121,6 @@ class LossPlot(PlotextPlot):
         if not finite:
             plt.yscale("linear")  # plotext cannot draw an empty log scale (it raised TypeError)
             plt.title(s.message or s.title or "no points yet")
-            self.refresh()
             return
         fx = [xs[i] for i in finite]
         plt.plot(fx, [raw[i] for i in finite], color=rgb(self.app, "loss"), marker="braille")
@@ -115,4 +138,3 @@ class LossPlot(PlotextPlot):
                             color=rgb(self.app, mark.variable))
         if s.xticks:
             plt.xticks(s.xticks, s.xlabels or None)
-        self.refresh()
