@@ -117,6 +117,8 @@ class HostScreen(KeptScreen):
         self._shown: tuple[object, ...] | None = None
         """What the panes were last handed (refresh_data): a kept screen that resumes on the
         same skips handing it down again."""
+        self._found: Text | None = None
+        """What #run-found shows."""
 
     @property
     def gw(self) -> GpuwatchApp:
@@ -173,7 +175,7 @@ class HostScreen(KeptScreen):
         self.set_class(wide, "-wide")
         self.set_class(not wide, "-narrow")
 
-    def on_screen_resume(self) -> None:
+    async def on_screen_resume(self) -> None:
         # A kept screen (screens/kept.py) missed the resizes and polls while away.
         self._set_breakpoint()
         if self._shown != self._shown_key():
@@ -181,6 +183,9 @@ class HostScreen(KeptScreen):
         else:
             self.tick()
             self.gw.refresh_bindings()
+        # Before Screen's own handler lays the screen out and paints it: the keys are in that
+        # paint, not in a second one (a new screen's footer was empty at first).
+        await self.query_one(KeyFooter).show_keys_now()
 
     def _shown_key(self) -> tuple[object, ...]:
         data, gw = self.data, self.gw
@@ -222,7 +227,7 @@ class HostScreen(KeptScreen):
     def refresh_run(self, box_now: float | None) -> None:
         """The panes of the selected run, its tab labels and the keys (n / N change only
         these: the other panes stay as they are painted)."""
-        gw, data = self.gw, self.data
+        data = self.data
         run = self.run_series()
         self.query_one(LossPane).show_run(run, self.step_marks())
         self.query_one(CheckpointTimeline).show(run, box_now)
@@ -245,7 +250,7 @@ class HostScreen(KeptScreen):
                 if tab.label.plain != label.plain:
                     tab.label = label
         self._show_found()
-        gw.refresh_bindings()
+        self._refresh_keys()
 
     def _show_found(self) -> None:
         """For a discovered run: what was found, and where (box text: never markup). Its lines
@@ -256,12 +261,10 @@ class HostScreen(KeptScreen):
         watch = self.data.watchdog.get(self.selected_run or "")  # the watchdog's line
         found.display = bool(watch) or any(self.data.discovery(name) is not None
                                            for name in self._tab_names)
-        if d is not None:
-            found.update(found_text(d))
-        elif watch:
-            found.update(Text(watch))
-        else:
-            found.update(Text(" \n "))
+        text = found_text(d) if d is not None else Text(watch) if watch else Text(" \n ")
+        if text != self._found:  # Static.update lays the screen out again, even for the same
+            self._found = text
+            found.update(text)
 
     def tick(self) -> None:
         gw = self.gw
@@ -283,7 +286,13 @@ class HostScreen(KeptScreen):
 
     def on_process_selected(self, event: ProcessSelected) -> None:
         self.selected_pid = event.pid
-        self.gw.refresh_bindings()
+        self._refresh_keys()
+
+    def _refresh_keys(self) -> None:
+        """The footer's keys again, if this screen is the one shown: one built ahead (or being
+        torn down, after the app's screens are gone) refreshes them when it is shown."""
+        if self.is_current:
+            self.gw.refresh_bindings()
 
     # -- panes -----------------------------------------------------------------------------
     def pane_target(self, widget: Widget) -> Widget:

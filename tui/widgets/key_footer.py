@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.cells import cell_len
+from textual._context import active_message_pump
 from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widget import Widget
@@ -40,6 +41,7 @@ class KeyFooter(Footer):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._shown: tuple[tuple[Any, ...], ...] | None = None
+        self._composed_width = 0
 
     def bindings_changed(self, screen: Screen[Any]) -> None:
         self._bindings_ready = True
@@ -51,6 +53,7 @@ class KeyFooter(Footer):
     def compose(self) -> ComposeResult:
         shown = list(super().compose())
         width = self.size.width or self.app.size.width
+        self._composed_width = width
         keys = [w for w in shown if isinstance(w, FooterKey)]
 
         def need(widgets: Sequence[Widget]) -> int:
@@ -63,7 +66,22 @@ class KeyFooter(Footer):
             keys = [k for k in keys if k.action != action]
         yield from (w for w in shown if not isinstance(w, FooterKey) or w in keys)
 
+    async def show_keys_now(self) -> None:
+        """Compose the keys now, for the screen's next paint (its first, when called as it
+        resumes), rather than in a recompose after that paint (Textual's Footer composes
+        nothing until the bindings change, so a new screen showed an empty footer first)."""
+        self._bindings_ready = True
+        # Called from the screen's handler: Footer.compose's data_bind takes its parent from
+        # Textual's current message pump (textual._context), which must be this footer.
+        token = active_message_pump.set(self)
+        try:
+            await self._recompose_if_changed()
+        finally:
+            active_message_pump.reset(token)
+
     def on_resize(self) -> None:
+        if self.size.width == self._composed_width:
+            return  # its first Resize, at the width it was composed for (the app's)
         self._shown = None  # another width: maybe more keys fit, maybe fewer
         self.call_after_refresh(self._recompose_if_changed)
 
