@@ -73,6 +73,9 @@ class FleetScreen(KeptScreen):
 
     def on_screen_resume(self) -> None:
         self.refresh_all()
+        host = self.selected_host  # back from a host: the rows around it, built ahead
+        if host is not None:
+            self.prepare_around(host)
 
     @property
     def table(self) -> FleetTable:
@@ -174,7 +177,14 @@ class FleetScreen(KeptScreen):
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self.gw.refresh_bindings()
         if event.row_key.value is not None:
-            self.gw.host_views.prepare_soon(str(event.row_key.value))
+            self.prepare_around(str(event.row_key.value))
+
+    def prepare_around(self, host: str) -> None:
+        """The host under the cursor, then the rows below and above it, built ahead."""
+        shown = self.table.shown
+        i = shown.index(host) if host in shown else -1
+        around = [shown[j] for j in (i + 1, i - 1) if i >= 0 and 0 <= j < len(shown)]
+        self.gw.host_views.prepare_soon(host, around)
 
     def action_sort(self) -> None:
         self.sort = (self.sort + 1) % len(SORTS)

@@ -4,8 +4,9 @@ Opening a host used to build its HostScreen anew on every Enter: Textual compose
 styled about 300 widgets (most of Enter's CPU), then restyled the whole screen again when it
 resumed. Now each host's screen is built once and kept (installed) for the next visit, where its
 panes are handed the host's data again only if that changed; the last KEEP hosts' screens are
-kept, the one before is let go. A host the fleet's cursor rests on has its screen built ahead, so
-that even its first Enter only lays it out and paints it.
+kept, the one before is let go. A host the fleet's cursor rests on has its screen built ahead, and
+then the hosts next to it, one at a time, so that even a first Enter (there, or a row up or down)
+only lays it out and paints it.
 
 Textual restyles every widget of a screen each time it resumes, in case the stylesheet changed
 while it was away. The only thing that changes the stylesheet here is the theme (`t`, the app's
@@ -18,9 +19,12 @@ they mount, so a new screen skips it too. A class change in between (the host vi
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from textual import events
+from textual.geometry import Region
 from textual.screen import Screen
 from textual.timer import Timer
 
@@ -31,8 +35,11 @@ if TYPE_CHECKING:
 
 KEEP = 8
 """Host screens kept between visits (each holds about 40 widgets and their drawings)."""
-PREPARE_AFTER_S = 1.0
-"""How long the fleet's cursor rests on a host before its screen is built ahead."""
+PREPARE_AFTER_S = 0.5
+"""How long the fleet's cursor rests on a host before its screen is built ahead (and then its
+neighbours' screens, one at a time)."""
+BETWEEN_BUILDS_S = 0.05
+"""The pause between two screens built ahead, for keys and polls to go first."""
 
 
 class KeptScreen(Screen[None]):
@@ -52,6 +59,27 @@ class KeptScreen(Screen[None]):
         if not self.is_current and self.is_attached:
             self._refresh_layout(self.app.size)
 
+    async def render_ahead(self, then: Callable[[], None] | None = None) -> None:
+        """Built ahead and laid out: render what its first paint shows into the widgets' own
+        caches, one widget at a time, the loop let go between two (the loss plot, the largest,
+        takes about 20 ms), so that its first paint mostly puts those lines together. Textual's
+        compositor renders each visible widget so (Compositor._get_renders: render_lines over
+        its region; the compositor's visible_widgets is an internal). `then` is called at the
+        end."""
+        if self.is_current or not self.is_attached:
+            if then is not None:
+                then()
+            return
+        widgets = [(w, r) for w, (r, _clip) in self._compositor.visible_widgets.items()]
+        for widget, region in widgets:
+            if self.is_current or not self.is_attached:
+                break
+            if widget.is_attached:
+                widget.render_lines(Region(0, 0, region.width, region.height))
+            await asyncio.sleep(0)  # keys and polls go between two widgets
+        if then is not None:
+            then()
+
     def _on_screen_resume(self, event: events.ScreenResume) -> None:
         # Runs before Screen's own handler (Textual dispatches down the MRO), which then
         # restyles or not as the event says (Textual says no when a modal closes: a theme
@@ -70,23 +98,44 @@ class HostViews:
         self.keep = keep
         self._screens: dict[str, HostScreen] = {}  # least recently opened first
         self._timer: Timer | None = None
+        self._queue: list[str] = []
+        """Hosts whose screens are to be built ahead, next first."""
 
-    def prepare_soon(self, host: str) -> None:
-        """Build `host`'s screen ahead if the cursor rests on it (its first Enter then only
-        lays it out and paints it)."""
+    def prepare_soon(self, host: str, around: Sequence[str] = ()) -> None:
+        """Build `host`'s screen ahead if the cursor rests on it, then those of the hosts
+        `around` it (the rows next to it: Down or Up and Enter finds them built), one at a
+        time. A first Enter on a host built ahead only lays it out and paints it. The cursor
+        moving on starts again from its new host; a build under way finishes first."""
         if self._timer is not None:
             self._timer.stop()
-        self._timer = self.app.set_timer(PREPARE_AFTER_S, lambda: self.prepare(host))
+        self._queue = [host, *around]
+        self._timer = self.app.set_timer(PREPARE_AFTER_S, self._build_next)
 
-    def prepare(self, host: str) -> None:
+    def _build_next(self) -> None:
+        while self._queue:
+            host = self._queue.pop(0)
+            if host not in self._screens:
+                self.prepare(host, then=self._built)
+                return
+
+    def _built(self) -> None:
+        if self._queue:
+            self._timer = self.app.set_timer(BETWEEN_BUILDS_S, self._build_next)
+
+    def prepare(self, host: str, then: Callable[[], None] | None = None) -> None:
         """Compose and mount `host`'s screen now, off the screen stack (as Textual does when
-        a screen is pushed, less the showing)."""
+        a screen is pushed, less the showing); `then` is called once it is laid out."""
         if host in self._screens or not self.app.is_running:
             return
         screen = self.get(host)
         self.app._load_screen_css(screen)
         self.app._register(self.app, screen)
-        screen.call_later(screen.lay_out_ahead)
+
+        def lay_out() -> None:
+            screen.lay_out_ahead()
+            screen.call_later(screen.render_ahead, then)
+
+        screen.call_later(lay_out)
 
     def get(self, host: str) -> HostScreen:
         screen = self._screens.pop(host, None)
