@@ -6,6 +6,14 @@ react) and to the last change before the screen holds still for SETTLE_S (the fi
 host view that opened in one layout and reflowed into another would show here as a late last
 change and more than one distinct screen. Polling is paused first, so that only the key changes
 the screen. Sizes: GPUWATCH_BENCH_SIZE (default 160x48); repeats: GPUWATCH_BENCH_REPEATS (5).
+
+Scenarios in tmux: a host's first opening with nothing built ahead (Down Down Enter sent
+together: two rows past the rows built ahead); a host's first opening right after its row is
+reached (Down and Enter together: no rest on it), its screen built ahead as a neighbour of the
+row the cursor rested on before (screens/kept.py); both timed from the keys. Enter on a host
+opened before; n / N, ] / [ and t on the host view; and, in a second, fresh gpuwatch, Down on
+the fleet sent just after a build ahead began: the latency a background build adds to a key,
+next to Up over rows already built (no build runs).
 """
 
 from __future__ import annotations
@@ -20,27 +28,36 @@ import pytest
 
 SETTLE_S = 0.6
 LIMIT_S = 5.0
+BUILDING_S = 0.03
+"""How far into a build ahead the key is sent."""
+REST_S = 1.2
+"""How long the fleet's cursor rests between the first-opening cases (builds ahead run)."""
+"""How far into a build ahead the key is sent."""
 TARGET_MS = 150.0
 REPEATS = int(os.environ.get("GPUWATCH_BENCH_REPEATS", "5"))
 SIZE = tuple(int(x) for x in os.environ.get("GPUWATCH_BENCH_SIZE", "160x48").split("x"))
 
 
-def capture(name: str) -> str:
-    return subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True,
-                          text=True, check=False).stdout
+def capture(name: str, colours: bool = False) -> str:
+    """The pane's text; with colours, its escape sequences too (a table cursor's move)."""
+    return subprocess.run(["tmux", "capture-pane", "-p", *(["-e"] if colours else []), "-t",
+                           name], capture_output=True, text=True, check=False).stdout
 
 
-def timed_key(name: str, key: str, ignore: str = "") -> tuple[float, float, int]:
-    """Send `key`; (ms to the first change, ms to the last change, distinct screens seen).
-    Lines that contain `ignore` (a toast's words) are left out of the comparison."""
+def timed_key(name: str, key: str | tuple[str, ...], ignore: str = "",
+              colours: bool = False) -> tuple[float, float, int]:
+    """Send `key` (or keys, in one send-keys); (ms to the first change, ms to the last change,
+    distinct screens seen). Lines that contain `ignore` (a toast's words) are left out of the
+    comparison; with colours, a change of colour alone counts too."""
 
     def screen() -> str:
-        return "\n".join(line for line in capture(name).splitlines()
+        return "\n".join(line for line in capture(name, colours).splitlines()
                          if not ignore or ignore not in line)
 
     before = screen()
     start = time.perf_counter()
-    subprocess.run(["tmux", "send-keys", "-t", name, key], check=True)
+    keys = (key,) if isinstance(key, str) else key
+    subprocess.run(["tmux", "send-keys", "-t", name, *keys], check=True)
     first = last = None
     seen = {before}
     current = before
@@ -76,24 +93,64 @@ def test_key_latency_of_the_real_demo_in_tmux(tmp_path: Path) -> None:
     with gpuwatch_in_tmux(tmp_path, ["--demo", "--interval", "5"], label="keys",
                           size=SIZE) as tmux:  # type: ignore[arg-type]
         tmux.wait(demo_polled, "the six demo hosts polled", 120)
-        open_host(tmux, "demo-healthy")  # the fleet filtered to it, then its view, once
-        time.sleep(1)
-        tmux.keys("p", pause=6)  # polling paused; its toast gone
-        tmux.keys("Escape", pause=1.5)
         name = tmux.name
+        tmux.keys("p", pause=6)  # polling paused (the rows keep their order); its toast gone
         print(f"\ngpuwatch --demo in tmux {SIZE[0]}x{SIZE[1]}, {REPEATS} repeats, median of each")
+        # A host's first opening, nothing built ahead: two rows down and Enter in one
+        # send-keys (timed from the keys: the cursor's repaints are in the figure), from the
+        # first row (built ahead with the row below it while the app started), then again
+        # from the third: rows 3 and 5, neither built.
+        cold = []
+        for _ in range(2):
+            cold.append(timed_key(name, ("Down", "Down", "Enter")))
+            time.sleep(0.3)
+            tmux.keys("Escape", pause=REST_S)
+        report("Down Down Enter, cold", cold)
+        # A host's first opening right after its row is reached (Down and Enter in one
+        # send-keys: no rest on it), the cursor having rested REST_S on the row above, whose
+        # neighbours were built ahead meanwhile: rows 2, 4 and 6.
+        tmux.keys("g", pause=REST_S)
+        ahead = []
+        for _ in range(3):
+            ahead.append(timed_key(name, ("Down", "Enter")))
+            time.sleep(0.3)
+            tmux.keys("Escape", pause=0.5)
+            tmux.keys("Down", pause=REST_S)
+        report("Down+Enter, first opening", ahead)
+        open_host(tmux, "demo-healthy")  # the fleet filtered to it, then its view, once
+        tmux.keys("Escape", pause=1.5)
         samples = []
         for _ in range(REPEATS):
             samples.append(timed_key(name, "Enter"))  # the (filtered) fleet's one host
             time.sleep(0.3)
             tmux.keys("Escape", pause=1.0)
-        report("Enter (host view opens)", samples)
+        report("Enter (host view again)", samples)
         tmux.keys("Enter", pause=1.5)
         for key, what in (("n", "n (next run)"), ("N", "N (previous run)"),
                           ("]", "] (next tag)"), ("[", "[ (previous tag)")):
             report(what, [timed_key(name, key) for _ in range(REPEATS)])
         report("t (next theme)", [timed_key(name, "t", ignore="theme:")
                                   for _ in range(REPEATS)])
+
+    # Keys while a host's screen is built ahead (a fresh gpuwatch: no host opened yet): the
+    # cursor arrives on a host (Down), rests PREPARE_AFTER_S, when the builds start (the host,
+    # then its neighbours), and the next Down is sent BUILDING_S into them.
+    from gpuwatch.tui.screens.kept import PREPARE_AFTER_S
+
+    with gpuwatch_in_tmux(tmp_path / "again", ["--demo", "--interval", "5"], label="build",
+                          size=SIZE) as tmux:  # type: ignore[arg-type]
+        tmux.wait(demo_polled, "the six demo hosts polled", 120)
+        tmux.keys("p", pause=6)
+        tmux.keys("Down", pause=PREPARE_AFTER_S + BUILDING_S)
+        building = []
+        for _ in range(4):
+            # (the cursor's move is a change of colours only)
+            building.append(timed_key(tmux.name, "Down", colours=True))
+            time.sleep(max(0.0, PREPARE_AFTER_S + BUILDING_S - SETTLE_S))  # SETTLE_S rested
+        report("Down, a build ahead running", building)
+        time.sleep(PREPARE_AFTER_S + 1.0)  # the last builds done
+        report("Up, no build running", [timed_key(tmux.name, "Up", colours=True)
+                                        for _ in range(4)])
 
 
 @pytest.mark.slow
