@@ -111,6 +111,13 @@ class HostViews:
         self._queue = [host, *around]
         self._timer = self.app.set_timer(PREPARE_AFTER_S, self._build_next)
 
+    def cancel(self) -> None:
+        """No more screens built ahead until the cursor moves or rests again (a build under
+        way finishes)."""
+        if self._timer is not None:
+            self._timer.stop()
+        self._queue = []
+
     def _build_next(self) -> None:
         while self._queue:
             host = self._queue.pop(0)
