@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -31,6 +32,7 @@ from gpuwatch.remote.wire.collect import Collector, PollOutcome
 from gpuwatch.themes import BUILTIN, DEFAULT_THEME, SERIES_VARIABLES, load_user_themes
 from textual import work
 from textual.binding import Binding, BindingType
+from textual.driver import Driver as TextualDriver
 from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen
 
@@ -53,6 +55,14 @@ TICK_S = 2.0
 """Ages on screen ("stale 42 s") move on between polls at this pace."""
 ACTIONS = ("kill", "reap", "relaunch")
 RUNS_SAVE_S = 60.0
+
+
+def terminal_driver() -> type[TextualDriver] | None:
+    """tui/driver.py's on Linux and macOS; Textual's own elsewhere."""
+    if sys.platform == "win32":
+        return None
+    from .driver import Driver
+    return Driver
 
 
 def _actions() -> Any:
@@ -90,7 +100,7 @@ class GpuwatchApp(ThemeCssApp):
                  theme: str | None = None, accept_new_host_keys: bool = False,
                  clock: Callable[[], float] = time.time, poll: bool = True,
                  themes_dir: Path | None = None, collector: Collector | None = None) -> None:
-        super().__init__()
+        super().__init__(driver_class=terminal_driver())
         # No animations: the run tabs' underline slid for ~0.4 s after each n / N (15 frames
         # of a screen that should change once); a monitor changes in one step.
         self.animation_level = "none"
@@ -277,6 +287,7 @@ class GpuwatchApp(ThemeCssApp):
     # -- navigation --------------------------------------------------------------------------
     def open_host(self, name: str) -> None:
         if name in self.hosts:
+            self.host_views.cancel()  # no building ahead behind the host view's keys
             self.push_screen(self.host_views.get(name))
             self.prepare_next_theme()
 

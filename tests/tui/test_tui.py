@@ -178,6 +178,38 @@ async def test_enter_opens_a_host_with_every_pane_and_escape_goes_back() -> None
         assert isinstance(app.screen, FleetScreen)
 
 
+async def test_screens_are_built_ahead_around_the_cursor_and_never_evict_an_opened_one(
+        ) -> None:
+    """Where the cursor rests, its host's screen is built ahead, then the rows around it,
+    nearest first, while there is room among the kept screens; a guess never lets go of a screen
+    the user opened, and nothing is built behind a host's view."""
+    from gpuwatch.tui.screens.kept import BETWEEN_BUILDS_S, PREPARE_AFTER_S
+
+    def built(app: GpuwatchApp) -> list[str]:
+        return [h for h in app.hosts if app.is_screen_installed(f"host:{h}")]
+
+    rest = PREPARE_AFTER_S + 10 * BETWEEN_BUILDS_S + 1.5
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        await pilot.pause(rest)
+        assert built(app) == list(app.hosts)  # five hosts: every first opening finds its own
+
+    app = make_app()
+    app.host_views.keep = 3
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        await pilot.pause(rest)
+        names = list(app.hosts)
+        assert built(app) == names[:3]  # the cursor's row, the one below, the next below
+        await open_host(pilot, names[-1])  # a far host, opened: the least recently built goes
+        await pilot.pause(rest)
+        assert built(app) == [*names[1:3], names[-1]]  # and nothing more, behind its view
+        await pilot.press("escape")
+        await pilot.pause(rest)  # the rows around gpu-new: no room, nothing let go for them
+        assert built(app) == [*names[1:3], names[-1]]
+
+
 async def test_mouse_click_opens_a_host() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
@@ -1252,3 +1284,35 @@ async def test_the_footer_says_resume_while_paused_and_enter_opens_in_the_fleet(
         await pilot.press("enter")
         await pilot.pause()
         assert isinstance(app.screen, HostScreen) and app.screen.host == "gpu-healthy"
+
+
+async def test_the_terminal_driver_resumes_on_sigcont_only_after_a_suspend(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A closing terminal sends SIGHUP and SIGCONT (Linux signals the session leader with
+    both): Textual's driver answered that SIGCONT by starting its output again on the dead
+    terminal, and the app's shutdown then waited for ever (the demo's fleet and temp folder
+    were left behind, about one closed terminal in six). Ctrl+Z then `fg` still resumes."""
+    import signal
+
+    from gpuwatch.tui.app import terminal_driver
+    from textual.drivers.linux_driver import LinuxDriver
+
+    driver_class = terminal_driver()
+    assert driver_class is not None and issubclass(driver_class, LinuxDriver)
+    resumed: list[bool] = []
+    monkeypatch.setattr(LinuxDriver, "resume_application_mode", lambda self: resumed.append(True))
+    monkeypatch.setattr(LinuxDriver, "suspend_application_mode", lambda self: None)
+    monkeypatch.setattr("os.kill", lambda pid, sig: None)  # the SIGSTOP a suspend sends itself
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTSTP, signal.SIGCONT)}
+    try:
+        driver = driver_class(make_app())
+        driver._sigcont_application()  # with the hang-up: never suspended
+        assert resumed == []
+        driver._sigtstp_application()
+        driver._sigcont_application()  # fg
+        assert resumed == [True]
+        driver._sigcont_application()
+        assert resumed == [True]
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
