@@ -198,10 +198,12 @@ UNIT_SUFFIXES = (("_mib", "mib"), ("_bytes", "bytes"), ("_pct", "pct"), ("_mhz",
                  ("_s", "s"), ("_at", "at"), ("_w", "w"), ("_c", "c"))
 LIST_SHOWN = 6
 WORDS_ID = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)+")
+"""Items of a list shown before "+N more"."""
 CODE_KEYS = frozenset({"cause", "reason", "reasons", "throttle_reasons", "kind"})
 """Keys whose values are gpuwatch's own codes (sw_power_cap, oom_cgroup): shown as words. A
 tag, a path or a command is shown as it is."""
-"""Items of a list shown before "+N more"."""
+KEY_WORDS = {"signallable": "pids a signal can free"}
+"""Keys whose name alone does not say it to a person ("signallable 13767")."""
 
 
 HIDDEN_KEYS = frozenset({"start_ticks", "explanation", "uid", "uuid"})
@@ -288,7 +290,8 @@ def evidence_words(evidence: Mapping[str, object]) -> str:
         if value is None or value == [] or value == ():
             continue
         name, unit = _unit_of(key)
-        parts.append(f"{name.replace('_', ' ')} {_value_words(value, unit)}")
+        name = KEY_WORDS.get(key, name.replace("_", " "))
+        parts.append(f"{name} {_value_words(value, unit)}")
     return visible(" · ".join(parts))
 
 

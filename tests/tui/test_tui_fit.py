@@ -77,10 +77,12 @@ def test_evidence_hides_internals_and_says_codes_ratios_and_sizes_in_words() -> 
     said = evidence_words({"bytes_free": 24367424524, "clock_ratio": 0.3525,
                            "reasons": ["sw_power_cap"], "tag": "train_loss",
                            "holders": [{"pid": 10267, "start_ticks": 1968053,
-                                        "explanation": "pid 10267 holds GPU 3 memory"}]})
+                                        "explanation": "pid 10267 holds GPU 3 memory"}],
+                           "signallable": [10267]})
     assert "free 22.7 GiB" in said and "clock 35% of max" in said, said
     assert "reasons sw power cap" in said and "tag train_loss" in said, said  # a tag as it is
     assert "holders (pid 10267)" in said and "ticks" not in said and "explanation" not in said
+    assert "pids a signal can free 10267" in said and "signallable" not in said, said
 
 
 def test_step_ticks_are_whole_steps_and_time_ticks_clock_times() -> None:

@@ -13,7 +13,7 @@ from ..format import human_age
 from ..state import HostData
 from ..widgets.fleet_table import FleetTable
 from ..widgets.key_footer import KeyFooter
-from .kept import KeptScreen
+from .kept import KEEP, KeptScreen
 
 if TYPE_CHECKING:
     from ..app import GpuwatchApp
@@ -180,10 +180,13 @@ class FleetScreen(KeptScreen):
             self.prepare_around(str(event.row_key.value))
 
     def prepare_around(self, host: str) -> None:
-        """The host under the cursor, then the rows below and above it, built ahead."""
+        """The host under the cursor, then the rows around it, nearest first (below, above,
+        two below, ...), built ahead while there is room among the kept screens: in a fleet
+        of up to KEEP hosts, every first opening finds its screen built."""
         shown = self.table.shown
         i = shown.index(host) if host in shown else -1
-        around = [shown[j] for j in (i + 1, i - 1) if i >= 0 and 0 <= j < len(shown)]
+        around = [shown[j] for d in range(1, len(shown)) for j in (i + d, i - d)
+                  if i >= 0 and 0 <= j < len(shown)][:KEEP - 1]
         self.gw.host_views.prepare_soon(host, around)
 
     def action_sort(self) -> None:

@@ -5,8 +5,10 @@ styled about 300 widgets (most of Enter's CPU), then restyled the whole screen a
 resumed. Now each host's screen is built once and kept (installed) for the next visit, where its
 panes are handed the host's data again only if that changed; the last KEEP hosts' screens are
 kept, the one before is let go. A host the fleet's cursor rests on has its screen built ahead, and
-then the hosts next to it, one at a time, so that even a first Enter (there, or a row up or down)
-only lays it out and paints it.
+then the hosts in the rows around it, nearest first, one at a time, while there is room among the
+kept screens (a guess never lets go of a screen the user opened), so that even a first Enter
+(there, or a few rows up or down; in a fleet of up to KEEP hosts, anywhere) only lays it out
+and paints it. Nothing is built ahead while a host's view is shown.
 
 Textual restyles every widget of a screen each time it resumes, in case the stylesheet changed
 while it was away. The only thing that changes the stylesheet here is the theme (`t`, the app's
@@ -100,6 +102,10 @@ class HostViews:
         self._timer: Timer | None = None
         self._queue: list[str] = []
         """Hosts whose screens are to be built ahead, next first."""
+        self._cursor: str | None = None
+        """The host the fleet's cursor rests on: the only one built ahead even when that
+        lets go of the least recently opened screen (a guess at the rows around it does
+        not)."""
 
     def prepare_soon(self, host: str, around: Sequence[str] = ()) -> None:
         """Build `host`'s screen ahead if the cursor rests on it, then those of the hosts
@@ -108,6 +114,7 @@ class HostViews:
         moving on starts again from its new host; a build under way finishes first."""
         if self._timer is not None:
             self._timer.stop()
+        self._cursor = host
         self._queue = [host, *around]
         self._timer = self.app.set_timer(PREPARE_AFTER_S, self._build_next)
 
@@ -119,11 +126,16 @@ class HostViews:
         self._queue = []
 
     def _build_next(self) -> None:
+        cursor = self._cursor
         while self._queue:
             host = self._queue.pop(0)
-            if host not in self._screens:
-                self.prepare(host, then=self._built)
+            if host in self._screens:
+                continue
+            if host != cursor and len(self._screens) >= self.keep:
+                self._queue = []  # a guess never lets go of a screen the user opened
                 return
+            self.prepare(host, then=self._built)
+            return
 
     def _built(self) -> None:
         if self._queue:
