@@ -20,8 +20,10 @@ from gpuwatch.remote.model.snapshot import (
     Checkpoint,
     DiskUsage,
     EventFile,
+    GpuError,
     GpuSample,
     HostSnapshot,
+    KernelEvent,
     LogInfo,
     ProcessCounts,
     ProcessInfo,
@@ -160,9 +162,46 @@ HOSTS = (
 )
 
 
-def config(n_extra: int = 0, readonly: bool = False) -> Config:
+MORE_HOSTS = (
+    HostConfig(name="gpu-oom", ssh="gpu-oom", disks=("/", "/data"),
+               runs=(run_config("gpt-sft"),)),
+    HostConfig(name="gpu-driver", ssh="gpu-driver", disks=("/",), runs=(run_config("vit-l"),)),
+)
+"""The demo's other troubles, for the snapshots (`config(more=True)`): a run its memory cgroup
+OOM-killed 75 s ago (demo-oom), and a driver upgraded under the running one (demo-driver)."""
+
+
+def config(n_extra: int = 0, readonly: bool = False, more: bool = False) -> Config:
     extra = tuple(HostConfig(name=f"node-{i:03d}", ssh=f"node-{i:03d}") for i in range(n_extra))
-    return Config(interval=10.0, readonly=readonly, hosts=HOSTS + extra)
+    return Config(interval=10.0, readonly=readonly,
+                  hosts=HOSTS + (MORE_HOSTS if more else ()) + extra)
+
+
+def more_snapshot(host: HostConfig, i: int) -> HostSnapshot:
+    """The i-th of the last 60 polls of a MORE_HOSTS host (i = 60: now). gpu-oom's run is
+    seen training until poll 54, then gone, the kernel having logged its cgroup's OOM kill;
+    gpu-driver's run trains on while, from poll 58, the GPUs cannot be read."""
+    t = NOW - (60 - i) * 10 - 1
+    run = host.runs[0].name
+    alive = host.name == "gpu-driver" or i < 55
+    snap = snapshot(host.name, t=t, gpus=[gpu(g, 97, 1950) for g in range(2)],
+                    processes=[process(6001, cmd="python train.py --config sft.yaml",
+                                       run=run)] if alive else [],
+                    runs=[run_sample(run, pids=(6001,) if alive else (),
+                                     steps=range(1, 600 + min(i, 54) * 10), t_end=t)])
+    if not alive:
+        snap = replace(
+            snap, gpus=tuple(gpu(g, 0, 345, power=70.0, used=0) for g in range(2)),
+            kernel_events=(KernelEvent(kind="oom", at=NOW - 76, since_boot_s=NOW - 76 - BTIME,
+                                       pid=6001, name="python", memcg=True,
+                                       cgroup="/user.slice/train", limit_bytes=64 << 30),),
+            cgroup=replace(snap.cgroup, memory_current_bytes=2 << 30,
+                           memory_events=MappingProxyType({"oom_kill": 1})))
+    if host.name == "gpu-driver" and i >= 58:
+        snap = replace(snap, gpus=(), gpu_error=GpuError(
+            "driver_mismatch", "Failed to initialize NVML: Driver/library version mismatch",
+            0.2, devices=True))
+    return snap
 
 
 def history_points(i: int) -> dict[str, list[GpuSample]]:
@@ -204,6 +243,7 @@ def latest(cfg: Config) -> list[PollOutcome]:
                                                     inodes_free=400_000)])
     return [ok(hosts["gpu-healthy"], healthy, NOW), ok(hosts["gpu-capped"], capped, NOW),
             ok(hosts["gpu-zombie"], zombie, NOW), failed(hosts["gpu-down"], NOW)] + [
+        ok(h, more_snapshot(h, 60), NOW) for h in MORE_HOSTS if h.name in hosts] + [
         ok(h, snapshot(h.name, t=t, gpus=[gpu(0, 50.0, 1500)]), NOW)
         for h in cfg.hosts if h.name.startswith("node-")]
 
@@ -255,6 +295,11 @@ def seeded_store(cfg: Config) -> Store:
             outcome = ok(hosts[name], snap, at)
             judge(histories[name], outcome)
             remember(store, outcome, histories[name])
+        for host in MORE_HOSTS:
+            if host.name in hosts:
+                outcome = ok(host, more_snapshot(host, i), at)
+                judge(histories[host.name], outcome)
+                remember(store, outcome, histories[host.name])
     return store
 
 

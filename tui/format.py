@@ -218,6 +218,8 @@ def _unit_of(key: str) -> tuple[str, str | None]:
         return key[len("bytes_"):], "bytes"
     if key in CODE_KEYS:
         return key, "code"
+    if key == "at":  # an epoch: when it happened
+        return key, "at"
     if key.endswith("_ratio"):  # clock_ratio 0.35: the clock at 35% of its maximum
         return key[: -len("_ratio")], "ratio"
     for suffix, unit in UNIT_SUFFIXES:

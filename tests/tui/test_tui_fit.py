@@ -4,6 +4,7 @@ the keys users bring from other tools work. On the deterministic fleet of tui_fi
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -83,6 +84,9 @@ def test_evidence_hides_internals_and_says_codes_ratios_and_sizes_in_words() -> 
     assert "reasons sw power cap" in said and "tag train_loss" in said, said  # a tag as it is
     assert "holders (pid 10267)" in said and "ticks" not in said and "explanation" not in said
     assert "pids a signal can free 10267" in said and "signallable" not in said, said
+    said = evidence_words({"cause": "oom_cgroup", "at": fx.NOW})  # a death's evidence
+    assert f"at {time.strftime('%H:%M:%S', time.localtime(fx.NOW))}" in said, said
+    assert "e+09" not in said
 
 
 def test_step_ticks_are_whole_steps_and_time_ticks_clock_times() -> None:

@@ -1,9 +1,10 @@
 """Snapshot tests (pytest-textual-snapshot): the fleet view and the host view of every host of
-the deterministic fleet of tests/tui_fixtures.py (healthy, capped, zombie, could not be polled,
-never polled), at 80×24 and 160×48, in the default (dark) and light themes, with a frozen clock
-and the clock times in UTC. 24 snapshots, about a minute on a 2-core machine. Update after a
-deliberate change with `pytest tests/test_tui_snapshots.py --snapshot-update` and look at the
-report before committing the SVGs."""
+the deterministic fleet of tests/tui_fixtures.py (healthy, capped, zombie with /data filling,
+could not be polled, never polled, a run OOM-killed, a driver upgraded under the running one:
+each of the demo's troubles), at 80×24 and 160×48, in the default (dark) and light themes, with
+a frozen clock and the clock times in UTC. 32 snapshots, about a minute and a half on a 2-core
+machine. Update after a deliberate change with `pytest tests/tui/test_tui_snapshots.py
+--snapshot-update` and look at the report before committing the SVGs."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from textual.pilot import Pilot
 
 SIZES = {"80x24": (80, 24), "160x48": (160, 48)}
 THEMES = ("gpuwatch-dark", "gpuwatch-light")
-HOSTS = ("gpu-healthy", "gpu-capped", "gpu-zombie", "gpu-down", "gpu-new")
+HOSTS = ("gpu-healthy", "gpu-capped", "gpu-zombie", "gpu-down", "gpu-new", "gpu-oom",
+         "gpu-driver")
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +40,7 @@ def utc() -> Iterator[None]:
 
 
 def snapshot_app(theme: str) -> Any:
-    cfg = fx.config()
+    cfg = fx.config(more=True)
     return build_app(cfg, store=fx.seeded_store(cfg), clock=fx.clock, poll=False, theme=theme)
 
 
@@ -72,6 +74,7 @@ def test_fleet_view(snap_compare: Any, size: str, theme: str) -> None:
 def test_host_view(snap_compare: Any, host: str, size: str, theme: str) -> None:
     # gpu-capped: U21 (util 100 % at 37 % clock), a throttle reason, box text that looks like
     # markup in a command line and a log line; gpu-zombie: VRAM a dead run left behind;
-    # gpu-down: could not be polled; gpu-new: never polled.
+    # gpu-down: could not be polled; gpu-new: never polled; gpu-oom: a run its memory cgroup
+    # OOM-killed; gpu-driver: the GPUs unreadable after a driver upgrade, its run going on.
     assert snap_compare(snapshot_app(theme), terminal_size=SIZES[size],
                         run_before=before(host))

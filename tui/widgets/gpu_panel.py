@@ -7,6 +7,8 @@ short clock. The two sparklines share one 0-100 scale so the gap is the finding.
 
 from __future__ import annotations
 
+import textwrap
+
 from gpuwatch.remote.model.snapshot import GpuSample
 from rich.text import Text
 from textual.reactive import reactive
@@ -17,6 +19,8 @@ from ..state import HostData
 from .text_pane import TextPane
 
 LABEL = 6
+ERROR_LINES = 4
+"""Lines a GPU query's failure may take at the pane's top (the tool's words, wrapped)."""
 
 
 class GpuPanel(TextPane):
@@ -58,9 +62,18 @@ class GpuPanel(TextPane):
         width = max(10, pane_width - LABEL - 6)
         util_c, clock_c = colour(self.app, "util"), colour(self.app, "sm-clock")
         out = Text(no_wrap=True, overflow="ellipsis")
-        if err is not None:  # a wedged driver or a lost GPU, first and in the error colour
-            out.append(f"⚠ {err.summary}: ", style=f"bold {colour(self.app, 'error')}")
-            out.append(visible(err.message))  # box text: a Text, never markup
+        if err is not None:  # a wedged driver or a lost GPU, first and in the error colour,
+            # the tool's own words wrapped to the pane (they say what failed; cut, they did not)
+            head = f"⚠ {err.summary}: "
+            said = visible(err.message)  # box text: a Text, never markup
+            lines = textwrap.wrap(head + said, max(20, pane_width - 2), max_lines=ERROR_LINES,
+                                  placeholder=" …")
+            for i, line in enumerate(lines):
+                if i:
+                    out.append("\n")
+                bold = len(head.rstrip()) if i == 0 and line.startswith(head.rstrip()) else 0
+                out.append(line[:bold], style=f"bold {colour(self.app, 'error')}")
+                out.append(line[bold:])
         for n, g in enumerate(snap.gpus):
             if n or err is not None:
                 out.append("\n")
