@@ -147,6 +147,25 @@ async def test_slash_filters_and_escape_clears() -> None:
         assert table.row_count == 15 and app.focused is table
 
 
+async def test_keys_that_arrive_with_the_slash_go_into_the_filter_not_to_commands() -> None:
+    """A paste or a laggy link delivers `/equip` in one read: the keys after `/` used to reach
+    the table before the filter had the focus, so `q` quit the app and `z` offered a reap."""
+    from textual import events
+
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        for char in "/equip":  # queued together, none handled before the next arrives
+            app.post_message(events.Key("slash" if char == "/" else char, char))
+        await pilot.pause()
+        await pilot.pause()
+        assert app.is_running and isinstance(app.screen, FleetScreen)
+        assert app.focused is not None and app.focused.id == "filter"
+        assert app.focused.value == "equip"  # type: ignore[attr-defined]
+        await pilot.press("slash", "x")  # a `/` typed into the filter is text
+        assert app.focused.value == "equip/x"  # type: ignore[attr-defined]
+
+
 async def test_the_tick_survives_a_fleet_screen_being_torn_down() -> None:
     """The app's 1 s tick can fire while the fleet screen's children are already gone (at exit:
     a CI run failed on NoMatches there). It must pass over such a screen, not raise."""

@@ -44,7 +44,9 @@ def sort_key(column: str, h: HostData, now: float, interval: float) -> tuple[obj
 
 class FleetScreen(KeptScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("slash", "filter", "Filter"),
+        # A priority binding: taken as it arrives, before the keys behind it (a paste, a laggy
+        # link: `/equip` in one read), which then go into the filter rather than to commands.
+        Binding("slash", "filter", "Filter", priority=True),
         Binding("escape", "clear_filter", "Clear filter", show=False),
         Binding("o", "sort", "Sort"),
     ]
@@ -196,8 +198,13 @@ class FleetScreen(KeptScreen):
 
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
+        if box.has_focus:  # a `/` typed into the filter (the binding comes first)
+            box.insert_text_at_cursor("/")
+            return
         box.display = True
-        box.focus()
+        # Focused now, not after the keys already queued behind `/` (Widget.focus waits its
+        # turn): a paste or a laggy link brings `/equip` in one read, and its `q` quit the app.
+        self.set_focus(box)
 
     def action_clear_filter(self) -> None:
         box = self.query_one("#filter", Input)
