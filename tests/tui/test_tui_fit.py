@@ -129,6 +129,31 @@ async def test_host_view_numbers_are_whole(size: tuple[int, int]) -> None:
         assert "power cap: at its power limit" in str(gpus)
 
 
+async def test_checkpoint_rows_drop_their_gap_and_size_whole_at_any_width() -> None:
+    """A checkpoint's row gives up its "+20 m" gap, then its size, whole where they do not fit
+    ("+27…" read as a number cut, on the demo at 160x48)."""
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await feed(pilot)
+        screen = await open_host(pilot, "gpu-capped")
+        timeline = screen.query_one(CheckpointTimeline)
+        run = screen.run_series()
+        widths_with_gap = []
+        for width in range(24, 72):
+            text = timeline.render_run(run, fx.NOW, width)
+            rows = [line for line in text.plain.splitlines() if line.endswith(" ago") is False
+                    and "checkpoint-" in line and " ago  " in line]
+            assert rows, width
+            for row in rows:
+                assert cell_len(row) <= width or not row.rstrip().endswith(("GiB", "m")), (
+                    width, row)
+                assert "…" not in row
+            if any(" +" in row for row in rows):
+                widths_with_gap.append(width)
+                assert all(cell_len(row) <= width for row in rows), (width, rows)
+        assert widths_with_gap and widths_with_gap[-1] == 71  # wide enough: the gap shows
+
+
 # ----------------------------------------------------------------------------- severities
 
 async def test_a_finding_that_escalates_shows_its_new_count_and_glyph(

@@ -60,9 +60,14 @@ class CheckpointTimeline(TextPane):
             age = None if box_now is None else box_now - ck.mtime
             text.append(f"{human_age(age):>8} ago  ", style=muted)
             text.append(_name(ck.path).ljust(name_w))  # from the box: plain Text, never markup
-            text.append(f" {human_bytes(ck.bytes) + ('+' if ck.capped else ''):>10}")
-            if prev is not None:
-                text.append(f"  +{human_age(ck.mtime - prev.mtime)}", style=muted)
+            size = f" {human_bytes(ck.bytes) + ('+' if ck.capped else ''):>10}"
+            gap = f"  +{human_age(ck.mtime - prev.mtime)}" if prev is not None else ""
+            # What does not fit goes whole, the gap first ("+27…" read as a number cut)
+            used = 8 + 6 + name_w
+            if used + len(size) <= width:
+                text.append(size)
+                if gap and used + len(size) + len(gap) <= width:
+                    text.append(gap, style=muted)
         for left in run.leftovers:
             text.append("\n")
             text.append("unfinished save ", style=colour(self.app, "warning"))
