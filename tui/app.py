@@ -346,10 +346,15 @@ class GpuwatchApp(ThemeCssApp):
         """K, z or r pressed while greyed out (or hidden): why, and what to do instead."""
         screen = self.screen
         host = screen if isinstance(screen, HostScreen) else None
+        name = self.current_host()
+        data = self.hosts.get(name) if name is not None else None
+        snap = data.snapshot if data is not None else None
         why = why_not(action, readonly=self.readonly, in_host=host is not None,
-                      host=self.current_host(),
+                      host=name,
                       selected_run=host.selected_run if host is not None else None,
-                      in_processes=isinstance(self.focused, ProcessTable))
+                      in_processes=isinstance(self.focused, ProcessTable),
+                      gpus_unread=snap.gpu_error.summary if snap is not None
+                      and snap.gpu_error is not None else None)
         self.notify(why, title=TITLES[action], severity="warning")
 
     def action_kill(self) -> None:

@@ -7,10 +7,12 @@ TITLES = {"kill": "Kill", "reap": "Reap", "relaunch": "Relaunch", "next_run": "R
 
 
 def why_not(action: str, *, readonly: bool, in_host: bool,
-            host: str | None, selected_run: str | None, in_processes: bool = False) -> str:
+            host: str | None, selected_run: str | None, in_processes: bool = False,
+            gpus_unread: str | None = None) -> str:
     """K, z, r, n / N or P pressed while greyed out (or hidden). `in_host`: the host view is open;
     `host`: the host it shows, or the fleet's highlighted one; `in_processes`: the process
-    table has the focus."""
+    table has the focus; `gpus_unread`: why the host's GPUs could not be read at its last
+    poll (then nobody can tell what holds their memory)."""
     if action == "next_run":
         if not in_host:
             return "n / N go from run to run in a host's view: open a host (Enter) first"
@@ -41,5 +43,9 @@ def why_not(action: str, *, readonly: bool, in_host: bool,
             return f"no run on {host} to relaunch: none is configured or discovered"
         return (f"{selected_run} is running: r relaunches a run that has stopped "
                 "(to restart it, end it first with K on its process)")
-    return ("no host selected" if host is None else
-            f"nothing to reap on {host}: no process holds VRAM without a live run")
+    if host is None:
+        return "no host selected"
+    if gpus_unread:
+        return (f"cannot tell what holds VRAM on {host}: its GPUs could not be read at the "
+                f"last poll ({gpus_unread})")
+    return f"nothing to reap on {host}: no process holds VRAM without a live run"

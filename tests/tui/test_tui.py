@@ -229,6 +229,39 @@ async def test_screens_are_built_ahead_around_the_cursor_and_never_evict_an_open
         assert built(app) == [*names[1:3], names[-1]]
 
 
+async def test_z_on_a_host_whose_gpus_cannot_be_read_says_it_cannot_tell() -> None:
+    """A driver mismatch hides which processes hold VRAM: `z` used to answer "no process holds
+    VRAM without a live run", a claim nobody could make."""
+    app = make_app(fx.config(more=True))
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        names = list(app.hosts)
+        for _ in range(names.index("gpu-driver")):
+            await pilot.press("down")
+        await pilot.press("z")
+        await pilot.pause()
+        said = notes(app)[-1]
+        assert "cannot tell what holds VRAM on gpu-driver" in said and "driver mismatch" in said
+        assert "nothing to reap" not in said
+
+
+async def test_host_view_keys_on_the_fleet_say_where_they_act() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        for key, said in (("right_square_bracket", "[ ] change tag"), ("s", "s S smooth"),
+                          ("l", "l turn log-y"), ("x", "x switch the x axis"),
+                          ("3", "1-7 jump to a pane")):
+            await pilot.press(key)
+            await pilot.pause()
+            assert notes(app)[-1].startswith(said), (key, notes(app)[-1])
+            assert "open a host (Enter) first" in notes(app)[-1]
+        assert isinstance(app.screen, FleetScreen)
+        await pilot.press("slash", "s", "x")  # typed into the filter: text, no toast
+        await pilot.pause()
+        assert app.focused is not None and app.focused.value == "sx"  # type: ignore[attr-defined]
+
+
 async def test_mouse_click_opens_a_host() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:

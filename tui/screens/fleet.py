@@ -49,6 +49,13 @@ class FleetScreen(KeptScreen):
         Binding("slash", "filter", "Filter", priority=True),
         Binding("escape", "clear_filter", "Clear filter", show=False),
         Binding("o", "sort", "Sort"),
+        # The host view's own keys, pressed here: a toast says where they act, not silence.
+        Binding("left_square_bracket,right_square_bracket", "host_only('[ ]', 'change tag')",
+                show=False),
+        Binding("s,S", "host_only('s S', 'smooth the loss curve')", show=False),
+        Binding("l", "host_only('l', 'turn log-y on and off')", show=False),
+        Binding("x", "host_only('x', 'switch the x axis')", show=False),
+        Binding("1,2,3,4,5,6,7", "host_only('1-7', 'jump to a pane')", show=False),
     ]
 
     def __init__(self) -> None:
@@ -195,6 +202,10 @@ class FleetScreen(KeptScreen):
         self.sort = (self.sort + 1) % len(SORTS)
         self.refresh_all()
         self.notify(f"hosts sorted by {SORTS[self.sort][1]}", timeout=2)
+
+    def action_host_only(self, keys: str, does: str) -> None:
+        self.notify(f"{keys} {does} in a host's view: open a host (Enter) first",
+                    title="Host view keys", timeout=4)
 
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)

@@ -221,6 +221,10 @@ class HostScreen(KeptScreen):
         self.query_one(FindingsList).show(data.findings)
         self.query_one(ProcessTable).show(data, box_now,
                                           sorted_by=PROCESS_SORTS[self.process_sort][0])
+        snap = data.snapshot
+        self.query_one("#pane-procs").border_subtitle = (
+            "which process uses which GPU is unknown: the GPUs could not be read"
+            if snap is not None and snap.gpu_error is not None else "")
         self.refresh_run(box_now)
         self._shown = self._shown_key()
 

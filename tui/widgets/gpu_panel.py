@@ -64,16 +64,12 @@ class GpuPanel(TextPane):
         out = Text(no_wrap=True, overflow="ellipsis")
         if err is not None:  # a wedged driver or a lost GPU, first and in the error colour,
             # the tool's own words wrapped to the pane (they say what failed; cut, they did not)
-            head = f"⚠ {err.summary}: "
-            said = visible(err.message)  # box text: a Text, never markup
-            lines = textwrap.wrap(head + said, max(20, pane_width - 2), max_lines=ERROR_LINES,
-                                  placeholder=" …")
-            for i, line in enumerate(lines):
-                if i:
-                    out.append("\n")
-                bold = len(head.rstrip()) if i == 0 and line.startswith(head.rstrip()) else 0
-                out.append(line[:bold], style=f"bold {colour(self.app, 'error')}")
-                out.append(line[bold:])
+            out.append(f"⚠ GPUs unreadable · {err.summary}",
+                       style=f"bold {colour(self.app, 'error')}")
+            said = "the query said: " + visible(err.message)  # box text: never markup
+            for line in textwrap.wrap(said, max(20, pane_width - 2), max_lines=ERROR_LINES,
+                                      placeholder=" …"):
+                out.append("\n" + line)
         for n, g in enumerate(snap.gpus):
             if n or err is not None:
                 out.append("\n")
