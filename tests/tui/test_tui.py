@@ -736,6 +736,13 @@ async def test_a_discovered_run_gets_a_tab_shows_what_was_found_and_p_pins_it(
         assert len(tabs) == len(configured) + 1 and tabs[-1].startswith("sft[bold]")
         fleet = next(s for s in app.screen_stack if isinstance(s, FleetScreen))
         assert "sft[bold]" in fleet.query_one(FleetTable).runs_cell(data).plain
+        # the configured run's tab: its lines (kept so that n / N do not move the panes) say
+        # what gpuwatch reads of it, no longer two blank rows
+        found = screen.query_one("#run-found")
+        assert found.display
+        shown = str(found.render())
+        assert "configured run llama-7b: process train.py in /data/llama-7b" in shown
+        assert "reads: log train.log; events runs; checkpoints outputs/checkpoint-*" in shown
 
         assert screen.check_action("next_run", ()) is (len(tabs) > 1)
         await pilot.press("N")  # back from the first tab: the last one, the discovered run

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from gpuwatch.remote.actions.pin import pin_run
 from gpuwatch.remote.config.load import find_config
+from gpuwatch.remote.config.schema import RunConfig
 from gpuwatch.remote.model.discovered import Discovery
 from gpuwatch.remote.model.series import RunSeries
 from rich.text import Text
@@ -64,14 +65,29 @@ def found_text(d: Discovery) -> Text:
                                              ("checkpoints", d.checkpoints)) if v]
     where += [f"metrics {short(m)}" for m in d.metrics]
     text = Text(no_wrap=True, overflow="ellipsis")
+    text.append(visible(f"discovered run {d.name}: {d.kind or 'process'} {what} in "
+                        f"{d.cwd or '?'} · "))
     text.append("P", style="bold")
-    text.append(visible(f" pins it · discovered run {d.name}: {d.kind or 'process'} {what} in "
-                        f"{d.cwd or '?'}") + "\n")
+    text.append(" pins it\n")
     text.append("found: " + ("; ".join(visible(w) for w in where) if where else
                              "no log, event files or checkpoints yet"))
     if d.search_capped:
         text.append(f" (search stopped at its {visible(str(d.search_capped))} bound: pin it to "
                     "be sure)")
+    return text
+
+
+def configured_text(run: RunConfig) -> Text:
+    """A configured run in the same two lines as a discovered one: what it matches where, then
+    what it reads (from the config: the person's own words)."""
+    where = [f"{k} {v}" for k, v in (("log", run.log), ("events", run.events),
+                                     ("checkpoints", run.checkpoints)) if v]
+    where += [f"metrics {m}" for m in run.metrics]
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append(visible(f"configured run {run.name}: process {run.process or '?'}"
+                        + (f" in {run.workdir}" if run.workdir else " (any folder)")) + "\n")
+    text.append("reads: " + ("; ".join(visible(w) for w in where) if where else
+                             "no log, event files or checkpoints set"))
     return text
 
 
@@ -258,14 +274,20 @@ class HostScreen(KeptScreen):
 
     def _show_found(self) -> None:
         """For a discovered run: what was found, and where (box text: never markup). Its lines
-        are kept, blank, while a configured run of a host that has discovered ones is shown, so
-        that n / N do not move every pane up and down."""
+        are kept while a configured run of a host that has discovered ones is shown, so that
+        n / N do not move every pane up and down: they say what the config tells gpuwatch to
+        read of that run."""
         found = self.query_one("#run-found", Static)
         d = self.data.discovery(self.selected_run)
         watch = self.data.watchdog.get(self.selected_run or "")  # the watchdog's line
         found.display = bool(watch) or any(self.data.discovery(name) is not None
                                            for name in self._tab_names)
-        text = found_text(d) if d is not None else Text(watch) if watch else Text(" \n ")
+        configured = next((r for r in self.data.config.runs if r.name == self.selected_run),
+                          None)
+        # A configured run's lines are kept (n / N do not move the panes): they say what
+        # gpuwatch reads of it.
+        text = (found_text(d) if d is not None else Text(watch) if watch else
+                configured_text(configured) if configured is not None else Text(" \n "))
         if text != self._found:  # Static.update lays the screen out again, even for the same
             self._found = text
             found.update(text)
