@@ -202,7 +202,8 @@ WORDS_ID = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)+")
 CODE_KEYS = frozenset({"cause", "reason", "reasons", "throttle_reasons", "kind"})
 """Keys whose values are gpuwatch's own codes (sw_power_cap, oom_cgroup): shown as words. A
 tag, a path or a command is shown as it is."""
-KEY_WORDS = {"signallable": "pids a signal can free"}
+KEY_WORDS = {"signallable": "pids a signal can free", "oom_kill_before": "OOM kills before",
+              "oom_kill_now": "OOM kills now"}
 """Keys whose name alone does not say it to a person ("signallable 13767")."""
 
 

@@ -84,7 +84,9 @@ def test_evidence_hides_internals_and_says_codes_ratios_and_sizes_in_words() -> 
     assert "reasons sw power cap" in said and "tag train_loss" in said, said  # a tag as it is
     assert "holders (pid 10267)" in said and "ticks" not in said and "explanation" not in said
     assert "pids a signal can free 10267" in said and "signallable" not in said, said
-    said = evidence_words({"cause": "oom_cgroup", "at": fx.NOW})  # a death's evidence
+    said = evidence_words({"cause": "oom_cgroup", "at": fx.NOW,  # a death's evidence
+                           "oom_kill_before": 0, "oom_kill_now": 1})
+    assert "OOM kills before 0 · OOM kills now 1" in said, said
     assert f"at {time.strftime('%H:%M:%S', time.localtime(fx.NOW))}" in said, said
     assert "e+09" not in said
 
