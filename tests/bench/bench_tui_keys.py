@@ -79,11 +79,15 @@ def timed_key(name: str, key: str | tuple[str, ...], ignore: str = "",
     return (first - start) * 1000, (last - start) * 1000, len(seen) - 1
 
 
-def report(what: str, samples: list[tuple[float, float, int]]) -> None:
+def report(what: str, samples: list[tuple[float, float, int]], judged: str = "final") -> None:
+    """`judged`: which figure the target is held against: the final paint, or (for `t`, whose
+    last change is the toast naming the theme, over the recoloured screen) the first change."""
     firsts = [s[0] for s in samples]
     lasts = [s[1] for s in samples]
     screens = max(s[2] for s in samples)
-    verdict = "ok" if statistics.median(lasts) <= TARGET_MS else "OVER"
+    held = statistics.median(firsts if judged == "first" else lasts)
+    verdict = ("ok" if held <= TARGET_MS else "OVER") + (" on the first change"
+                                                         if judged == "first" else "")
     print(f"{what:<28} first change p50 {statistics.median(firsts):6.0f} ms  final p50 "
           f"{statistics.median(lasts):6.0f} ms  max {max(lasts):6.0f} ms  screens <= {screens}"
           f"  (target {TARGET_MS:.0f} ms: {verdict})")
@@ -137,7 +141,7 @@ def test_key_latency_of_the_real_demo_in_tmux(tmp_path: Path) -> None:
             # change), the theme's toast the last
             themes.append(timed_key(name, "t", colours=True))
             time.sleep(TOAST_S)  # its toast gone: not a change in the next t's figure
-        report("t (recolour; toast)", themes)
+        report("t (recolour; toast)", themes, judged="first")
 
     # Keys while a host's screen is built ahead (a fresh gpuwatch: no host opened yet): the
     # cursor arrives on a host (Down), rests PREPARE_AFTER_S, when the builds start (the host,
