@@ -8,7 +8,7 @@ import shlex
 import time
 from collections.abc import Sequence
 
-from ..config.schema import HostConfig, RunConfig
+from ..config.schema import HostConfig
 from ..findings.base import slow_start_likely
 from ..model.discovered import LaunchRecord, RelaunchError
 from ..model.history import HostHistory
@@ -54,10 +54,6 @@ def _script_words(template: str) -> tuple[str, ...]:
                                and "=" not in w and w not in SHELLS))
 
 
-def _run_config(host: HostConfig, name: str) -> RunConfig | None:
-    return next((r for r in host.runs if r.name == name), None)
-
-
 def plan_relaunch(host: HostConfig, run_name: str, history: HostHistory,
                   launch: LaunchRecord | None = None) -> ActionPlan:
     """Start a dead run again, from its latest checkpoint when the template asks for one (or,
@@ -67,7 +63,7 @@ def plan_relaunch(host: HostConfig, run_name: str, history: HostHistory,
     is not configured was discovered: `launch` is how the store recorded it was
     started while it was alive (discovered.recorded_launch); without one there is nothing to
     start."""
-    run = _run_config(host, run_name)
+    run = host.run(run_name)
     if run is None:
         if launch is not None and launch.run == run_name:
             return _plan_relaunch_discovered(host, launch, history)

@@ -150,6 +150,10 @@ class HostConfig:
     def is_local(self) -> bool:
         return self.ssh == LOCAL
 
+    def run(self, name: str | None) -> RunConfig | None:
+        """The configured run of that name (None: not configured here)."""
+        return next((r for r in self.runs if r.name == name), None)
+
 
 @dataclass(frozen=True, slots=True)
 class NotifyConfig:

@@ -282,8 +282,7 @@ class HostScreen(KeptScreen):
         watch = self.data.watchdog.get(self.selected_run or "")  # the watchdog's line
         found.display = bool(watch) or any(self.data.discovery(name) is not None
                                            for name in self._tab_names)
-        configured = next((r for r in self.data.config.runs if r.name == self.selected_run),
-                          None)
+        configured = self.data.config.run(self.selected_run)
         # A configured run's lines are kept (n / N do not move the panes): they say what
         # gpuwatch reads of it.
         text = (found_text(d) if d is not None else Text(watch) if watch else
