@@ -197,8 +197,9 @@ def ema(values: Sequence[float], weight: float) -> list[float]:
 UNIT_SUFFIXES = (("_mib", "mib"), ("_bytes", "bytes"), ("_pct", "pct"), ("_mhz", "mhz"),
                  ("_s", "s"), ("_at", "at"), ("_w", "w"), ("_c", "c"))
 LIST_SHOWN = 6
-WORDS_ID = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)+")
 """Items of a list shown before "+N more"."""
+WORDS_ID = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)+")
+"""A code's shape (sw_power_cap): lower-case words joined by underscores."""
 CODE_KEYS = frozenset({"cause", "reason", "reasons", "throttle_reasons", "kind"})
 """Keys whose values are gpuwatch's own codes (sw_power_cap, oom_cgroup): shown as words. A
 tag, a path or a command is shown as it is."""

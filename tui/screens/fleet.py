@@ -193,9 +193,11 @@ class FleetScreen(KeptScreen):
         two below, ...), built ahead while there is room among the kept screens: in a fleet
         of up to KEEP hosts, every first opening finds its screen built."""
         shown = self.table.shown
-        i = shown.index(host) if host in shown else -1
-        around = [shown[j] for d in range(1, len(shown)) for j in (i + d, i - d)
-                  if i >= 0 and 0 <= j < len(shown)][:KEEP - 1]
+        around: list[str] = []
+        if host in shown:
+            i = shown.index(host)
+            nearest = (j for d in range(1, len(shown)) for j in (i + d, i - d))
+            around = [shown[j] for j in nearest if 0 <= j < len(shown)][:KEEP - 1]
         self.gw.host_views.prepare_soon(host, around)
 
     def action_sort(self) -> None:

@@ -12,6 +12,7 @@ log panes and is what `r` relaunches; the highlighted process is what `k` kills.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 from gpuwatch.remote.actions.pin import pin_run
@@ -52,6 +53,14 @@ PANES = (("pane-gpus", "GPUs"), ("pane-loss", "Loss"), ("pane-ckpt", "Checkpoint
          ("pane-log", "Log"))
 
 
+def artifacts(log: str | None, events: str | None, checkpoints: str | None,
+              metrics: Sequence[str], short: Callable[[str], str] = str) -> list[str]:
+    """What a run's files are, in words ("log train.log", "events runs"), the ones it has."""
+    where = [f"{k} {short(v)}" for k, v in (("log", log), ("events", events),
+                                             ("checkpoints", checkpoints)) if v]
+    return where + [f"metrics {short(m)}" for m in metrics]
+
+
 def found_text(d: Discovery) -> Text:
     """A discovered run in two lines that fit a narrow terminal: what runs where, then what was
     found, paths relative to its folder (the whole story is discovered.describe's)."""
@@ -61,9 +70,7 @@ def found_text(d: Discovery) -> Text:
         return path[len(cwd) + 1:] if cwd and path.startswith(cwd + "/") else path
 
     what = short(d.script) if d.script else (f"-m {d.module}" if d.module else "?")
-    where = [f"{k} {short(v)}" for k, v in (("log", d.log), ("events", d.events),
-                                             ("checkpoints", d.checkpoints)) if v]
-    where += [f"metrics {short(m)}" for m in d.metrics]
+    where = artifacts(d.log, d.events, d.checkpoints, d.metrics, short)
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(visible(f"discovered run {d.name}: {d.kind or 'process'} {what} in "
                         f"{d.cwd or '?'} · "))
@@ -80,9 +87,7 @@ def found_text(d: Discovery) -> Text:
 def configured_text(run: RunConfig) -> Text:
     """A configured run in the same two lines as a discovered one: what it matches where, then
     what it reads (from the config: the person's own words)."""
-    where = [f"{k} {v}" for k, v in (("log", run.log), ("events", run.events),
-                                     ("checkpoints", run.checkpoints)) if v]
-    where += [f"metrics {m}" for m in run.metrics]
+    where = artifacts(run.log, run.events, run.checkpoints, run.metrics)
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(visible(f"configured run {run.name}: process {run.process or '?'}"
                         + (f" in {run.workdir}" if run.workdir else " (any folder)")) + "\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 from gpuwatch.remote.model.series import RunSeries
+from rich.cells import cell_len
 from rich.text import Text
 
 from ..colours import colour
@@ -58,12 +59,14 @@ class CheckpointTimeline(TextPane):
             assert ck is not None
             text.append("\n")
             age = None if box_now is None else box_now - ck.mtime
-            text.append(f"{human_age(age):>8} ago  ", style=muted)
-            text.append(_name(ck.path).ljust(name_w))  # from the box: plain Text, never markup
+            when = f"{human_age(age):>8} ago  "
+            name = _name(ck.path).ljust(name_w)  # from the box: plain Text, never markup
+            text.append(when, style=muted)
+            text.append(name)
             size = f" {human_bytes(ck.bytes) + ('+' if ck.capped else ''):>10}"
             gap = f"  +{human_age(ck.mtime - prev.mtime)}" if prev is not None else ""
             # What does not fit goes whole, the gap first ("+27…" read as a number cut)
-            used = 8 + 6 + name_w
+            used = cell_len(when + name)
             if used + len(size) <= width:
                 text.append(size)
                 if gap and used + len(size) + len(gap) <= width:

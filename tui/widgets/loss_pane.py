@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuwatch.remote.model.series import RunSeries, TagSeries
 from rich.text import Text
@@ -129,7 +129,7 @@ class LossPane(Vertical, can_focus=True):
         self.query_one("#loss-tags", Static).update(self.tag_line(tag, series))
         # Prepared (decimated to the width, ticks) by the plot as it is drawn, and again when
         # its width changes: the first paint draws it at its laid-out width, once.
-        settings, marks = LossSettings(**vars(self.settings)), self.step_marks
+        settings, marks = replace(self.settings), self.step_marks  # as they are now
         self.query_one(LossPlot).show_for_width(
             lambda width: self.prepare(run, tag, series, width, settings, marks))
 
