@@ -246,6 +246,7 @@ class Notifier:
         self._lock = threading.Condition()
         self._batches: dict[str, tuple[float, list[tuple[Severity, str]]]] = {}
         self._results: list[Sent] = []
+        self._verdicts: dict[str, str] = {}
         self.targets = [_Target(u, self) for u in urls]
         for t in self.targets:
             t.start()
@@ -253,12 +254,17 @@ class Notifier:
                                          daemon=True)
         self._batcher.start()
 
-    def post(self, host: str, lines: Iterable[tuple[Severity, str]]) -> None:
-        """Queue lines for a host (returns at once: the poll path never waits)."""
+    def post(self, host: str, lines: Iterable[tuple[Severity, str]],
+             verdict: str | None = None) -> None:
+        """Queue lines for a host (returns at once: the poll path never waits); `verdict`:
+        the host's one verdict as it stands ("critical: run died: OOM-killed"), the message's
+        first line."""
         lines = list(lines)
         if not lines or not self.targets:
             return
         with self._lock:
+            if verdict is not None:
+                self._verdicts[host] = verdict
             due, held = self._batches.get(host, (time.monotonic() + self.cfg.batch_s, []))
             held.extend(lines)
             self._batches[host] = (due, held)
@@ -274,12 +280,15 @@ class Notifier:
                     self._lock.wait(max(0.01, min(wait, 1.0)))
                     continue
                 batches = [(h, self._batches.pop(h)[1]) for h in ready]
+                verdicts = {h: self._verdicts.pop(h, None) for h in ready}
             for host, lines in batches:
                 worst = max(s for s, _ in lines)
                 title = f"gpuwatch: {host}: {len(lines)} event{'s' * (len(lines) != 1)}"
                 if len(lines) == 1:
                     title = f"gpuwatch: {host}: " + lines[0][1].split(":", 1)[0]
-                body = f"host {host}\n" + "\n".join(line for _, line in lines)
+                said = verdicts.get(host)
+                body = (f"host {host}" + (f": {said}" if said else "") + "\n"
+                        + "\n".join(line for _, line in lines))
                 for t in self.targets:
                     t.jobs.put((host, visible(title[:200]), body, worst))
 

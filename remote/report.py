@@ -17,6 +17,7 @@ from typing import Any
 from .model.finding import Finding, Severity
 from .model.snapshot import HostSnapshot, ProcessInfo
 from .textsafe import visible
+from .verdict import LEVELS, Verdict, verdict_of
 from .wire.collect import PollOutcome
 
 SCHEMA = "gpuwatch/1"
@@ -42,6 +43,17 @@ class HostReport:
     """Run objects as the JSON schema has them (built by the runs layer)."""
     zombies: Mapping[int, str] = field(default_factory=dict)
     """pid → why it holds VRAM for nothing (zombies.REASONS), for the processes' `zombie`."""
+    judged: Verdict | None = None
+    """The host's one verdict, as the pipeline gave it when the poll landed."""
+
+    @property
+    def verdict(self) -> Verdict:
+        """The host's one verdict (remote/verdict.py): what every output says of it."""
+        if self.judged is not None:
+            return self.judged
+        out = self.outcome
+        return verdict_of(self.findings, "ok" if out.ok else "unreachable",
+                          failure=(out.error_kind, out.error_message))
 
     @property
     def name(self) -> str:
@@ -81,6 +93,7 @@ def host_json(report: HostReport) -> dict[str, Any]:
         "disks": [d.to_json() for d in snap.disks] if snap else [],
         "runs": list(report.runs),
         "findings": [f.to_json() for f in report.findings],
+        "verdict": report.verdict.to_json(),
     }
 
 
@@ -134,6 +147,20 @@ def _vram_cell(snap: HostSnapshot) -> str:
     return f"{sum(used) / 1024:.0f}/{sum(total) / 1024:.0f} GiB"
 
 
+STATE_WIDTH = 40
+"""The text report's STATE column at most (the findings below say the rest)."""
+
+
+def state_cell(verdict: Verdict) -> str:
+    """A verdict in the text report's STATE column: "ok", else its severity and headline
+    ("CRITICAL run died: OOM-killed"), cut to STATE_WIDTH."""
+    if verdict.severity is None or verdict.headline == "ok":
+        return verdict.headline if verdict.state == "ok" else visible(verdict.headline)
+    text = f"{verdict.label.upper()} {verdict.headline}"
+    text += f" +{verdict.more}" if verdict.more else ""
+    return visible(text if len(text) <= STATE_WIDTH else text[:STATE_WIDTH - 1] + "…")
+
+
 def text_report(reports: Sequence[HostReport], generated_at: float | None = None) -> str:
     """A compact table for a cron mail body, then every finding in one line each."""
     when = time.strftime("%Y-%m-%d %H:%M:%S",
@@ -148,11 +175,11 @@ def text_report(reports: Sequence[HostReport], generated_at: float | None = None
     for r in reports:
         snap = r.snapshot
         runs = visible(" ".join(f"{run['name']}:{run['status']}" for run in r.runs)) or "-"
+        state = state_cell(r.verdict)
         if snap is None:
-            rows.append((visible(r.name), visible(r.outcome.error_kind or "error").upper(),
-                         f"{r.outcome.poll_s:.1f}s", "-", "-", runs))
+            rows.append((visible(r.name), state, f"{r.outcome.poll_s:.1f}s", "-", "-", runs))
         else:
-            rows.append((visible(r.name), "ok", f"{r.outcome.poll_s:.1f}s", _gpu_cell(snap),
+            rows.append((visible(r.name), state, f"{r.outcome.poll_s:.1f}s", _gpu_cell(snap),
                          _vram_cell(snap), runs))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [summary, ""]
@@ -212,6 +239,10 @@ def prometheus_text(reports: Sequence[HostReport]) -> str:
     for r in reports:
         host, snap = r.name, r.snapshot
         m.add("up", "gauge", "1 if the host was polled", 1.0 if r.outcome.ok else 0.0, host=host)
+        verdict = r.verdict
+        m.add("host_severity", "gauge",
+              "the host's verdict: 0 ok, 1 info, 2 warning, 3 critical (code: the finding)",
+              float(LEVELS[verdict.severity]), host=host, code=verdict.code)
         m.add("poll_seconds", "gauge", "wall time of the poll", r.outcome.poll_s, host=host)
         for sev in Severity:
             m.add("findings", "gauge", "findings by severity",

@@ -91,6 +91,14 @@ CREATE TABLE IF NOT EXISTS launches (   -- how a discovered run was started, to 
     launch TEXT NOT NULL,                -- JSON: cwd, argv, env, dropped names (no secret, U34)
     PRIMARY KEY (host, run)
 );
+CREATE TABLE IF NOT EXISTS acks (   -- deaths a person acknowledged, or asked for (a kill)
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    host TEXT NOT NULL, run TEXT NOT NULL,
+    pids TEXT NOT NULL,          -- JSON list: the dead pids it covers ([]: a death before `at`)
+    who TEXT NOT NULL, at REAL NOT NULL,
+    reason TEXT NOT NULL         -- acknowledged | stopped on request
+);
+CREATE INDEX IF NOT EXISTS acks_host ON acks (host, run);
 """ + WATCH_SCHEMA
 
 
@@ -363,6 +371,39 @@ class Store(WatchdogTables):
                 subject=r[4] or None, severity=r[5], message=r[6],
                 evidence=evidence if isinstance(evidence, dict) else {}, first_seen=r[8],
                 last_seen=r[9], cleared_at=r[10]))
+        return out
+
+    # --- acknowledged deaths ---------------------------------------------------------------
+    ACKS_KEPT = 20
+    """Acks kept per run (the newest): one covers one death; older deaths are long settled."""
+
+    def acknowledge(self, host: str, run: str, *, pids: Iterable[int], who: str, at: float,
+                    reason: str = "acknowledged") -> None:
+        """Record that a run's death (its dead `pids`) is known to a person: it stops being
+        critical. `reason` "stopped on request" for a death gpuwatch itself was asked to cause
+        (a kill of the run's processes)."""
+        with self._conn:
+            self._conn.execute(
+                "INSERT INTO acks (host, run, pids, who, at, reason) VALUES (?, ?, ?, ?, ?, ?)",
+                (host, run, json.dumps(sorted({int(p) for p in pids})), who, at, reason))
+            self._conn.execute(
+                "DELETE FROM acks WHERE host = ? AND run = ? AND id NOT IN (SELECT id FROM acks "
+                "WHERE host = ? AND run = ? ORDER BY id DESC LIMIT ?)",
+                (host, run, host, run, self.ACKS_KEPT))
+
+    def acks(self, host: str) -> list[dict[str, Any]]:
+        """The host's acks, oldest first: {run, pids, who, at, reason} each."""
+        out = []
+        for run, pids, who, at, reason in self._conn.execute(
+                "SELECT run, pids, who, at, reason FROM acks WHERE host = ? ORDER BY id",
+                (host,)):
+            try:
+                listed = json.loads(pids)
+            except ValueError:
+                listed = []
+            out.append({"run": run, "pids": [p for p in listed if isinstance(p, int)]
+                        if isinstance(listed, list) else [], "who": who, "at": at,
+                        "reason": reason})
         return out
 
     # --- launches of discovered runs -------------------------------------------------

@@ -14,7 +14,6 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuwatch.remote.config.schema import Config, HostConfig, RunConfig
-from gpuwatch.remote.findings.rules import HostHistory
 from gpuwatch.remote.model.snapshot import (
     CgroupInfo,
     Checkpoint,
@@ -31,7 +30,7 @@ from gpuwatch.remote.model.snapshot import (
     Scalars,
 )
 from gpuwatch.remote.store import Store
-from gpuwatch.remote.watch import judge, remember
+from gpuwatch.remote.watch.fleet import FleetWatch
 from gpuwatch.remote.wire.collect import PollOutcome
 
 NOW = 1_784_100_000.0
@@ -278,7 +277,7 @@ def seeded_store(cfg: Config) -> Store:
     """A store holding an hour of history of the fleet, as a gpuwatch run overnight left it."""
     store = Store.open(":memory:")
     hosts = {h.name: h for h in cfg.hosts}
-    histories = {name: HostHistory(name) for name in hosts}
+    fleet = FleetWatch(cfg, store, role="once")  # the pipeline lands each night's poll
     for i in range(60):
         at = NOW - (60 - i) * 10
         for name, gpus in history_points(i).items():
@@ -292,14 +291,10 @@ def seeded_store(cfg: Config) -> Store:
                 snap = replace(snap, disks=(disk("/", 1 << 40, 600 << 30),
                                             disk("/data", 4 << 40, (80 << 30) + (60 - i) * (
                                                 1 << 30) // 6, inodes_free=400_000)))
-            outcome = ok(hosts[name], snap, at)
-            judge(histories[name], outcome)
-            remember(store, outcome, histories[name])
+            fleet.land(ok(hosts[name], snap, at))
         for host in MORE_HOSTS:
             if host.name in hosts:
-                outcome = ok(host, more_snapshot(host, i), at)
-                judge(histories[host.name], outcome)
-                remember(store, outcome, histories[host.name])
+                fleet.land(ok(host, more_snapshot(host, i), at))
     return store
 
 

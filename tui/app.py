@@ -1,12 +1,16 @@
 """The gpuwatch Textual app, and `build_app`, the one factory the CLI, the tests and the
 snapshot apps all use (posting's pattern).
 
-How data gets to the screen (STYLE 3, 4; DESIGN §2):
-  PollFeed (remote Poller in this event loop; one poll in flight per host, never overlapping)
-    → on_result posts SnapshotReady(host, outcome)  (dataclass, can_replace keyed on host)
-    → on_snapshot_ready: judge() + remember() + HostData.apply()   (plain data, no widget)
-    → the visible screen hands HostData down to its widgets, which only render.
-While a modal is open nothing is rendered; the screen underneath catches up when it resumes.
+How data gets to the screen (STYLE 3, 4, 18; DESIGN §2):
+  FleetWatch (remote/watch/fleet.py, role "tui": its Poller in this event loop, one poll in
+  flight per host, never overlapping; every poll landed: judged, remembered, acted on)
+    → its listener posts HostReported(report)  (can_replace keyed on host)
+    → on_host_reported: HostData.apply(report)   (plain data, no widget)
+    → HostUpdated(host) goes down to the screen shown, whichever it is; it hands the data to
+      its widgets, which only render. A modal ignores it; the screen under it catches up when
+      it resumes.
+Screens read a FleetView (tui/view.py) and send their requests up as messages (OpenHost,
+ActionRequested, PrepareAround): the app never asks which screen is shown.
 """
 
 from __future__ import annotations
@@ -19,25 +23,32 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
-from gpuwatch.remote.actions.verify import verify_until
-from gpuwatch.remote.config.schema import Config, HostConfig
-from gpuwatch.remote.findings.rules import evaluate
+from gpuwatch.remote.actions.restart import WatchEvent
+from gpuwatch.remote.config.schema import Config
 from gpuwatch.remote.model.series import FLEET_POINTS, apply_budget
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.textsafe import visible
-from gpuwatch.remote.watch import history_from_store, judge, remember, resume
-from gpuwatch.remote.wire.collect import Collector, PollOutcome
+from gpuwatch.remote.watch.fleet import FleetWatch
+from gpuwatch.remote.wire.collect import Collector
 from gpuwatch.themes import BUILTIN, DEFAULT_THEME, SERIES_VARIABLES, load_user_themes
 from textual import work
 from textual.binding import Binding, BindingType
 from textual.driver import Driver as TextualDriver
 from textual.notifications import SeverityLevel
-from textual.screen import ModalScreen
 
-from .messages import SnapshotReady
-from .polling import PollFeed
+from .messages import (
+    ActionRequested,
+    HostReported,
+    HostUpdated,
+    OpenHost,
+    PollNow,
+    PrepareAround,
+    Restyled,
+    Ticked,
+)
 from .screens.confirm import ConfirmAction
 from .screens.fleet import FleetScreen
 from .screens.help import HelpScreen
@@ -45,16 +56,12 @@ from .screens.host import HostScreen
 from .screens.kept import HostViews
 from .state import HostData
 from .theme_css import ThemeCssApp
-from .watching import Watching
-from .why_not import TITLES, why_not
-from .widgets.process_table import ProcessTable
+from .view import FleetView
 
 OVERNIGHT_S = 12 * 3600.0
 """How far back the GPU plots reach into the store's history at start."""
 TICK_S = 2.0
 """Ages on screen ("stale 42 s") move on between polls at this pace."""
-ACTIONS = ("kill", "reap", "relaunch")
-RUNS_SAVE_S = 60.0
 
 
 def terminal_driver() -> type[TextualDriver] | None:
@@ -76,19 +83,7 @@ class GpuwatchApp(ThemeCssApp):
     TITLE = "gpuwatch"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS: ClassVar[list[BindingType]] = [
-        # K as nvitop's kill; k moves the cursor up (vim, htop's and k9s's j / k).
-        Binding("K", "kill", "Kill"),
-        Binding("z", "reap", "Reap"),
-        Binding("r", "relaunch", "Relaunch"),
-        # When the action above is greyed out (or hidden), its key falls through to these: a
-        # toast says why nothing happened and what to do, instead of silence.
-        Binding("K", "cannot('kill')", show=False),
-        Binding("z", "cannot('reap')", show=False),
-        Binding("r", "cannot('relaunch')", show=False),
-        # The host view's keys that its screen hides where they cannot act (one run; a
-        # configured run has nothing to pin) land here and say why.
-        Binding("n,N", "cannot('next_run')", show=False),
-        Binding("P", "cannot('pin')", show=False),
+        # K z r, and the keys that only act in one view, are the screens' own bindings.
         Binding("p", "pause", "Pause"),
         Binding("R", "poll_now", "Poll now"),
         Binding("t", "cycle_theme", "Theme"),
@@ -104,24 +99,25 @@ class GpuwatchApp(ThemeCssApp):
         # No animations: the run tabs' underline slid for ~0.4 s after each n / N (15 frames
         # of a screen that should change once); a monitor changes in one step.
         self.animation_level = "none"
-        self.config = config
-        self.store = store
         self.readonly = readonly or config.readonly
+        self.config = replace(config, readonly=self.readonly)
+        self.store = store
         self.accept_new_host_keys = accept_new_host_keys
         self.clock = clock
         self.poll_enabled = poll
         self.requested_theme = theme or config.theme
         self.themes_dir = themes_dir
-        self.feed: PollFeed | None = None
-        self._collector = collector
+        self.fleet = FleetWatch(self.config, store, role="tui",
+                                accept_new_host_keys=accept_new_host_keys, collector=collector)
+        """THE pipeline (remote/watch/fleet.py): polls, judges, remembers, acts."""
         self._waiters: dict[str, list[tuple[float, asyncio.Event]]] = {}
         self._store_failed = False
-        self._runs_saved: dict[str, float] = {}
         self.points_budget = FLEET_POINTS
-        self.host_views = HostViews(self, HostScreen)
-        self.watching = Watching.for_app(self)
         """Points kept over every tag of every host's runs (series.apply_budget)."""
-        self.hosts: dict[str, HostData] = {h.name: self._restore(h) for h in config.hosts}
+        self.hosts: dict[str, HostData] = {h.name: self._restore(h.name) for h in config.hosts}
+        self.view = FleetView(MappingProxyType(self.hosts), config.interval, self.readonly,
+                              config.path, lambda: self.clock(), lambda: self.fleet.paused)
+        self.host_views = HostViews(self, lambda name: HostScreen(name, self.view))
 
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = False) -> None:
@@ -134,13 +130,16 @@ class GpuwatchApp(ThemeCssApp):
                        severity=severity, timeout=timeout, markup=False)
 
     # -- start and stop ----------------------------------------------------------------------
-    def _restore(self, host: HostConfig) -> HostData:
+    def _restore(self, name: str) -> HostData:
         """Overnight: what the store holds, shown (stale, with its age) before the first poll."""
-        history = history_from_store(self.store, host, self.config.thresholds)
-        data = HostData(host, history)
+        history = self.fleet.history(name)
+        data = HostData(self.fleet.host(name).config, history)
         since = self.clock() - OVERNIGHT_S
-        data.restore(evaluate(history) if history.snapshots else [],
-                     self.store.gpu_history(host.name, since=since), history.last_ok_at)
+        rows: list[Any] = []
+        with contextlib.suppress(sqlite3.Error):
+            rows = self.store.gpu_history(name, since=since)
+        data.restore(self.fleet.restored_findings(name), rows, history.last_ok_at)
+        data.watchdog = self.fleet.watch_lines(name)
         return data
 
     def get_theme_variable_defaults(self) -> dict[str, str]:
@@ -164,142 +163,132 @@ class GpuwatchApp(ThemeCssApp):
                         f"{', '.join(self.theme_names)}", severity="warning", timeout=8)
             wanted = DEFAULT_THEME
         self.theme = wanted
-        self.theme_changed_signal.subscribe(self, lambda _t: self._rerender())
-        self.push_screen(FleetScreen())
+        self.theme_changed_signal.subscribe(self, lambda _t: self._down(Restyled()))
+        self.push_screen(FleetScreen(self.view))
+        self.fleet.listen(self._reported, self._watched)
         if self.poll_enabled:
-            self.feed = PollFeed(self.config, {n: d.history for n, d in self.hosts.items()},
-                                 self._on_result,
-                                 accept_new_host_keys=self.accept_new_host_keys,
-                                 collector=self._collector)
-            for host in self.config.hosts:  # what the last run's polls learnt of each box
-                with contextlib.suppress(sqlite3.Error):
-                    resume(self.feed.collector, self.store, host)
-            self.feed.start()
-        self.set_interval(TICK_S, self._tick)
+            self.fleet.start()
+        self.set_interval(TICK_S, lambda: self._down(Ticked()))
 
     async def on_unmount(self) -> None:
-        if self.feed is not None:
-            await self.feed.stop()
-        if self.watching is not None:
-            self.watching.close()
-        self._save_all_runs()
+        await self.fleet.stop()
+        self.fleet.close(flush_s=5.0)
 
-    def _save_all_runs(self) -> None:
-        """What the throttled saves have not written yet (offsets, series) goes now."""
-        for name, data in self.hosts.items():
-            if data.outcome is None or not data.history.runs:
-                continue
-            with contextlib.suppress(sqlite3.Error):
-                self.store.save_runs(name, {
-                    run: (series.state(), series.points_state())
-                    for run, series in data.history.runs.items()})
+    # -- data in -----------------------------------------------------------------------------
+    def _reported(self, report: Any) -> None:
+        """The pipeline's listener (in this loop): post, never touch a widget here."""
+        self.post_message(HostReported(report))
 
-    # -- polling -----------------------------------------------------------------------------
-    def _on_result(self, host: HostConfig, outcome: PollOutcome) -> None:
-        """Called by the Poller in this loop: post, never touch a widget here."""
-        self.post_message(SnapshotReady(host.name, outcome))
+    def _watched(self, host: str, events: list[WatchEvent]) -> None:
+        """What the watchdog did on a host (restart policies, tui as a watcher): toasts, and
+        the runs' watchdog lines again."""
+        for e in events:
+            if e.kind in ("restart", "verified", "failed", "gave_up"):
+                self.notify(f"{e.run}: {e.message}", title=f"Watchdog on {host}",
+                            severity="information" if e.kind in ("restart", "verified")
+                            else "error")
+        data = self.hosts.get(host)
+        if data is not None:
+            data.watchdog = self.fleet.watch_lines(host)
+            data.version += 1
+            self.render_host(host)
 
-    def on_snapshot_ready(self, message: SnapshotReady) -> None:
-        data = self.hosts.get(message.host)
+    def on_host_reported(self, message: HostReported) -> None:
+        report = message.report
+        data = self.hosts.get(report.name)
         if data is None:
             return
-        # judge() never raises: a document that breaks a rule comes back as this host's
-        # `probe` error, shown as any failed poll is, and the host backs off as one does.
-        report = judge(data.history, message.outcome)
-        outcome = report.outcome
-        if self.feed is not None:
-            if outcome.ok or not message.outcome.ok:
-                self.feed.judge_failed.discard(message.host)
-            else:
-                self.feed.judge_failed.add(message.host)
-        # Runs' series go to the store at most every RUNS_SAVE_S per host (and at exit): they
-        # are what a restart resumes from, and serialising them on every poll of 64 hosts is
-        # the handler's biggest cost. The poll itself (GPU rows, the document) goes every time.
-        now = time.monotonic()
-        save_runs = now - self._runs_saved.get(message.host, -RUNS_SAVE_S) >= RUNS_SAVE_S
-        if save_runs:
-            self._runs_saved[message.host] = now
-        try:
-            remember(self.store, outcome, data.history,
-                     self.feed.collector if self.feed is not None else None, save_runs=save_runs)
-        except Exception as exc:  # the store is a convenience: never fatal (DESIGN §5)
-            if not isinstance(exc, sqlite3.Error):
-                from gpuwatch.remote import errorlog
-
-                errorlog.record(exc, f"saving {message.host}")
-            if not self._store_failed:
-                self._store_failed = True
-                self.notify(f"history is not being saved: {exc}", title="Store",
-                            severity="warning", markup=False)
-        if self.watching is not None:  # restart policies, notifications (tui/watching.py)
-            report = self.watching.judged(data, report)
-        data.apply(outcome, report.findings)
+        data.apply(report)
         # Every host's runs share one budget of points (a sweep of 64 runs would otherwise keep
         # up to 2.4 MB a tag): a new tag anywhere shrinks every tag's share.
         apply_budget((run for d in self.hosts.values() for run in d.history.runs.values()),
                      self.points_budget)
         data.reap_targets = self._reap_targets(data)
-        waiting = self._waiters.get(message.host, [])
+        warning = self.fleet.unsaved.get(report.name)
+        if warning and not self._store_failed:  # the store is a convenience: never fatal
+            self._store_failed = True
+            self.notify(f"history is not being saved: {warning}", title="Store",
+                        severity="warning")
+        waiting = self._waiters.get(report.name, [])
         for after, event in list(waiting):
-            if message.outcome.started_at >= after:
+            if report.outcome.started_at >= after:
                 event.set()
                 waiting.remove((after, event))
-        self.render_host(message.host)
+        self.render_host(report.name)
 
-    def _active(self) -> object | None:
-        """The visible screen, or None while the app starts or stops (no screen yet / left)."""
-        return self.screen_stack[-1] if self.screen_stack else None
+    def _down(self, message: HostUpdated | Ticked | Restyled) -> None:
+        """A message down to the screen shown, whichever it is (a modal ignores it; the
+        screen under it catches up when it resumes)."""
+        if self.screen_stack:
+            self.screen.post_message(message)
 
     def render_host(self, name: str) -> None:
-        screen = self._active()
-        if isinstance(screen, ModalScreen):
-            return  # dolphie: no rendering under a modal; the screen catches up on resume
-        if isinstance(screen, FleetScreen):
-            screen.refresh_host(name)
-        elif isinstance(screen, HostScreen) and screen.host == name:
-            screen.refresh_data()
-        if screen is not None:
+        if self.screen_stack:
+            self._down(HostUpdated(name))
             self.refresh_bindings()
-
-    def _rerender(self) -> None:
-        screen = self._active()
-        if isinstance(screen, FleetScreen):
-            screen.refresh_all()
-        elif isinstance(screen, HostScreen):
-            screen.refresh_data()
-
-    def _tick(self) -> None:
-        screen = self._active()
-        if isinstance(screen, FleetScreen | HostScreen):
-            screen.tick()
 
     @property
     def paused(self) -> bool:
-        return self.feed is not None and self.feed.paused
+        return self.fleet.paused
 
     def wait_for_poll(self, host: str, after: float = 0.0) -> asyncio.Event:
         """An event set when an outcome of `host` whose poll began at or after `after` (epoch
-        s, the collector's clock) has been judged."""
+        s, the collector's clock) has landed."""
         event = asyncio.Event()
         self._waiters.setdefault(host, []).append((after, event))
         return event
 
-    # -- navigation --------------------------------------------------------------------------
+    # -- what the screens ask for ------------------------------------------------------------
+    def on_open_host(self, message: OpenHost) -> None:
+        self.open_host(message.host)
+
     def open_host(self, name: str) -> None:
         if name in self.hosts:
             self.host_views.cancel()  # no building ahead behind the host view's keys
             self.push_screen(self.host_views.get(name))
             self.prepare_next_theme()
 
-    def current_host(self) -> str | None:
-        screen = self._active()
-        if isinstance(screen, HostScreen):
-            return screen.host
-        if isinstance(screen, FleetScreen):
-            return screen.selected_host
-        return None
+    def on_poll_now(self, message: PollNow) -> None:
+        self.action_poll_now(message.host)
 
-    # -- actions: k z r ----------------------------------------------------------------------
+    def on_prepare_around(self, message: PrepareAround) -> None:
+        self.host_views.prepare_soon(message.host, message.around)
+
+    def on_action_requested(self, message: ActionRequested) -> None:
+        kind, host = message.kind, message.host
+        if host not in self.hosts:
+            return
+        if kind == "ack":
+            self._acknowledge(host, message.run)
+        elif kind == "kill" and message.pid is not None:
+            pid = message.pid
+            self._confirm("kill", host,
+                          lambda a, data: a.plan_kill(data.config, data.history, pid),
+                          f"Kill process {pid} on {host}?", "Kill")
+        elif kind == "reap":
+            self._confirm("reap", host, lambda a, data: a.plan_reap(data.config, data.history),
+                          f"Reap the zombie VRAM holders on {host}?", "Reap")
+        elif kind == "relaunch" and message.run is not None:
+            run = message.run
+            self._confirm("relaunch", host,
+                          lambda a, data: a.plan_relaunch(data.config, run, data.history,
+                                                          self._launch_record(host, run)),
+                          f"Relaunch run {run} on {host}?", "Relaunch")
+
+    def _acknowledge(self, host: str, run: str | None) -> None:
+        """`a`: a dead run's death is known; it stops being critical (recorded, audited)."""
+        if self.readonly:
+            self.notify("actions are off (--readonly)", severity="warning")
+            return
+        try:
+            said = self.fleet.acknowledge(host, run or "")
+        except (ValueError, sqlite3.Error) as exc:
+            self.notify(str(exc), title="Not acknowledged", severity="warning")
+            return
+        self.notify(said, title="Acknowledged")
+        self.fleet.poll_now(host)  # the next landed poll says it in every view
+
+    # -- actions: K z r ----------------------------------------------------------------------
     def _reap_targets(self, data: HostData) -> frozenset[int]:
         actions = _actions()
         try:
@@ -309,88 +298,20 @@ class GpuwatchApp(ThemeCssApp):
         return frozenset(t.pid for t in plan.targets)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if self._active() is None:
+        if not self.screen_stack:
             return False
-        modal = isinstance(self.screen, ModalScreen)
-        if action == "cannot":
-            return not modal
-        if action in ACTIONS:
-            if modal:
-                return False
-            if action in ("kill", "relaunch") and not isinstance(self.screen, HostScreen):
-                return False  # host-only keys: not in the fleet view's footer
-            if self.readonly:
-                return None
-            name = self.current_host()
-            if name is None:
-                return None
-            data = self.hosts[name]
-            if action == "kill":
-                screen = self.screen
-                assert isinstance(screen, HostScreen)
-                return True if screen.selected_pid is not None else None
-            if action == "reap":
-                return True if data.reap_targets else None
-            screen = self.screen
-            assert isinstance(screen, HostScreen)
-            run = screen.selected_run
-            if run is None:
-                return None
-            series = data.history.runs.get(run)
-            alive = series is not None and series.status == "running"
-            return None if alive else True
         # Inside a modal only its own keys (and quit) work.
+        modal = self.screen.is_modal
         return not (modal and action in ("pause", "poll_now", "cycle_theme", "help"))
 
-    def action_cannot(self, action: str) -> None:
-        """K, z or r pressed while greyed out (or hidden): why, and what to do instead."""
-        screen = self.screen
-        host = screen if isinstance(screen, HostScreen) else None
-        name = self.current_host()
-        data = self.hosts.get(name) if name is not None else None
-        snap = data.snapshot if data is not None else None
-        why = why_not(action, readonly=self.readonly, in_host=host is not None,
-                      host=name,
-                      selected_run=host.selected_run if host is not None else None,
-                      in_processes=isinstance(self.focused, ProcessTable),
-                      gpus_unread=snap.gpu_error.summary if snap is not None
-                      and snap.gpu_error is not None else None)
-        self.notify(why, title=TITLES[action], severity="warning")
-
-    def action_kill(self) -> None:
-        screen = self.screen
-        if not isinstance(screen, HostScreen) or screen.selected_pid is None:
-            return
-        pid = screen.selected_pid
-        self._confirm("kill", screen.host,
-                      lambda a, data: a.plan_kill(data.config, data.history, pid),
-                      f"Kill process {pid} on {screen.host}?", "Kill")
-
-    def action_reap(self) -> None:
-        name = self.current_host()
-        if name is None:
-            return
-        self._confirm("reap", name, lambda a, data: a.plan_reap(data.config, data.history),
-                      f"Reap the zombie VRAM holders on {name}?", "Reap")
-
-    def action_relaunch(self) -> None:
-        screen = self.screen
-        if not isinstance(screen, HostScreen) or screen.selected_run is None:
-            return
-        run = screen.selected_run
-        self._confirm("relaunch", screen.host,
-                      lambda a, data: a.plan_relaunch(data.config, run, data.history,
-                                                      self._launch_record(data.config, run)),
-                      f"Relaunch run {run} on {screen.host}?", "Relaunch")
-
-    def _launch_record(self, host: HostConfig, run: str) -> Any:
+    def _launch_record(self, host: str, run: str) -> Any:
         """How a discovered (not configured) run was started, as the store recorded it."""
-        if any(r.name == run for r in host.runs):
+        if self.hosts[host].config.run(run) is not None:
             return None
         from gpuwatch.remote.model.discovered import recorded_launch
 
         try:
-            return recorded_launch(self.store, host.name, run)
+            return recorded_launch(self.store, host, run)
         except sqlite3.Error:
             return None  # the plan then says what is missing
 
@@ -420,32 +341,26 @@ class GpuwatchApp(ThemeCssApp):
     async def execute_plan(self, plan: Any, host: str) -> None:
         """Execute a confirmed plan (its own bounded SSH call), then poll the host and report
         what the fresh poll verified (U1: a kill's exit code proves nothing)."""
-        actions = _actions()
-        data = self.hosts[host]
-        cfg = data.config
+        cfg = self.hosts[host].config
         title = f"{plan.kind} on {host}"
         try:
-            outcome = await actions.execute(plan, cfg, store=self.store, readonly=self.readonly,
-                                            accept_new_host_keys=self.accept_new_host_keys)
+            outcome = await self.fleet.execute(plan, readonly=self.readonly)
         except Exception as exc:
             self.notify(f"failed: {exc}", title=title, severity="error", timeout=10)
             return
         self.notify(outcome.message, title=title, timeout=8,
                     severity="error" if outcome.ok is False else "information")
-        if outcome.ok is not False:
-            actions.mark_reaped(plan, data.history)
-        if self.feed is None:
+        if outcome.ok is False or not self.fleet.polling:
             return
         # Verified by a poll that began after the action ended (U1: a kill's exit code proves
         # nothing; a poll already in flight saw the box before the action). A relaunched run
         # may need a poll or two to show its process.
         bound = (cfg.settings.connect_timeout + cfg.settings.command_timeout
                  + self.config.interval + 5)
-        feed = self.feed
 
         async def fresh_poll() -> str | None:
             polled = self.wait_for_poll(host, after=time.time())
-            feed.poll_now(cfg)
+            self.fleet.poll_now(host)
             try:
                 await asyncio.wait_for(polled.wait(), timeout=bound)
             except TimeoutError:
@@ -453,7 +368,7 @@ class GpuwatchApp(ThemeCssApp):
             return None
 
         try:  # the one verify loop (remote/actions/verify.py), as the action verbs verify
-            verified = await verify_until(plan, cfg, data.history, fresh_poll, store=self.store)
+            verified = await self.fleet.verify(plan, fresh_poll)
         except Exception as exc:
             self.notify(f"could not verify: {exc}", title=title, severity="warning")
             return
@@ -467,37 +382,32 @@ class GpuwatchApp(ThemeCssApp):
 
     # -- other keys --------------------------------------------------------------------------
     def action_pause(self) -> None:
-        if self.feed is None:
+        if not self.fleet.polling:
             self.notify("polling is off in this session", severity="warning")
             return
-        if self.feed.paused:
-            self.feed.resume()
-            self.feed.poll_now()  # what is on screen went stale while paused
+        if self.fleet.paused:
+            self.fleet.resume()  # every host at once: what is on screen went stale
             self.notify("polling resumed")
         else:
-            self.feed.pause()
-            self.notify("polling paused (p resumes)")
+            self.fleet.pause()
+            self.notify("polling paused (p resumes; R polls once)")
         self._bindings.key_to_bindings["p"] = [  # the footer says what p does now
-            replace(b, description="Resume" if self.feed.paused else "Pause")
+            replace(b, description="Resume" if self.fleet.paused else "Pause")
             for b in self._bindings.key_to_bindings.get("p", [])]
         self.refresh_bindings()
-        self._rerender()
+        self._down(Restyled())
 
-    def action_poll_now(self) -> None:
-        if self.feed is None:
+    def action_poll_now(self, host: str | None = None) -> None:
+        """R: poll `host` (the host view's) or every host now; while paused, once (htop and
+        k9s refresh a frozen view on request), and the pause holds."""
+        if not self.fleet.polling:
             self.notify("polling is off in this session", severity="warning")
             return
-        if self.feed.paused:  # the poller polls nothing while paused: say so, claim nothing
-            self.notify("polling is paused: nothing is polled now; p resumes polling and "
-                        "polls every host at once", severity="warning")
-            return
-        screen = self.screen
-        if isinstance(screen, HostScreen):
-            self.feed.poll_now(self.hosts[screen.host].config)
-            self.notify(f"polling {screen.host} now")
-        else:
-            self.feed.poll_now()
-            self.notify(f"polling all {len(self.hosts)} hosts now")
+        paused = self.fleet.paused
+        self.fleet.poll_now(host, through_pause=paused)
+        what = host if host is not None else f"all {len(self.hosts)} hosts"
+        self.notify(f"polling {what} once; polling stays paused (p resumes)" if paused
+                    else f"polling {what} now")
 
     def action_cycle_theme(self) -> None:
         self.theme = self.next_theme()

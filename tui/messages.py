@@ -1,24 +1,79 @@
-"""Messages that go up to the app (STYLE 3: attributes down, messages up)."""
+"""Messages of the TUI (STYLE 3, 18: attributes down, messages up).
+
+Down, from the app to the screen shown (whichever it is: the app never asks which): a host's
+data changed, the clock ticked, the theme changed. Up, from a screen to the app: open a host,
+ask for an action, build screens ahead. The pipeline's reports reach the app as HostReported.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuwatch.remote.wire.collect import PollOutcome
+from gpuwatch.remote.report import HostReport
 from textual.message import Message
 
 
 @dataclass
-class SnapshotReady(Message):
-    """A poll of one host ended (with a snapshot or an error)."""
+class HostReported(Message):
+    """A poll of one host landed in the pipeline (remote/watch/fleet.py: judged, remembered)."""
 
-    host: str
-    outcome: PollOutcome
+    report: HostReport
 
     def can_replace(self, message: Message) -> bool:
-        # A burst for one host collapses to its newest outcome: it carries everything the older
-        # one did (the probe re-reads from the offsets the history had when it was built).
-        return isinstance(message, SnapshotReady) and message.host == self.host
+        # A burst for one host collapses to its newest report: the history already holds
+        # everything the older ones brought.
+        return isinstance(message, HostReported) and message.report.name == self.report.name
+
+
+@dataclass
+class HostUpdated(Message, bubble=False):
+    """Down: a host's data changed; the screen shown renders it if it shows that host."""
+
+    host: str
+
+
+@dataclass
+class Ticked(Message, bubble=False):
+    """Down: time passed (ages on screen move on between polls)."""
+
+
+@dataclass
+class Restyled(Message, bubble=False):
+    """Down: the theme changed; what is drawn in its colours is drawn again."""
+
+
+@dataclass
+class OpenHost(Message):
+    """Up: show this host's view."""
+
+    host: str
+
+
+@dataclass
+class PrepareAround(Message):
+    """Up: the fleet's cursor rests on `host`: build its view ahead, then `around`'s."""
+
+    host: str
+    around: list[str]
+
+
+@dataclass
+class ActionRequested(Message):
+    """Up: a person pressed an action's key on a host (kill: a pid; relaunch: a run);
+    the app plans it, confirms it, carries it out and verifies it."""
+
+    kind: str
+    """kill | reap | relaunch | ack"""
+    host: str
+    pid: int | None = None
+    run: str | None = None
+
+
+@dataclass
+class PollNow(Message):
+    """Up: R in a host's view: poll that host now (once, while paused)."""
+
+    host: str
 
 
 @dataclass

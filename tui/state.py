@@ -1,39 +1,31 @@
 """What the TUI knows of each host, as plain data the widgets render (no Textual here).
 
 The app owns one `HostData` per configured host. Poll outcomes are folded in by the app's
-SnapshotReady handler (after `judge()`); the store's memory is folded in at start so the views
+HostReported handler (the pipeline landed it); the store's memory is folded in at start so the views
 show last night before the first poll lands (marked stale, with its age).
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpuwatch.remote.config.schema import HostConfig
 from gpuwatch.remote.findings.forecast import disk_forecast
-from gpuwatch.remote.findings.rules import Finding, HostHistory, Severity
 from gpuwatch.remote.model.discovered import Discovery, discovered_names
-from gpuwatch.remote.model.snapshot import DiskUsage, HostSnapshot
+from gpuwatch.remote.model.finding import Finding, Severity
+from gpuwatch.remote.model.history import HostHistory
+from gpuwatch.remote.model.snapshot import HostSnapshot
+from gpuwatch.remote.report import HostReport
 from gpuwatch.remote.store import GpuRow
+from gpuwatch.remote.verdict import Verdict, failure_words, verdict_of
 from gpuwatch.remote.wire.collect import PollOutcome
 
-from .format import FINDING_WORDS, SEVERITY_GLYPH, STATUS_GLYPH, finding_words, human_age, visible
+from .format import SEVERITY_GLYPH, STATUS_GLYPH, human_age
 
 GPU_HISTORY = 720
 """GPU samples kept per GPU in memory for the sparklines (2 h at 10 s)."""
-DISK_HISTORY = 720
-FORECAST_WINDOW_S = 6 * 3600.0
-"""The disk forecast fits the growth of at most the last 6 hours."""
-
-
-
-FAILURE_WORDS = {"unreachable": "unreachable", "timeout": "timed out", "auth": "login refused",
-                 "host_key": "host key refused", "probe": "probe failed",
-                 "config": "config error"}
-"""A failed poll's kind in words, first in the fleet's state cell (its reason may not fit)."""
 
 @dataclass(frozen=True, slots=True)
 class GpuPoint:
@@ -43,13 +35,6 @@ class GpuPoint:
     power_w: float | None
     power_limit_w: float | None
     temp_c: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class DiskPoint:
-    t: float
-    bytes_free: int | None
-    inodes_free: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +50,9 @@ class HostStatus:
 
 @dataclass(frozen=True, slots=True)
 class Headline:
-    """A host's state in a few words, the one the fleet's state cell and the host view's
-    header both say: where it was polled fine (or polling is paused), its worst finding at
-    warning or worse; else its state (stale, unreachable and why, not polled yet)."""
+    """A host's verdict (remote/verdict.py) as the fleet's state cell and the host view's
+    header both show it: a glyph, then the verdict's words, with the data's age where the
+    state is not "ok" ("stale 42 s", "unreachable: ...; data 2 m old")."""
 
     glyph: str
     words: str
@@ -76,7 +61,8 @@ class Headline:
     kind: str = "ok"
     """The status's kind (ok | stale | unreachable | waiting)."""
     severity: Severity | None = None
-    """The worst finding's, where the words are its."""
+    """The verdict's, where the words name a finding."""
+    verdict: Verdict | None = None
 
     @property
     def text(self) -> str:
@@ -93,25 +79,6 @@ def _clock_pct(clock: float | None, clock_max: float | None) -> float | None:
     return max(0.0, min(100.0, 100.0 * clock / clock_max))
 
 
-def time_to_full(points: Sequence[tuple[float, float]]) -> float | None:
-    """Seconds until `free` reaches 0 at the least-squares rate of the points (t, free); None
-    when it is not shrinking (or there are too few points to say)."""
-    if len(points) < 3:
-        return None
-    t0 = points[0][0]
-    xs = [t - t0 for t, _ in points]
-    ys = [f for _, f in points]
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx <= 0:
-        return None
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    if slope >= 0 or not math.isfinite(slope):
-        return None
-    return max(0.0, ys[-1] / -slope)
-
-
 @dataclass
 class HostData:
     """One host as the TUI shows it."""
@@ -125,7 +92,6 @@ class HostData:
     restored_at: float | None = None
     """When the snapshot restored from the store was taken (this machine's clock)."""
     gpu_history: dict[int, deque[GpuPoint]] = field(default_factory=dict)
-    disk_history: dict[str, deque[DiskPoint]] = field(default_factory=dict)
     reap_targets: frozenset[int] = frozenset()
     """The pids a reap would hit now (from the actions' own plan: one source of truth)."""
     version: int = 0
@@ -186,23 +152,20 @@ class HostData:
             self._gpu_point(row.gpu, GpuPoint(
                 row.t, row.util_pct, _clock_pct(row.sm_clock_mhz, row.sm_clock_max_mhz),
                 row.power_w, row.power_limit_w, row.temp_c))
-        snap = self.snapshot
-        if snap is not None and restored_at is not None:
-            self._disk_points(snap.disks, restored_at)
         self.version += 1
 
-    def apply(self, outcome: PollOutcome, findings: Sequence[Finding]) -> None:
-        """One judged poll outcome."""
+    def apply(self, report: HostReport) -> None:
+        """One poll as the pipeline landed it (judged, remembered)."""
+        outcome = report.outcome
         self.outcome = outcome
         at = outcome.ended_at
-        self._set_findings(list(findings), at)
+        self._set_findings(list(report.findings), at)
         snap = outcome.snapshot
         if snap is not None:
             for g in snap.gpus:
                 self._gpu_point(g.index, GpuPoint(
                     at, g.util_pct, _clock_pct(g.sm_clock_mhz, g.sm_clock_max_mhz), g.power_w,
                     g.power_limit_w, None if g.temp_c is None else float(g.temp_c)))
-            self._disk_points(snap.disks, at)
         self.version += 1
 
     def _set_findings(self, findings: list[Finding], at: float) -> None:
@@ -221,13 +184,6 @@ class HostData:
             ring = self.gpu_history[index] = deque(maxlen=GPU_HISTORY)
         ring.append(point)
 
-    def _disk_points(self, disks: Iterable[DiskUsage], at: float) -> None:
-        for d in disks:
-            ring = self.disk_history.get(d.path)
-            if ring is None:
-                ring = self.disk_history[d.path] = deque(maxlen=DISK_HISTORY)
-            ring.append(DiskPoint(at, d.bytes_free, d.inodes_free))
-
     # -- what the views ask ------------------------------------------------------------------
     def status(self, now: float, interval: float, paused: bool = False) -> HostStatus:
         """Paused, old data says so ("paused, data 2 m old"): it is old because nothing is
@@ -237,8 +193,8 @@ class HostData:
         failure = self.history.failure
         if self.outcome is not None and failure is not None:
             where = f"; data {human_age(age)} old" if age is not None else ""
-            said = FAILURE_WORDS.get(failure.kind, failure.kind)  # the kind first, in words
-            return HostStatus("unreachable", f"{said}: {failure.message}{where}", age)
+            said = failure_words(failure.kind, failure.message)  # the kind first, in words
+            return HostStatus("unreachable", f"{said}{where}", age)
         if self.outcome is None:
             if age is None:
                 return HostStatus("waiting", "not polled yet", None)
@@ -249,22 +205,31 @@ class HostData:
             return HostStatus("stale", f"stale {human_age(age)}", age)
         return HostStatus("ok", "ok", age)
 
+    def verdict(self, now: float, interval: float, paused: bool = False) -> Verdict:
+        """The host's one verdict (remote/verdict.py's verdict_of, as every output says it),
+        with how fresh its data is now."""
+        status = self.status(now, interval, paused)
+        failure = self.history.failure
+        state = "ok" if status.paused else status.kind
+        return verdict_of(self.findings, state,
+                          failure=(failure.kind, failure.message) if failure else None,
+                          age_s=status.age_s, paused=status.paused)
+
     def headline(self, now: float, interval: float, paused: bool = False) -> Headline:
-        """The host's state in a few words (Headline): a dead run or a wedged driver is not
+        """The host's verdict in a glyph and a few words: a dead run or a wedged driver is not
         "ok", and pausing hides neither (old data while paused says its age where it is ok)."""
         status = self.status(now, interval, paused)
-        serious = [f for f in self.findings if f.severity >= Severity.WARNING]
-        rank = list(FINDING_WORDS)
-        if serious and (status.kind == "ok" or status.paused):
-            worst = min(serious, key=lambda f: (
-                -f.severity, rank.index(f.code) if f.code in rank else len(rank)))
-            return Headline(SEVERITY_GLYPH[worst.severity], finding_words(worst),
-                            len(serious) - 1, status.kind, worst.severity)
+        verdict = self.verdict(now, interval, paused)
+        if verdict.code is not None and verdict.state != "unreachable":
+            assert verdict.severity is not None
+            return Headline(SEVERITY_GLYPH[verdict.severity], verdict.headline, verdict.more,
+                            status.kind, verdict.severity, verdict)
         if status.paused:
             return Headline(STATUS_GLYPH["stale"], f"ok {human_age(status.age_s)} ago",
-                            kind=status.kind)
-        # an error's text may quote the box
-        return Headline(STATUS_GLYPH[status.kind], visible(status.text), kind=status.kind)
+                            kind=status.kind, verdict=verdict)
+        severity = verdict.severity if verdict.state == "unreachable" else None
+        return Headline(STATUS_GLYPH[status.kind], status.text, verdict.more, status.kind,
+                        severity, verdict)
 
     def severity_counts(self) -> dict[Severity, int]:
         counts = dict.fromkeys(Severity, 0)

@@ -3,7 +3,8 @@ silence: a key in the footer either acts or says why not). Plain strings; no Tex
 
 from __future__ import annotations
 
-TITLES = {"kill": "Kill", "reap": "Reap", "relaunch": "Relaunch", "next_run": "Run", "pin": "Pin"}
+TITLES = {"kill": "Kill", "reap": "Reap", "relaunch": "Relaunch", "next_run": "Run", "pin": "Pin",
+          "ack": "Acknowledge"}
 
 
 def why_not(action: str, *, readonly: bool, in_host: bool,
@@ -35,6 +36,14 @@ def why_not(action: str, *, readonly: bool, in_host: bool,
         return (f"{selected_run} is already in your config: P pins a run gpuwatch found by "
                 "itself (a tab marked as discovered)" if selected_run else
                 f"no run on {host} to pin")
+    if action == "ack":
+        if not in_host:
+            return ("a acknowledges a dead run from a host's view: open the host (Enter), pick "
+                    "the dead run (n / N), then press a")
+        if selected_run is None:
+            return f"no run on {host} to acknowledge: none is configured or discovered"
+        return (f"{selected_run} is not dead: a acknowledges a dead run's death, so that it "
+                "stops being critical (a new death is critical again)")
     if action == "relaunch":
         if not in_host:
             return ("r relaunches a run from a host's view: open the host (Enter), pick "

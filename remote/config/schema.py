@@ -29,8 +29,12 @@ RESTART_CAUSES = ("killed", "sighup", "reboot", "xid", "exception", "oom_cgroup"
 `exception:KIND` for one kind of crash line, or `run.hung` (the watchdog kills a hung run first)."""
 EXCEPTION_KINDS = ("cuda_oom", "nccl_timeout", "nccl_error", "cuda_error", "disk_full",
                    "exception")
-DEFAULT_RESTART_ON = ("killed", "sighup", "reboot", "xid", "exception:nccl_timeout", "run.hung")
-"""Never OOM or CUDA OOM by default: the run would die again the same way. `xid` leaves out
+DEFAULT_RESTART_ON = ("killed", "sighup", "reboot", "xid", "exception:nccl_timeout", "run.hung",
+                      "exited", "unknown")
+"""What `on-failure` means to a person (systemd's on-failure too): a run that was killed, lost
+its session, rebooted, crashed on an Xid or an NCCL timeout, hung, exited non-zero, or vanished
+with no cause gpuwatch can name (a `kill -9` of a run started by hand leaves no trace) comes
+back. Never OOM or CUDA OOM by default: the run would die again the same way. `xid` leaves out
 48 and 79 (the GPU itself is gone, U22) unless they are named (`xid:48`)."""
 SEVERITIES = ("info", "warning", "critical")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

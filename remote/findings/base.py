@@ -54,11 +54,27 @@ def rule(codes: Mapping[str, tuple[str, ...]]) -> Callable[[Rule], Rule]:
     return register
 
 
+RULE_MODULES = ("host", "gpu", "run", "ckpt", "disk", "run_curves")
+"""The modules of findings/ that hold `@rule`s, in the order their rules run. A new rule in one
+of them is registered by its decorator; a new module of rules is one more name here."""
+
+
+def _load_rules() -> None:
+    """Import every rule module (their `@rule`s register as they load): whoever asks for the
+    rules gets all of them, whatever was imported before (`--once` imports little)."""
+    import importlib
+
+    for name in RULE_MODULES:
+        importlib.import_module(f"{__package__}.{name}")
+
+
 def registered_rules() -> tuple[Rule, ...]:
+    _load_rules()
     return tuple(spec.func for spec in REGISTRY)
 
 
 def registered_codes() -> dict[str, tuple[str, ...]]:
+    _load_rules()
     return {code: gotchas for spec in REGISTRY for code, gotchas in spec.codes.items()}
 
 

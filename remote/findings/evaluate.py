@@ -3,7 +3,7 @@
 `evaluate(history)` diagnoses the runs the history saw vanish (history.departures), finds the
 VRAM zombie holders and the discovered runs that are only what a dead run left behind, then
 runs every registered rule on a view of the history with those decided. It changes nothing:
-the Evaluation it returns is applied by the pipeline (remote/watch.py `judge`), which is what
+the Evaluation it returns is applied by the pipeline (watch/landing.py `judge`), which is what
 makes a host judged the same way in the TUI, `--once`, `check` and the action verbs.
 """
 

@@ -36,6 +36,9 @@ def gpu_query_failed(history: HostHistory) -> Iterable[Finding]:
     err = now.gpu_error if now is not None else None
     if err is None or err.kind in ("driver_mismatch", "gpu_lost"):
         return
+    # GPUs this host is known to have: seen before, or /dev/nvidia* on the box. Runs in its
+    # config alone (a GPU tool missing: gpu_error not_found) make it a warning: they may train
+    # on CPUs.
     had = bool(history.known_gpus) or err.devices is True
     took = f" after {err.query_s:.1f} s" if err.query_s is not None else ""
     if err.kind == "timeout" and slow_start_likely(history):

@@ -64,7 +64,7 @@ CODES: dict[str, tuple[str, ...]] = registered_codes()
 
 def evaluate(history: HostHistory, rules: Iterable[Rule] = RULES) -> list[Finding]:
     """Every finding of every rule, most severe first, kept in `history` (Evaluation.apply).
-    The pipeline uses the pure evaluate.evaluate and applies it in remote/watch.py."""
+    The pipeline uses the pure evaluate.evaluate and applies it in remote/watch/landing.py."""
     return evaluation_of(history, rules).apply(history)
 
 

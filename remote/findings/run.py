@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..model.ack import STOPPED, ack_of
 from ..model.finding import Finding, Severity
 from ..model.history import HostHistory
 from ..model.processes import process_table
@@ -21,8 +22,10 @@ from .diagnosis import ancestry, hup_exposed
 @rule({"run.dead": ("U3",)})
 def run_dead(history: HostHistory) -> Iterable[Finding]:
     """U3: a run seen running whose processes are all gone (and no done marker, seed 004).
-    Critical on the poll that saw it die, a warning while it stays dead; the diagnosis
-    (history.deaths) says why."""
+    Critical until it is relaunched, seen finished, or the death is acknowledged (`gpuwatch
+    ack`, the TUI's `a`): a babysitter who looks at 3 am must see it red, not a warning one
+    poll later. A death gpuwatch was asked for (a kill of the run's processes) and an
+    acknowledged one are info. The diagnosis (history.deaths) says why."""
     if history.current is None:
         return
     for name, series in history.runs.items():
@@ -30,26 +33,35 @@ def run_dead(history: HostHistory) -> Iterable[Finding]:
             continue
         d = history.deaths.get(name)
         new = name in history.new_deaths
-        if getattr(series, "discovery", None) is not None:
-            # a process gpuwatch only discovered has no done marker, so a normal
-            # exit looks like a kill: report it only with evidence of a death, as a warning
-            if d is None or (d.cause in ("killed", "unknown")
-                             and d.evidence.get("exit_code") is None):
-                continue  # a status its relaunch's wrapper recorded is evidence enough
-            new = False
+        # a process gpuwatch only discovered has no done marker, so a normal exit looks
+        # like a kill: report it only with evidence of a death (a status its relaunch's
+        # wrapper recorded is evidence enough)
+        if getattr(series, "discovery", None) is not None and (
+                d is None or (d.cause in ("killed", "unknown")
+                              and d.evidence.get("exit_code") is None)):
+            continue
         risk = series.work_at_risk_s()
         lost = f"; {fmt_dur(risk)} of work since its last checkpoint is lost" if risk else ""
         why = d.summary if d is not None else "it died before gpuwatch could see why"
+        ack = ack_of(history.acks, name, d)
+        evidence = {"cause": d.cause if d else "unknown",
+                    "diagnosis": d.to_json() if d else None, "died_at": d.at if d else None,
+                    "pids": list(d.pids) if d else [], "new": new,
+                    "latest_checkpoint": series.latest_checkpoint.path
+                    if series.latest_checkpoint else None, "work_lost_s": risk}
+        if ack is not None:
+            evidence.update(acknowledged_by=ack.who, acknowledged_at=ack.at, ack=ack.reason)
+            said = ("stopped on request by " if ack.reason == STOPPED
+                    else "death acknowledged by ") + ack.who
+            yield Finding("run.dead", Severity.INFO,
+                          f"run {name} is dead: {why} ({said}); relaunch it from its latest "
+                          "checkpoint when you want it back", run=name, evidence=evidence)
+            continue
         yield Finding(
-            "run.dead", Severity.CRITICAL if new else Severity.WARNING,
+            "run.dead", Severity.CRITICAL,
             f"run {name} is dead: {why}{lost} — fix the cause, then relaunch it from its "
-            "latest checkpoint",
-            run=name,
-            evidence={"cause": d.cause if d else "unknown",
-                      "diagnosis": d.to_json() if d else None, "died_at": d.at if d else None,
-                      "pids": list(d.pids) if d else [], "new": new,
-                      "latest_checkpoint": series.latest_checkpoint.path
-                      if series.latest_checkpoint else None, "work_lost_s": risk})
+            "latest checkpoint (or acknowledge it: `gpuwatch ack HOST RUN`, `a` in the TUI)",
+            run=name, evidence=evidence)
 
 
 @rule({"run.rank_dead": ("seed 002",)})

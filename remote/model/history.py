@@ -1,6 +1,6 @@
 """What the rules see of one host: its bounded history of snapshots, its runs' series, the
 GPUs it has shown, the deaths the evaluation diagnosed. `record` folds a poll in (state only);
-the findings' evaluation reads it and the pipeline (remote/watch.py) applies what it decided."""
+the findings' evaluation reads it and the pipeline (watch/landing.py) applies what it decided."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from ..config.thresholds import HISTORY_LEN, Thresholds
+from .ack import Ack
 from .death import Diagnosis
 from .finding import Finding
 from .processes import ZombieHolder, gpus_of, one_job, ranks, with_cpu_pct
 from .series import RunSeries
-from .snapshot import HostSnapshot, Scalars, same_gpu_ids
+from .snapshot import GpuError, HostSnapshot, Scalars, same_gpu_ids
 
 __all__ = ["HISTORY_LEN", "Departure", "Diagnoser", "HostHistory", "PollFailure", "same_gpu"]
 
@@ -91,6 +92,13 @@ class HostHistory:
     left behind rather than running; its own findings give way to gpu.vram_zombie."""
     curve_tags: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
     """Each configured run's (loss_tag, eval_tag) where the config names them."""
+    acks: dict[str, list[Ack]] = field(default_factory=dict)
+    """Per run, the deaths a person acknowledged or asked for (model/ack.py), oldest first:
+    the pipeline reads them from the store before each judgement (another process's
+    `gpuwatch ack` counts at the next poll)."""
+    expects_gpus: bool = False
+    """The config names runs on this host: a GPU query that cannot run here (no nvidia-smi on
+    the PATH of SSH commands) is a GPU failure, never "no GPU" (U22, U17)."""
     known_gpus: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The GPUs this host has shown since it last booted, by uuid (else bus id, else index):
     {"index", "uuid", "pci", "name"}. Kept in the store, so that a cron `--once` knows a box
@@ -125,6 +133,7 @@ class HostHistory:
             # snapshots of a run with a 2 GB event file do not hold it twice (the soak's lesson).
             self.snapshots[-1] = _without_scalars(before)
         snapshot = with_cpu_pct(before, snapshot)  # each process's CPU% since `before`
+        snapshot = self._gpus_expected(snapshot)
         self.snapshots.append(snapshot)
         self.failure = None
         self.last_ok_at = at
@@ -139,6 +148,16 @@ class HostHistory:
                            if p.pid in sample.pids and p.started_at is not None]
                 series.update(sample, snapshot.taken_at, min(started, default=None))
             self._note_deaths(before, snapshot, old_logs)
+
+    def _gpus_expected(self, snapshot: HostSnapshot) -> HostSnapshot:
+        """U22, U17: a GPU tool missing on a host that had GPUs (or whose config names runs)
+        is a failed GPU query, said the same in every output (gpu_error, gpu.query_failed,
+        gpu_query_ok 0), never "no GPU"."""
+        if snapshot.gpu_error is not None or snapshot.gpu_tool_missing is None \
+                or not (self.known_gpus or self.expects_gpus):
+            return snapshot
+        return replace(snapshot, gpu_error=GpuError("not_found", snapshot.gpu_tool_missing,
+                                                    snapshot.gpu_query_s, False))
 
     def _note_gpus(self, before: HostSnapshot | None, now: HostSnapshot) -> None:
         """Remember the GPUs seen. A reboot starts the list anew (the box's GPUs are then

@@ -57,6 +57,11 @@ GPU_ERRORS: Mapping[str, GpuErrorKind] = MappingProxyType({
         "box's GPU allocation", False, None),
     "failed": GpuErrorKind("GPUs unreadable", "run `nvidia-smi` on the box to see why", False,
                            None),
+    "not_found": GpuErrorKind(
+        "nvidia-smi not found", "nvidia-smi is not on the PATH of commands run over SSH (they "
+        "run in a non-interactive shell, which reads less of the profile): put its folder on "
+        "PATH near the top of ~/.bashrc, before any early return, or link it into /usr/bin",
+        False, None),
 })
 """Every kind of `gpu_error` (the JSON schema's enum) and what it means."""
 GPU_ERROR_KINDS = tuple(GPU_ERRORS)
@@ -501,6 +506,10 @@ class HostSnapshot:
     storm on a box that had none at the last poll): xid_counts are a lower bound this once."""
     gpu_error: GpuError | None = None
     """The GPUs could not be read, or some of them (U22): never the same as having none."""
+    gpu_tool_missing: str | None = None
+    """The GPU query tool was not found on the box (its words, e.g. "nvidia-smi not found on
+    PATH") and nothing else says the box has GPUs: "no GPU" to a CPU box, a GPU failure to a
+    host that had GPUs or runs (HostHistory.record decides, with what it knows)."""
     gpu_query_s: float | None = None
     """How long the box's GPU query took (nvidia-smi or NVML), failed or not."""
     processes_uptime_s: float | None = None

@@ -287,11 +287,21 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
         kernel_lines=kernel.opt_int("candidates") if kernel else None,
         xid_counts_partial=bool(kernel and kernel.data.get("partial") is True),
         gpu_error=gpu_error,
+        gpu_tool_missing=_gpu_tool_missing(doc.data.get("gpus"), gpu_error),
         gpu_query_s=gpu_error.query_s if gpu_error is not None
         else gpu_section.opt_float("query_s") if gpu_section else None,
         processes_uptime_s=_lenient_number(procs.data.get("uptime_s")) if procs else None,
         **_discovery_note(doc),
     )
+
+
+def _gpu_tool_missing(value: object, error: GpuError | None) -> str | None:
+    """The probe's words where the GPU tool was not found on PATH and no /dev/nvidia* says
+    there are GPUs (classify_gpu_error: not an error by itself)."""
+    if error is not None or not isinstance(value, dict) or value.get("missing") is not True:
+        return None
+    said = value.get("error")
+    return said[:300] if isinstance(said, str) else "nvidia-smi not found on PATH"
 
 
 def _gpu_error(value: object, where: str) -> GpuError | None:

@@ -22,6 +22,9 @@ JITTER = 0.1
 PER_SSHD_OPENING = 8
 """Below sshd's default MaxStartups start (10), so no connection of ours is ever dropped."""
 OVERALL_OPENING = 64
+FAILING_OPENING = 16
+"""Openings at once for hosts whose last poll failed: their own pool, so that a fleet of
+black holes (each holding a slot for a whole connect_timeout) never makes good hosts wait."""
 STOP_ATTEMPTS, STOP_WAIT_S = 10, 1.0
 """How often stop() cancels a host's loop, and how long it waits each time, before giving up
 on it (each poll bounds itself: a loop that outlives this much is stuck elsewhere)."""
@@ -32,24 +35,29 @@ R = TypeVar("R")
 
 class OpeningLimiter:
     """Bounds how many SSH connections are in their opening phase (TCP + handshake + auth) at
-    once, per key (an sshd's host:port, a jump host) and overall."""
+    once, per key (an sshd's host:port, a jump host) and overall. Hosts whose last poll failed
+    open from a pool of their own (FAILING_OPENING): they cannot hold the slots that hosts that
+    answer wait for."""
 
-    def __init__(self, per_key: int = PER_SSHD_OPENING, overall: int = OVERALL_OPENING) -> None:
+    def __init__(self, per_key: int = PER_SSHD_OPENING, overall: int = OVERALL_OPENING,
+                 failing: int = FAILING_OPENING) -> None:
         self.per_key = per_key
         self._overall = asyncio.Semaphore(overall)
+        self._failing = asyncio.Semaphore(failing)
         self._keys: dict[str, asyncio.Semaphore] = {}
         self.peak: dict[str, int] = {}
         """Highest number of openings seen at once per key (for tests and benchmarks)."""
         self._now: dict[str, int] = {}
 
     @contextlib.asynccontextmanager
-    async def opening(self, keys: Iterable[str]) -> AsyncIterator[None]:
+    async def opening(self, keys: Iterable[str], *, failing: bool = False
+                      ) -> AsyncIterator[None]:
         ordered = sorted(set(keys))  # a fixed order, so two openings never deadlock
         async with contextlib.AsyncExitStack() as stack:
             for key in ordered:
                 sem = self._keys.setdefault(key, asyncio.Semaphore(self.per_key))
                 await stack.enter_async_context(sem)
-            await stack.enter_async_context(self._overall)
+            await stack.enter_async_context(self._failing if failing else self._overall)
             for key in ordered:
                 self._now[key] = self._now.get(key, 0) + 1
                 self.peak[key] = max(self.peak.get(key, 0), self._now[key])
@@ -79,6 +87,8 @@ class _HostLoop(Generic[H]):
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     failures: int = 0
     in_flight: bool = False
+    through_pause: bool = False
+    """Its next poll goes even while polling is paused (a person asked for it)."""
     task: asyncio.Task[None] | None = None
 
 
@@ -114,15 +124,24 @@ class Poller(Generic[H, R]):
             first = min(0.5, 0.01 * i)
             loop.task = asyncio.create_task(self._run(loop, first), name=f"poll:{i}")
 
-    async def stop(self) -> None:
-        """Cancel every host's loop and wait until each has ended. A cancellation can get lost
-        on its way in (Python 3.11's asyncio.wait_for returns the inner result when the two
-        land together, gh-86296, and asyncssh's connect uses it): the loop would then poll on
-        and this wait never end (the TUI left the screen and the process stayed, CI saw it
-        twice). So the loops stop at their next turn anyway, and one still running a second
-        later is cancelled again."""
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """Stop every host's loop and wait until each has ended; `grace_s`: first let polls in
+        flight finish for up to that long (a watcher's round may be relaunching a run).
+
+        A cancellation can get lost on its way in (Python 3.11's asyncio.wait_for returns the
+        inner result when the two land together, gh-86296, and asyncssh's connect uses it): the
+        loop would then poll on and this wait never end (the TUI left the screen and the process
+        stayed, CI saw it twice). So the loops stop at their next turn anyway, and one still
+        running a second later is cancelled again."""
         self._stopping = True
+        for loop in self._loops:
+            loop.wake.set()  # a loop waiting out its interval or a pause ends at once
         pending = {loop.task for loop in self._loops if loop.task}
+        if grace_s > 0 and pending:
+            busy = {loop.task for loop in self._loops if loop.task and loop.in_flight}
+            if busy:
+                await asyncio.wait(busy, timeout=grace_s)
+            pending = {t for t in pending if not t.done()}
         for _ in range(STOP_ATTEMPTS):
             if not pending:
                 return
@@ -137,13 +156,22 @@ class Poller(Generic[H, R]):
         self._resumed.clear()
 
     def resume(self) -> None:
+        """Polling goes on: every host is polled at once (what shows went stale)."""
         self._resumed.set()
+        for loop in self._loops:
+            loop.wake.set()
 
-    def poll_now(self, host: H | None = None) -> None:
-        """Poll a host (or every host) as soon as its current poll, if any, has finished."""
+    def poll_now(self, host: H | None = None, *, through_pause: bool = False) -> None:
+        """Poll a host (or every host) as soon as its current poll, if any, has finished;
+        `through_pause`: once even while polling is paused (the pause holds after it)."""
         for loop in self._loops:
             if host is None or loop.host == host:
+                loop.through_pause = loop.through_pause or through_pause
                 loop.wake.set()
+
+    def failures(self, host: H) -> int:
+        """The host's consecutive failed polls (0: its last poll was good)."""
+        return next((loop.failures for loop in self._loops if loop.host == host), 0)
 
     def in_flight(self) -> list[H]:
         return [loop.host for loop in self._loops if loop.in_flight]
@@ -153,7 +181,10 @@ class Poller(Generic[H, R]):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(loop.wake.wait(), timeout=delay)
             loop.wake.clear()
-            await self._resumed.wait()
+            while self.paused and not loop.through_pause and not self._stopping:
+                await loop.wake.wait()  # resume() wakes every loop; poll_now() this one
+                loop.wake.clear()
+            loop.through_pause = False
             loop.in_flight = True
             try:
                 result = await self._poll(loop.host)

@@ -24,7 +24,7 @@ from gpuwatch.remote.config.schema import Config, HostConfig, NotifyConfig
 from gpuwatch.remote.findings.rules import Severity
 from gpuwatch.remote.notify import Notifier
 from gpuwatch.remote.store import Store
-from gpuwatch.remote.watcher import Watcher
+from gpuwatch.remote.watch.fleet import FleetWatch
 
 
 def receiver(mode: str) -> str:
@@ -56,12 +56,12 @@ async def main(n: int) -> None:
         watchers = {}
         for kind, url in kinds.items():
             notifier = Notifier(cfg, [url], lambda _line: None) if url else None
-            watchers[kind] = Watcher(Config(interval=1.0, hosts=(host,), notify=cfg), store,
-                                     lambda _line: None, notifier=notifier)
+            watchers[kind] = FleetWatch(Config(interval=1.0, hosts=(host,), notify=cfg), store,
+                                        role="watch", notifier=notifier)
         for i in range(n):
             for kind, w in watchers.items():
                 started = time.perf_counter()
-                await w.round(host)
+                await w.cycle(host.name)
                 if w.notifier is not None:
                     t = time.perf_counter()
                     w.notifier.post("me", [(Severity.WARNING, f"bench line {i}")])

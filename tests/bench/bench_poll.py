@@ -43,7 +43,7 @@ import pytest
 import tomli_w
 from gpuwatch.remote.config.schema import HostConfig, RunConfig, SshSettings
 from gpuwatch.remote.sim import Box, h100_sxm
-from gpuwatch.remote.watch import opening_keys
+from gpuwatch.remote.watch.fleet import opening_keys
 from gpuwatch.remote.wire import bundle as probe_bundle
 from gpuwatch.remote.wire import collect
 from gpuwatch.remote.wire import ssh_config as ssh

@@ -177,7 +177,7 @@ async def test_rss_soak_with_a_million_point_loss_series(tmp_path: Path) -> None
             while time.perf_counter() - start < SOAK_S:
                 if collector.step.get("sim-00", 0) >= SERIES_POINTS:
                     collector.hot_points = 100  # the million is in: keep soaking, slowly
-                app.feed.poll_now(config.hosts[0])  # type: ignore[union-attr]
+                app.fleet.poll_now(config.hosts[0].name)
                 await asyncio.sleep(0.5)
                 elapsed = time.perf_counter() - start
                 if not samples or elapsed - samples[-1][0] >= SOAK_S / 12:

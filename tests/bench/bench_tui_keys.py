@@ -175,7 +175,6 @@ async def test_key_cpu_in_process_on_the_snapshot_fixtures() -> None:
 
     import tui_fixtures as fx
     from gpuwatch.tui.app import build_app
-    from gpuwatch.tui.messages import SnapshotReady
 
     cfg = fx.config()
     healthy = dataclasses.replace(cfg.hosts[0], runs=(*cfg.hosts[0].runs,
@@ -184,7 +183,7 @@ async def test_key_cpu_in_process_on_the_snapshot_fixtures() -> None:
     app = build_app(cfg, store=fx.seeded_store(cfg), clock=fx.clock, poll=False)
     async with app.run_test(size=SIZE) as pilot:
         for o in fx.latest(cfg):
-            app.post_message(SnapshotReady(o.host.name, o))
+            app.fleet.land(o)
         await pilot.pause()
 
         async def cpu(key: str, settle: float = SETTLE_S) -> float:

@@ -187,7 +187,8 @@ def test_hf_run_that_reaches_max_steps_is_finished_and_a_killed_one_dead(tmp_pat
 
     code, runs, findings = once(tmp_path, box, config)  # a later cron run: still finished
     assert runs["done_run"]["status"] == "finished" and ("run.dead", "done_run") not in findings
-    assert findings[("run.dead", "cut_run")]["severity"] == "warning" and code == 0
+    # still dead: critical until relaunched, finished or acknowledged (`gpuwatch ack`)
+    assert findings[("run.dead", "cut_run")]["severity"] == "critical" and code == 1
 
 
 def test_hf_closing_summary_counts_for_an_early_stopped_run(tmp_path: Path) -> None:

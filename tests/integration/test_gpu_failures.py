@@ -348,3 +348,44 @@ def test_every_kind_is_in_the_schema_and_has_its_words() -> None:
     assert props["kind"]["enum"] == list(GPU_ERRORS)
     for kind, meaning in GPU_ERRORS.items():
         assert meaning.summary and (meaning.fix or kind in ("driver_mismatch", "gpu_lost"))
+
+
+def test_nvidia_smi_off_the_ssh_path_on_a_host_with_runs_is_a_gpu_failure_everywhere(
+        tmp_path: Path, sshd_factory: Callable[..., SshdBox]) -> None:
+    """nvidia-smi missing from the PATH that SSH commands get (it is often only on an
+    interactive shell's PATH) on a host whose config names runs: every output says the GPUs
+    could not be read (gpu_error not_found, gpu.query_failed, gpuwatch_gpu_query_ok 0, check's
+    verdict); a CPU host with no runs and no /dev/nvidia* stays "no GPU", not an error."""
+    hosts: dict[str, dict[str, Any]] = {}
+    for name in ("trains", "cpu"):
+        box = Box(tmp_path / name, h100_sxm(2))
+        (box.bin / "nvidia-smi").unlink()
+        for node in (box.root / "dev").iterdir():
+            node.unlink()
+        sshd = start_box(sshd_factory, box)
+        hosts[name] = {"ssh": "box1", "config_file": str(sshd.ssh_config),
+                       "known_hosts": str(sshd.known_hosts)}
+    hosts["trains"]["runs"] = {"llama": {"process": "train.py"}}
+    config = ssh_config(sshd, hosts, command_timeout=6)
+
+    run = gpuwatch(tmp_path / "home", "--once", "--json", "--fail-on", "warning", config=config)
+    assert run.returncode == 1, run.stderr  # a finding, not healthy
+    doc = run.json()
+    jsonschema.validate(doc, load_schema())
+    reported = {h["name"]: h for h in doc["hosts"]}
+    trains, cpu = reported["trains"], reported["cpu"]
+    assert trains["gpu_error"]["kind"] == "not_found", trains["gpu_error"]
+    found = {f["code"]: f for f in trains["findings"]}
+    # a warning: no GPU was ever seen there (runs may train on CPUs); one seen before, or a
+    # /dev/nvidia* node, makes it critical (test_each_failure_over_ssh_...)
+    assert found["gpu.query_failed"]["severity"] == "warning"
+    assert "PATH" in found["gpu.query_failed"]["message"]
+    assert trains["verdict"]["code"] == "gpu.query_failed"
+    assert cpu["gpu_error"] is None and not [f for f in cpu["findings"]
+                                             if f["code"].startswith("gpu.")]
+    prom = gpuwatch(tmp_path / "home", "--once", "--prometheus", config=config).stdout
+    assert 'gpuwatch_gpu_query_ok{host="trains",error="not_found"} 0' in prom, prom
+    assert 'gpuwatch_gpu_query_ok{host="cpu"} 1' in prom
+    checked = gpuwatch(tmp_path / "home", "check", config=config)
+    assert "trains: verdict: " in checked.stdout and "GPUs unreadable" in checked.stdout, \
+        checked.stdout

@@ -26,7 +26,7 @@ from gpuwatch.remote.notify import (
     transitions,
 )
 from gpuwatch.remote.store import Store
-from gpuwatch.remote.watcher import Watcher
+from gpuwatch.remote.watch.fleet import FleetWatch
 from test_actions import Rig, alive, wait_for
 from test_watchdog import first_launch, launches, rounds_until, trainer
 
@@ -148,16 +148,17 @@ async def test_one_line_per_transition_and_restart_in_order(rig: Rig,
     host = rig.host(run)
     log: list[str] = []
     cfg = NotifyConfig(urls=(receiver.url,), batch_s=0, min_severity="critical")
-    watcher = Watcher(Config(interval=1.0, hosts=(host,), notify=cfg), rig.store, log.append)
+    watcher = FleetWatch(Config(interval=1.0, hosts=(host,), notify=cfg), rig.store,
+                         role="watch", log=log.append)
     pid = await first_launch(rig, host, run, work, rig.store)
-    history = watcher.history(host)
+    history = watcher.history(host.name)
     await rounds_until(watcher, host, lambda: history.runs["llama"].status == "running")
     os.kill(pid, 9)
     wait_for(lambda: not alive(pid), what="the kill")
     await rounds_until(watcher, host, lambda: len(launches(work)) == 2)
     await rounds_until(watcher, host, lambda: any("running again" in x for x in log))
     for _ in range(2):
-        await watcher.round(host)
+        await watcher.cycle(host.name)
     assert watcher.notifier is not None and watcher.notifier.flush(20)
     got = receiver.lines()
     # the log says the same lines, in the same order, as were sent
@@ -183,14 +184,14 @@ async def test_a_failing_receiver_delays_no_poll_and_is_said(tmp_path: Path, rec
     notifier = Notifier(cfg, [receiver.url], log.append)
     host = HostConfig(name="me", ssh="local")
     with Store.open(tmp_path / "s.sqlite3") as store:
-        watcher = Watcher(Config(interval=1.0, hosts=(host,), notify=cfg), store, log.append,
-                          notifier=notifier)
+        watcher = FleetWatch(Config(interval=1.0, hosts=(host,), notify=cfg), store, role="watch",
+                             log=log.append, notifier=notifier)
         notifier.post("me", [(Severity.CRITICAL, "▲ appeared [critical] test: a line")])
         assert receiver.entered.wait(10)
         # While the receiver holds the request (or has just failed it), polls go on: the poll
         # path only queues lines.
         for _ in range(2):
-            report = await watcher.round(host)
+            report = await watcher.cycle(host.name)
             assert report.outcome.ok
         if mode == "hang":
             assert not receiver.release.is_set() and receiver.bodies == []
@@ -200,10 +201,9 @@ async def test_a_failing_receiver_delays_no_poll_and_is_said(tmp_path: Path, rec
         assert "sending failed" in failed[0] and "try 2 of 2" in failed[0]
         assert "127.0.0.1" in failed[-1] and "NOT delivered after 2 tries" in failed[-1]
         assert ("error=500" if mode == "500" else "Connection error") in failed[-1]
-        watcher.save_sent()
+        watcher.close(0)  # what was sent, and how it went, is saved
         last = last_sent(store, "me")
         assert last is not None and "FAILED" in last[0]
-        watcher.close(0)
 
 
 def test_notify_test_reports_each_target(tmp_path: Path, receiver: Receiver) -> None:

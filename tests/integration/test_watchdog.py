@@ -21,7 +21,7 @@ from gpuwatch.remote.actions import plan as actions
 from gpuwatch.remote.config.schema import Config, HostConfig, RunConfig
 from gpuwatch.remote.findings.rules import HostHistory
 from gpuwatch.remote.store import Store
-from gpuwatch.remote.watcher import Watcher
+from gpuwatch.remote.watch.fleet import FleetWatch
 from test_actions import PY, TRAIN, TRAINER, Rig, alive, poll, wait_for
 
 rig = test_actions.rig  # a real sshd on loopback over a box whose /proc is this machine's
@@ -61,10 +61,11 @@ async def first_launch(rig: Rig, host: HostConfig, run: RunConfig, work: Path,
     return pid
 
 
-async def rounds_until(watcher: Watcher, host: HostConfig, test, limit: int = 20) -> int:  # type: ignore[no-untyped-def]
+async def rounds_until(watcher: FleetWatch, host: HostConfig, test,  # type: ignore[no-untyped-def]
+                       limit: int = 20) -> int:
     """Rounds of the watcher until test() holds; how many it took."""
     for n in range(1, limit + 1):
-        await watcher.round(host)
+        await watcher.cycle(host.name)
         if test():
             return n
     raise AssertionError(f"not within {limit} rounds")
@@ -75,11 +76,12 @@ async def test_a_killed_run_is_restarted_from_its_latest_checkpoint_up_to_the_li
     run, work = trainer(rig, max_restarts=2)
     host = rig.host(run)
     log: list[str] = []
-    watcher = Watcher(Config(interval=1.0, hosts=(host,)), rig.store, log.append, verify_s=60)
+    watcher = FleetWatch(Config(interval=1.0, hosts=(host,)), rig.store, role="watch",
+                         log=log.append, verify_s=60)
     pid = await first_launch(rig, host, run, work, rig.store)
-    await rounds_until(watcher, host, lambda: watcher.histories["box1"].runs["llama"].status
+    await rounds_until(watcher, host, lambda: watcher.history("box1").runs["llama"].status
                        == "running")
-    history = watcher.histories["box1"]
+    history = watcher.history("box1")
     for attempt in (1, 2):
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda pid=pid: not alive(pid), what="the kill")
@@ -100,9 +102,9 @@ async def test_a_killed_run_is_restarted_from_its_latest_checkpoint_up_to_the_li
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not alive(pid), what="the kill")
     await rounds_until(watcher, host, lambda: any("giving up" in x for x in log))
-    report = await watcher.round(host)
+    report = await watcher.cycle(host.name)
     for _ in range(3):
-        report = await watcher.round(host)
+        report = await watcher.cycle(host.name)
     assert len(launches(work)) == 3 and history.runs["llama"].status == "dead"
     codes = {f.code: f for f in report.findings}
     assert codes["run.restart_limit"].severity.label == "critical"
@@ -139,26 +141,27 @@ async def test_a_run_dead_of_cuda_oom_or_finished_is_not_restarted(rig: Rig, how
                     restart="on-failure", restart_delay_s=0.0)
     host = rig.host(run)
     log: list[str] = []
-    watcher = Watcher(Config(interval=1.0, hosts=(host,)), rig.store, log.append)
+    watcher = FleetWatch(Config(interval=1.0, hosts=(host,)), rig.store, role="watch",
+                         log=log.append)
     history = HostHistory(host.name)
     await poll(host, history)
     plan = actions.plan_relaunch(host, "w", history)
     assert (await actions.execute(plan, host, store=rig.store, readonly=False)).ok is None
     wait_for(lambda: (work / "started").exists(), what="the worker")
-    await rounds_until(watcher, host, lambda: watcher.histories["box1"].runs["w"].status
+    await rounds_until(watcher, host, lambda: watcher.history("box1").runs["w"].status
                        == "running")
     (work / "finish").write_text(how)
     wait_for(lambda: (work / ".gpuwatch" / "exit-w.json").exists(), what="its exit record")
     status = "dead" if how == "oom" else "finished"
-    await rounds_until(watcher, host, lambda: watcher.histories["box1"].runs["w"].status
+    await rounds_until(watcher, host, lambda: watcher.history("box1").runs["w"].status
                        == status)
     for _ in range(3):
-        await watcher.round(host)
+        await watcher.cycle(host.name)
     assert rig.store.restarts("box1", "w") == []
     assert [e.phase for e in rig.store.audit_log("box1") if e.action == "relaunch"] == [
         "execute"]  # the test's own launch only
     if how == "oom":
-        death = watcher.histories["box1"].deaths["w"]
+        death = watcher.history("box1").deaths["w"]
         assert death.cause == "exception" and death.evidence["kind"] == "cuda_oom"
         held = [x for x in log if "not restarted" in x]
         assert len(held) == 1 and "exception:cuda_oom is not in its restart_on" in held[0]
@@ -283,12 +286,14 @@ async def test_a_hung_run_is_killed_whole_then_restarted(rig: Rig) -> None:
     run, work = trainer(rig, restart_on=("run.hung",))
     host = rig.host(run)
     log: list[str] = []
-    watcher = Watcher(Config(interval=1.0, hosts=(host,)), rig.store, log.append)
+    watcher = FleetWatch(Config(interval=1.0, hosts=(host,)), rig.store, role="watch",
+                         log=log.append)
     pid = await first_launch(rig, host, run, work, rig.store)
-    history = watcher.history(host)
+    history = watcher.history(host.name)
     await rounds_until(watcher, host, lambda: history.runs["llama"].status == "running")
     history.findings = [Finding("run.hung", Severity.CRITICAL, "no step for 40 min",
                                 run="llama", evidence={"idle_s": 2400})]
+    assert watcher.watchdog is not None
     events = await watcher.watchdog.act(host, history)
     assert [e.kind for e in events] == ["restart"] and "killed the whole run" in events[0].message
     wait_for(lambda: not alive(pid), what="the hung run's end")
@@ -310,8 +315,8 @@ async def test_cron_rounds_each_a_new_watcher_restart_once_and_verify(rig: Rig) 
     cfg = Config(interval=300.0, hosts=(host,))
 
     async def cron_round() -> None:
-        watcher = Watcher(cfg, rig.store, log.append, kind="cron")
-        await watcher.once([host])
+        watcher = FleetWatch(cfg, rig.store, role="cron", log=log.append)
+        await watcher.round()
         watcher.close(0)
 
     pid = await first_launch(rig, host, run, work, rig.store)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import tui_fixtures as fx
+from gpuwatch.remote.actions import execute as execute_module
 from gpuwatch.remote.actions import plan as actions
 from gpuwatch.remote.actions import verify as verify_module
 from gpuwatch.remote.config.schema import Config, HostConfig
@@ -21,10 +22,10 @@ from gpuwatch.remote.findings.rules import HostHistory, Severity
 from gpuwatch.remote.model.series import MAX_POINTS, MIN_POINTS, points_share
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.store import Store
-from gpuwatch.remote.watch import judge, remember
-from gpuwatch.remote.wire.collect import Collector, PollOutcome
+from gpuwatch.remote.watch.fleet import FleetWatch
+from gpuwatch.remote.wire.collect import PollOutcome
 from gpuwatch.tui.app import GpuwatchApp, build_app
-from gpuwatch.tui.messages import SnapshotReady
+from gpuwatch.tui.messages import Ticked
 from gpuwatch.tui.screens.confirm import ConfirmAction
 from gpuwatch.tui.screens.fleet import FleetScreen
 from gpuwatch.tui.screens.help import HelpScreen
@@ -70,8 +71,21 @@ def make_app(cfg: Config | None = None, **kwargs: Any) -> GpuwatchApp:
 
 async def feed(pilot: Pilot[Any], outcomes: list[PollOutcome]) -> None:
     for o in outcomes:
-        pilot.app.post_message(SnapshotReady(o.host.name, o))
+        pilot.app.fleet.land(o)  # the pipeline, as a poll of its own lands
     await pilot.pause()
+
+
+async def wait_until(pilot: Pilot[Any], test: Any, limit_s: float = 10.0) -> None:
+    """Let the app run until test() holds (a condition, never a fixed wait)."""
+    deadline = time.monotonic() + limit_s
+    while not test():
+        assert time.monotonic() < deadline, "the condition did not come to hold"
+        await pilot.pause(0.02)
+
+
+def bound(app: Any) -> set[str]:
+    """The actions the screen shown binds to a key now (enabled or greyed; not hidden)."""
+    return {b.binding.action for b in app.screen.active_bindings.values()}
 
 
 async def open_host(pilot: Pilot[Any], name: str) -> HostScreen:
@@ -175,7 +189,7 @@ async def test_the_tick_survives_a_fleet_screen_being_torn_down() -> None:
         screen = app.screen
         assert isinstance(screen, FleetScreen)
         await screen.query_one(FleetTable).remove()
-        app._tick()  # raised NoMatches before the guard
+        screen.on_ticked(Ticked())  # raised NoMatches before the guard
         screen.tick()
         await pilot.pause()
         assert screen.is_mounted and not screen.query(FleetTable)
@@ -363,7 +377,7 @@ def fake_execute(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
     def verdict(plan: Any, history: Any) -> actions.ActionOutcome:
         return actions.ActionOutcome(True, f"verified {plan.kind} on {plan.host}")
 
-    monkeypatch.setattr(actions, "execute", execute)
+    monkeypatch.setattr(execute_module, "execute", execute)
     monkeypatch.setattr(actions, "verify", verify)
     # the one verify loop (actions/verify.py verify_until) judges each fresh poll with its
     # _verdict and audits the last one with its verify
@@ -377,22 +391,22 @@ async def test_k_is_greyed_until_a_process_is_selected_and_asks_with_cancel_defa
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await feed(pilot, fx.latest(app.config))
-        assert app.check_action("kill", ()) is False  # fleet view: a host-only key, hidden
+        assert "kill" not in bound(app)  # fleet view: a host-only key, hidden
         screen = await open_host(pilot, "gpu-healthy")
         assert screen.selected_pid is None  # the cursor is on the run's header row
-        assert app.check_action("kill", ()) is None
+        assert screen.check_action("kill", ()) is None
         await pilot.press("K")
         assert not isinstance(app.screen, ConfirmAction)
         await pilot.press("down")
         assert screen.selected_pid == 4121
-        assert app.check_action("kill", ()) is True
+        assert screen.check_action("kill", ()) is True
         await pilot.press("K")
         await pilot.pause()
         modal = app.screen
         assert isinstance(modal, ConfirmAction)
         assert app.focused is not None and app.focused.id == "cancel"
         assert "pid 4121" in modal.description and "llama.yaml --rank 0" in modal.description
-        assert app.check_action("kill", ()) is False  # no action keys inside the modal
+        assert "kill" not in bound(app)  # no action keys inside the modal
         await pilot.press("escape")  # Escape cancels
         await pilot.pause()
         assert isinstance(app.screen, HostScreen) and fake_execute == []
@@ -445,7 +459,7 @@ async def test_z_reaps_the_zombie_then_polls_and_reports_the_verified_outcome(
         screen = await open_host(pilot, "gpu-zombie")
         assert screen.query_one(ProcessTable).get_cell("pid:5150", "flag").plain == \
             "zombie VRAM"
-        assert app.check_action("reap", ()) is True
+        assert screen.check_action("reap", ()) is True
         before = collector.calls["gpu-zombie"]
         await pilot.press("z")
         await pilot.pause()
@@ -463,11 +477,11 @@ async def test_z_on_the_fleet_view_and_greyed_without_zombies(
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await feed(pilot, fx.latest(app.config))
-        assert app.check_action("reap", ()) is None  # gpu-healthy: nothing to reap
+        assert app.screen.check_action("reap", ()) is None  # gpu-healthy: nothing to reap
         await pilot.press("z")
         assert isinstance(app.screen, FleetScreen)
         app.hosts["gpu-healthy"].reap_targets = frozenset({4121})
-        assert app.check_action("reap", ()) is True
+        assert app.screen.check_action("reap", ()) is True
 
 
 async def test_r_relaunches_the_selected_dead_run_and_is_greyed_while_it_runs(
@@ -475,12 +489,12 @@ async def test_r_relaunches_the_selected_dead_run_and_is_greyed_while_it_runs(
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await feed(pilot, fx.latest(app.config))
-        await open_host(pilot, "gpu-healthy")
-        assert app.check_action("relaunch", ()) is None  # llama-7b is running
+        healthy = await open_host(pilot, "gpu-healthy")
+        assert healthy.check_action("relaunch", ()) is None  # llama-7b is running
         await pilot.press("escape")
         screen = await open_host(pilot, "gpu-zombie")
         assert screen.selected_run == "bert-ddp"
-        assert app.check_action("relaunch", ()) is True
+        assert screen.check_action("relaunch", ()) is True
         await pilot.press("r")
         await pilot.pause()
         modal = app.screen
@@ -504,8 +518,8 @@ async def test_readonly_greys_every_action(fake_execute: list[tuple[str, Any]]) 
         screen = await open_host(pilot, "gpu-healthy")
         await pilot.press("down")
         assert screen.selected_pid == 4121
-        for action in ("kill", "reap", "relaunch"):
-            assert app.check_action(action, ()) is None, action
+        for action in ("kill", "reap", "relaunch", "ack"):
+            assert screen.check_action(action, ()) is None, action
         await pilot.press("K", "z", "r")
         assert isinstance(app.screen, HostScreen) and fake_execute == []
 
@@ -527,16 +541,20 @@ async def test_p_pauses_and_R_polls_now() -> None:
         assert all(collector.calls[h.name] == 2 for h in cfg.hosts)
         await pilot.press("p")
         assert app.paused and "PAUSED" in str(app.screen.query_one("#fleet-title").render())
-        await pilot.press("R")
         await pilot.pause(0.2)
         assert all(collector.calls[h.name] == 2 for h in cfg.hosts)  # paused: nothing goes out
+        await pilot.press("R")  # paused: R polls once (htop, k9s), and the pause holds
+        await pilot.pause(0.2)
+        assert app.paused and all(collector.calls[h.name] == 3 for h in cfg.hosts)
+        await pilot.pause(0.2)
+        assert all(collector.calls[h.name] == 3 for h in cfg.hosts)
         await pilot.press("p")
         await pilot.pause(0.2)
-        assert not app.paused and all(collector.calls[h.name] == 3 for h in cfg.hosts)
+        assert not app.paused and all(collector.calls[h.name] == 4 for h in cfg.hosts)
         await open_host(pilot, "gpu-capped")
         await pilot.press("R")  # host view: that host only
         await pilot.pause(0.2)
-        assert collector.calls["gpu-capped"] == 4 and collector.calls["gpu-healthy"] == 3
+        assert collector.calls["gpu-capped"] == 5 and collector.calls["gpu-healthy"] == 4
         assert app.hosts["gpu-capped"].status(fx.NOW, 10).kind == "ok"
 
 
@@ -634,7 +652,7 @@ async def test_polls_do_not_pile_up_footer_key_widgets() -> None:
         assert list(footer.query(FooterKey)) == shown  # nothing changed: not rebuilt
         await pilot.press("down")  # a process selected: `K` is enabled, its widget told so
         await pilot.pause()
-        assert app.check_action("kill", ()) is True
+        assert screen.check_action("kill", ()) is True
         assert list(footer.query(FooterKey)) == shown
         kill = next(k for k in footer.query(FooterKey) if k.action == "kill")
         assert not kill.has_class("-disabled")
@@ -664,12 +682,10 @@ async def test_overnight_the_store_is_shown_stale_before_the_first_poll(
     for key, value in box_env(box).items():
         monkeypatch.setenv(key, value)
     host = HostConfig(name="local", ssh="local")
-    history = HostHistory("local")
     with Store.open(tmp_path / "state.sqlite3") as store:
-        outcome = await Collector().poll(host)
+        outcome = (await FleetWatch(Config(hosts=(host,)), store, role="once").poll(
+            "local")).outcome
         assert outcome.ok, outcome.error_message
-        judge(history, outcome)
-        remember(store, outcome, history)
     with Store.open(tmp_path / "state.sqlite3") as store:
         later = outcome.ended_at + 7 * 3600
         app = build_app(Config(hosts=(host,)), store=store, poll=False, clock=lambda: later)
@@ -696,10 +712,10 @@ async def test_relaunch_of_a_discovered_run_plans_from_the_stores_launch_record(
                   "process": "found.py", "script": "found.py", "detach": "setsid"}
         app.store.save_launch(host.name, "found", record, 1000.0)
         app.store.save_launch(host.name, "bert-ddp", record, 1000.0)
-        got = app._launch_record(host, "found")
+        got = app._launch_record(host.name, "found")
         assert isinstance(got, LaunchRecord) and got.argv == ("python", "found.py")
-        assert app._launch_record(host, "bert-ddp") is None  # configured: the config rules
-        assert app._launch_record(host, "never") is None
+        assert app._launch_record(host.name, "bert-ddp") is None  # configured: the config rules
+        assert app._launch_record(host.name, "never") is None
 
 
 async def test_a_discovered_run_gets_a_tab_shows_what_was_found_and_p_pins_it(
@@ -796,7 +812,7 @@ async def test_a_failed_relaunchs_log_line_is_shown_as_written_not_as_markup(
         return actions.ActionOutcome(False, f"run {plan.launch.run} started but exited at once "
                                             f"with status 1; last lines of train.log: {line}")
 
-    monkeypatch.setattr(actions, "execute", execute)
+    monkeypatch.setattr(execute_module, "execute", execute)
     app = make_app()
     async with app.run_test(size=SIZE, notifications=True) as pilot:  # toasts drawn, as live
         await feed(pilot, fx.latest(app.config))
@@ -993,7 +1009,9 @@ async def test_readonly_keys_say_the_session_is_read_only(
         assert isinstance(app.screen, HostScreen) and fake_execute == []
 
 
-async def test_R_while_paused_says_polling_is_paused_and_claims_no_poll() -> None:
+async def test_R_while_paused_polls_once_and_says_the_pause_holds() -> None:
+    """htop and k9s refresh a frozen view on request: R while paused polls once (every host
+    from the fleet, the host shown from its view), says so, and polling stays paused."""
     cfg = fx.config()
     collector = FakeCollector(fx.latest(cfg))
     app = make_app(cfg, poll=True, collector=collector)  # type: ignore[arg-type]
@@ -1002,12 +1020,14 @@ async def test_R_while_paused_says_polling_is_paused_and_claims_no_poll() -> Non
         await pilot.pause(0.2)
         calls = dict(collector.calls)
         said = await toast_after(pilot, "R")
-        assert "polling is paused" in said and "p resumes" in said and "polling all" not in said
+        assert "polling all" in said and "once" in said and "stays paused" in said
+        await wait_until(pilot, lambda: all(collector.calls[h] == calls[h] + 1 for h in calls))
         await open_host(pilot, "gpu-capped")
         said = await toast_after(pilot, "R")
-        assert "paused" in said and "polling gpu-capped" not in said
-        await pilot.pause(0.2)
-        assert dict(collector.calls) == calls
+        assert "polling gpu-capped once" in said and "stays paused" in said
+        await wait_until(pilot, lambda: collector.calls["gpu-capped"] == calls["gpu-capped"] + 2)
+        assert app.paused
+        assert all(collector.calls[h] == calls[h] + 1 for h in calls if h != "gpu-capped")
 
 
 def test_user_text_says_things_in_words_not_gotcha_codes() -> None:

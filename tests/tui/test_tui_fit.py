@@ -10,13 +10,11 @@ from typing import Any
 
 import pytest
 import tui_fixtures as fx
-from gpuwatch.remote import watch
 from gpuwatch.remote.findings.rules import Finding, Severity
-from gpuwatch.tui import app as app_module
+from gpuwatch.remote.watch import fleet as fleet_module
 from gpuwatch.tui.app import GpuwatchApp, build_app
 from gpuwatch.tui.colours import contrast_ratio
 from gpuwatch.tui.format import evidence_words, step_ticks, time_ticks
-from gpuwatch.tui.messages import SnapshotReady
 from gpuwatch.tui.screens.fleet import FleetScreen
 from gpuwatch.tui.screens.host import HostScreen
 from gpuwatch.tui.widgets.checkpoint_timeline import CheckpointTimeline
@@ -40,7 +38,7 @@ def make_app(**kwargs: Any) -> GpuwatchApp:
 
 async def feed(pilot: Pilot[Any]) -> None:
     for o in fx.latest(pilot.app.config):  # type: ignore[attr-defined]
-        pilot.app.post_message(SnapshotReady(o.host.name, o))
+        pilot.app.fleet.land(o)  # the pipeline, as a poll of its own lands
     await pilot.pause()
 
 
@@ -105,8 +103,7 @@ def test_paused_old_data_says_paused_not_stale() -> None:
     app = make_app()
     data = app.hosts["gpu-healthy"]
     outcome = next(o for o in fx.latest(app.config) if o.host.name == "gpu-healthy")
-    watch.judge(data.history, outcome)
-    data.apply(outcome, [])
+    data.apply(app.fleet.land(outcome))
     assert data.status(fx.NOW + 3600, 10).text.startswith("stale")
     said = data.status(fx.NOW + 3600, 10, paused=True)
     assert said.text.startswith("paused, data") and "old" in said.text
@@ -162,7 +159,7 @@ async def test_a_finding_that_escalates_shows_its_new_count_and_glyph(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """warning -> critical: the fleet's findings count and state cell follow (1▲ stayed)."""
     severity = {"now": Severity.WARNING}
-    real = watch.judge
+    real = fleet_module.judge
 
     def judge(history: Any, outcome: Any) -> Any:
         report = real(history, outcome)
@@ -172,7 +169,7 @@ async def test_a_finding_that_escalates_shows_its_new_count_and_glyph(
                        evidence={"path": "/data"}, subject="/data")
         return replace(report, findings=[disk])
 
-    monkeypatch.setattr(app_module, "judge", judge)
+    monkeypatch.setattr(fleet_module, "judge", judge)
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
         await feed(pilot)

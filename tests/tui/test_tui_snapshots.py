@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import tui_fixtures as fx
 from gpuwatch.tui.app import build_app
-from gpuwatch.tui.messages import SnapshotReady
 from textual.pilot import Pilot
 
 SIZES = {"80x24": (80, 24), "160x48": (160, 48)}
@@ -49,7 +48,7 @@ def before(host: str | None) -> Any:
         app = pilot.app
         fx.prime(app)  # the store's last poll: the processes' CPU% shows
         for o in fx.latest(app.config):  # type: ignore[attr-defined]
-            app.post_message(SnapshotReady(o.host.name, o))
+            app.fleet.land(o)  # type: ignore[attr-defined]
         await pilot.pause()
         if host is not None:
             for _ in range(list(app.hosts).index(host)):  # type: ignore[attr-defined]

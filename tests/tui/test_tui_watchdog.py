@@ -10,7 +10,6 @@ from dataclasses import replace
 import tui_fixtures as fx
 from gpuwatch.remote.config.schema import Config
 from gpuwatch.tui.app import GpuwatchApp, build_app
-from gpuwatch.tui.messages import SnapshotReady
 from gpuwatch.tui.screens.host import HostScreen
 
 SIZE = (200, 50)
@@ -32,12 +31,10 @@ async def test_the_tui_acts_under_the_lease_and_shows_the_runs_watchdog_line() -
     store.set_notified("gpu-healthy", {"@last": ("gpuwatch: gpu-healthy: ↻ llama-7b → "
                                                  "ntfy://***@ntfy.sh/…: sent", time.time())})
     app = build_app(cfg, store=store, clock=fx.clock, poll=False)
-    assert isinstance(app, GpuwatchApp) and app.watching is not None
+    assert isinstance(app, GpuwatchApp) and app.fleet.acts
     async with app.run_test(size=SIZE) as pilot:
-        for o in fx.latest(app.config):
-            app.post_message(SnapshotReady(o.host.name, o))
-        await pilot.pause()
-        await app.workers.wait_for_complete()
+        for o in fx.latest(app.config):  # as the pipeline's own poll cycle: land, then act
+            await app.fleet.act(app.fleet.land(o))
         await pilot.pause()
         holder = store.lease("gpu-healthy", "llama-7b")
         assert holder is not None and holder[0].startswith("tui@")  # the TUI is the actor
@@ -57,4 +54,4 @@ async def test_the_tui_acts_under_the_lease_and_shows_the_runs_watchdog_line() -
 async def test_without_a_policy_or_a_target_the_tui_does_not_watch() -> None:
     cfg = fx.config()
     app = build_app(cfg, store=fx.seeded_store(cfg), clock=fx.clock, poll=False)
-    assert isinstance(app, GpuwatchApp) and app.watching is None
+    assert isinstance(app, GpuwatchApp) and not app.fleet.acts

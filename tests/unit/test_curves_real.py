@@ -169,7 +169,8 @@ def test_the_tuis_path_catches_it_at_the_same_poll(tmp_path: Path) -> None:
     import jsonschema
     from gpuwatch.remote.report import host_json, load_schema
     from gpuwatch.remote.store import Store
-    from gpuwatch.remote.watch import history_from_store, judge, remember
+    from gpuwatch.remote.watch.landing import judge, remember
+    from gpuwatch.remote.watch.landing import restore as history_from_store
     from gpuwatch.remote.wire.collect import PollOutcome
 
     replay = Replay("mlp_digits", tmp_path / "run")

@@ -54,9 +54,9 @@ def test_killed_when_nothing_else_explains_it(tmp_path: Path) -> None:
     cause, evidence = dead(w)
     assert cause == "killed" and evidence["pids"] == [600]
     assert "killed by a signal" in w.one("run.dead").message
-    w.poll()  # still dead: reported again, but as a warning (a cron run mails once)
+    w.poll()  # still dead: still critical until it is relaunched, finished or acknowledged
     again = w.one("run.dead")
-    assert again.severity == Severity.WARNING and again.evidence["cause"] == "killed"
+    assert again.severity == Severity.CRITICAL and again.evidence["cause"] == "killed"
 
 
 def test_reboot(tmp_path: Path) -> None:
@@ -412,14 +412,21 @@ def test_once_reports_a_death_once_with_its_diagnosis_and_stores_it(tmp_path: Pa
     codes = {f["code"]: f for f in host["findings"]}
     assert codes["run.dead"]["severity"] == "critical" and codes["gpu.xid"]["gpu"] == 0
     third = gpuwatch(tmp_path, box, "--once", "--json", config=config)
-    assert third.returncode == 0  # still dead, said once: now a warning; the Xid is old news
+    assert third.returncode == 1  # still dead: critical until relaunched, finished or acked
     (run,) = json.loads(third.stdout)["hosts"][0]["runs"]
     assert run["diagnosis"]["cause"] == "xid"  # kept by the store
     (dead_run,) = [f for f in json.loads(third.stdout)["hosts"][0]["findings"]
                    if f["code"] == "run.dead"]
-    assert dead_run["severity"] == "warning"
-    fourth = gpuwatch(tmp_path, box, "--once", "--fail-on", "warning", config=config)
-    assert fourth.returncode == 1
+    assert dead_run["severity"] == "critical"
+    acked = gpuwatch(tmp_path, box, "ack", "local", "llama", config=config)
+    assert acked.returncode == 0 and "acknowledged" in acked.stdout, acked.stderr
+    fourth = gpuwatch(tmp_path, box, "--once", "--json", config=config)
+    assert fourth.returncode == 0  # known to a person now; the Xid is old news
+    (dead_run,) = [f for f in json.loads(fourth.stdout)["hosts"][0]["findings"]
+                   if f["code"] == "run.dead"]
+    assert dead_run["severity"] == "info" and "acknowledged" in dead_run["message"]
+    fifth = gpuwatch(tmp_path, box, "--once", "--fail-on", "info", config=config)
+    assert fifth.returncode == 1
     with Store.open(tmp_path / "st" / "gpuwatch" / "gpuwatch.sqlite3") as store:
         records = {r.code: r for r in store.findings("local")}
         assert records["gpu.xid"].cleared_at is not None  # seen once, then cleared

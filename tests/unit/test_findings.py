@@ -610,7 +610,7 @@ def test_a_discovered_run_that_is_only_a_zombie_reads_left_behind(tmp_path: Path
     # process says why it holds VRAM.
     import jsonschema
     from gpuwatch.remote.report import host_json, load_schema
-    from gpuwatch.remote.watch import judge
+    from gpuwatch.remote.watch.landing import judge
     from gpuwatch.remote.wire.collect import PollOutcome
 
     outcome = PollOutcome(w.host, time.time(), 0.1, w.snapshot(), b"{}")
@@ -635,7 +635,7 @@ def test_a_left_behind_run_is_gone_once_its_zombie_is_reaped(tmp_path: Path) -> 
     from gpuwatch.remote.actions.plan import mark_reaped, plan_reap
     from gpuwatch.remote.model.series import RunSeries
     from gpuwatch.remote.report import host_json
-    from gpuwatch.remote.watch import judge
+    from gpuwatch.remote.watch.landing import judge
     from gpuwatch.remote.wire.collect import PollOutcome
 
     w = orphaned_rank(tmp_path)

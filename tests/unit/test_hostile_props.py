@@ -33,7 +33,8 @@ from gpuwatch.remote.findings.rules import HostHistory
 from gpuwatch.remote.model.snapshot import ProbeError
 from gpuwatch.remote.report import document, prometheus_text, text_report, to_json_text
 from gpuwatch.remote.store import Store
-from gpuwatch.remote.watch import history_from_store, judge, remember
+from gpuwatch.remote.watch.landing import judge, remember
+from gpuwatch.remote.watch.landing import restore as history_from_store
 from gpuwatch.remote.wire import raw_events, tfevents_fast
 from gpuwatch.remote.wire.collect import PollOutcome
 from gpuwatch.remote.wire.document import parse_probe_output

@@ -25,7 +25,7 @@ from gpuwatch.remote.model.series import RunSeries
 from gpuwatch.remote.model.snapshot import ProbeError
 from gpuwatch.remote.report import load_schema
 from gpuwatch.remote.sim import Box, h100_sxm
-from gpuwatch.remote.watch import judge
+from gpuwatch.remote.watch.landing import judge
 from gpuwatch.remote.wire import document as model
 from gpuwatch.remote.wire.collect import PollOutcome
 from gpuwatch.remote.wire.document import parse_probe_output
@@ -163,7 +163,7 @@ def judged(doc: dict[str, Any]) -> HostHistory:
     jsonschema.validate(json.loads(to_json_text(document([report], 1.0))), load_schema())
     text_report([report], 1.0)
     prometheus_text([report])
-    from gpuwatch.remote.watch import remember
+    from gpuwatch.remote.watch.landing import remember
 
     remember(Store.open(":memory:"), outcome, history)
     return history

@@ -1,5 +1,5 @@
-"""One pipeline (remote/watch.py) for every way gpuwatch looks at a host: the TUI's polling
-(tui/polling.py -> tui/app.py -> watch.judge), `--once`, `check` and the action verbs. The
+"""One pipeline (remote/watch/fleet.py) for every way gpuwatch looks at a host: the TUI's polling
+(FleetWatch's poller -> land -> tui/app.py), `--once`, `check` and the action verbs. The
 proof: a config's `[thresholds]` changes the same finding the same way in each. A run quiet
 for 10 minutes is `run.stalled` with `stalled_s = 60` and is not with the default (30 min)."""
 
@@ -63,7 +63,7 @@ def once(work: Path, stalled_s: float | None, tmp: Path) -> set[str]:
 
 
 def tui(work: Path, stalled_s: float | None, tmp: Path) -> set[str]:
-    """The app polling for real: PollFeed's Poller -> SnapshotReady -> watch.judge."""
+    """The app polling for real: FleetWatch's Poller -> land -> HostReported."""
     async def go() -> set[str]:
         with Store.open(tmp / "tui.db") as store:
             app = build_app(_config(work, stalled_s), store=store, poll=True)
@@ -90,7 +90,8 @@ def verbs(work: Path, stalled_s: float | None, tmp: Path) -> set[str]:
 
 def check(work: Path, stalled_s: float | None, tmp: Path) -> set[str]:
     config = _config(work, stalled_s)
-    (result,) = asyncio.run(check_hosts(config.hosts, thresholds=config.thresholds))
+    with Store.open(tmp / "check.db") as store:
+        (result,) = asyncio.run(check_hosts(config, store))
     assert result.ok and result.report is not None
     return {f.code for f in result.report.findings}
 

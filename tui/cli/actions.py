@@ -19,15 +19,13 @@ import sys
 from collections.abc import Callable
 
 from gpuwatch.remote.actions import plan as actions
-from gpuwatch.remote.actions.verify import verify_until
 from gpuwatch.remote.config.load import load_config
 from gpuwatch.remote.config.schema import ConfigError, HostConfig, select_hosts
-from gpuwatch.remote.findings.rules import HostHistory, Thresholds, recent
+from gpuwatch.remote.findings.base import recent
 from gpuwatch.remote.model.discovered import recorded_launch
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.textsafe import visible
-from gpuwatch.remote.watch import history_from_store, judge, remember, resume
-from gpuwatch.remote.wire.collect import Collector
+from gpuwatch.remote.watch.fleet import FleetWatch
 
 EXIT_OK, EXIT_FAILED, EXIT_UNPOLLED = 0, 1, 2
 VERIFY_PAUSE_S = actions.VERIFY_PAUSE_S  # also the pause between the polls a reap needs first
@@ -54,22 +52,23 @@ def run_action(kind: str, *, host_name: str, config_path: str | None = None,
     with Store.open(store_path) as store:
         if store.warning:
             print(f"gpuwatch: {store.warning}", file=sys.stderr)
-        return asyncio.run(_run(kind, host, store, pid=pid, signal=signal, run=run, yes=yes,
-                                readonly=readonly, accept_new=accept_new_host_keys, ask=ask,
-                                thresholds=config.thresholds))
+        fleet = FleetWatch(config, store, role="action",
+                           accept_new_host_keys=accept_new_host_keys)
+        return asyncio.run(_run(kind, fleet, host, pid=pid, signal=signal, run=run, yes=yes,
+                                readonly=readonly, ask=ask))
 
 
-async def _run(kind: str, host: HostConfig, store: Store, *, pid: int | None, signal: str,
-               run: str | None, yes: bool, readonly: bool, accept_new: bool,
-               ask: Callable[[str], str], thresholds: Thresholds | None = None) -> int:
-    history = history_from_store(store, host, thresholds)  # the config's, as --once and the TUI
-    error = await poll_into(host, store, history, accept_new)
+async def _run(kind: str, fleet: FleetWatch, host: HostConfig, *, pid: int | None,
+               signal: str, run: str | None, yes: bool, readonly: bool,
+               ask: Callable[[str], str]) -> int:
+    history = fleet.history(host.name)  # the store's memory, the config's thresholds
+    error = await poll_into(fleet, host)
     # Sustained judgements (a zombie's idle GPU, U21) need more than one snapshot: with no
     # earlier one in the store, look again.
     while (kind == "reap" and error is None
            and len(recent(history)) < history.thresholds.sustain_polls):
         await asyncio.sleep(VERIFY_PAUSE_S)
-        error = await poll_into(host, store, history, accept_new)
+        error = await poll_into(fleet, host)
     if error is not None:
         say(f"gpuwatch: {host.name} could not be polled: {error}", err=True)
         return EXIT_UNPOLLED
@@ -83,14 +82,13 @@ async def _run(kind: str, host: HostConfig, store: Store, *, pid: int | None, si
         name = run or ""
         configured = any(r.name == name for r in host.runs)
         # A run that is not configured was discovered: the store has how it was started.
-        launch = None if configured else recorded_launch(store, host.name, name)
+        launch = None if configured else recorded_launch(fleet.store, host.name, name)
         plan = actions.plan_relaunch(host, name, history, launch)
     if plan.refusal is not None:  # said once: not "no process to signal / cannot / refused"
         say("\n".join([*(f"note: {note}" for note in plan.notes),
                        f"cannot {plan.kind} on {host.name}: {plan.refusal}"]))
         # execute() refuses it without touching the box; it is called for the audit log
-        await actions.execute(plan, host, store=store, readonly=readonly,
-                              accept_new_host_keys=accept_new)
+        await fleet.execute(plan, readonly=readonly)
         return EXIT_FAILED
     say(plan.describe())
     if not readonly and not yes:
@@ -101,22 +99,20 @@ async def _run(kind: str, host: HostConfig, store: Store, *, pid: int | None, si
         if ask("Proceed? [y/N] ").strip().lower() not in ("y", "yes"):
             print("cancelled; nothing was sent")
             return EXIT_FAILED
-    outcome = await actions.execute(plan, host, store=store, readonly=readonly,
-                                    accept_new_host_keys=accept_new)
+    outcome = await fleet.execute(plan, readonly=readonly)
     say(outcome.message)
     if outcome.ok is False:
         return EXIT_FAILED
-    actions.mark_reaped(plan, history)
     errors: list[str] = []
 
     async def fresh_poll() -> str | None:
-        error = await poll_into(host, store, history, accept_new)
+        error = await poll_into(fleet, host)
         if error is not None:
             errors.append(error)
         return error
 
     # the one verify loop (remote/actions/verify.py), its last verdict audited in the store
-    verdict = await verify_until(plan, host, history, fresh_poll, store=store)
+    verdict = await fleet.verify(plan, fresh_poll)
     if verdict is None:
         why = errors[-1] if errors else "no poll landed"
         say(f"gpuwatch: {host.name} could not be polled to verify: {why}", err=True)
@@ -130,14 +126,8 @@ def say(text: str, *, err: bool = False) -> None:
     print(visible(text, multiline=True), file=sys.stderr if err else sys.stdout, flush=True)
 
 
-async def poll_into(host: HostConfig, store: Store, history: HostHistory,
-                    accept_new: bool) -> str | None:
-    """One poll folded into the history and the store; the error when it failed."""
-    collector = Collector(accept_new_host_keys=accept_new)
-    resume(collector, store, host)
-    # The pipeline's own judge (remote/watch.py): the rules, zombies and deaths exactly as
-    # --once and the TUI judge them, and a poll that breaks a rule is that host's error.
-    report = judge(history, await collector.poll(host, history.runs))
-    outcome = report.outcome
-    remember(store, outcome, history, collector)
+async def poll_into(fleet: FleetWatch, host: HostConfig) -> str | None:
+    """One poll through the pipeline (judged as --once and the TUI judge, remembered); the
+    error when it failed."""
+    outcome = (await fleet.poll(host.name)).outcome
     return None if outcome.ok else f"{outcome.error_kind}: {outcome.error_message}"

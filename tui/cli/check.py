@@ -1,9 +1,10 @@
 """`gpuwatch check`: poll each host once and say, in plain sentences, what works and what does not.
 
-Each host gets one poll through the same machinery as `--once` (Collector, the per-sshd opening
-bound), nothing stored. A failure is explained in one sentence that says what to do (the SSH
-layer's messages already carry the fix: the key to add, the known_hosts line to remove, the bound
-to raise). A host that works is described: poll and probe time, GPUs seen, the box's Python.
+Each host gets one poll through the pipeline as `--once` polls it (remote/watch/fleet.py, role
+"check": the store's history, the same rules and verdict), nothing stored. A failure is explained
+in one sentence that says what to do (the SSH layer's messages already carry the fix: the key to
+add, the known_hosts line to remove, the bound to raise). A host that works is described: poll and
+probe time, GPUs seen, the box's Python.
 
 One more thing is measured, because it is the commonest reason a poll is slow: a bare `true` over
 a second connection. The time from opening the session to `true`'s end is what the box's shell
@@ -23,16 +24,15 @@ from functools import partial
 from typing import Any
 
 from gpuwatch.remote.config.load import load_config
-from gpuwatch.remote.config.schema import HostConfig, select_hosts
-from gpuwatch.remote.config.thresholds import Thresholds
+from gpuwatch.remote.config.schema import Config, HostConfig, select_hosts
 from gpuwatch.remote.model.finding import Severity
-from gpuwatch.remote.model.history import HostHistory
 from gpuwatch.remote.model.snapshot import HostSnapshot, ProbeError
 from gpuwatch.remote.report import HostReport
+from gpuwatch.remote.store import Store
 from gpuwatch.remote.textsafe import visible
-from gpuwatch.remote.wire.collect import Collector, PollOutcome, ssh_files
+from gpuwatch.remote.watch.fleet import FleetWatch
+from gpuwatch.remote.wire.collect import PollOutcome, ssh_files
 from gpuwatch.remote.wire.document import load_document
-from gpuwatch.remote.wire.poller import OpeningLimiter, poll_all_once
 
 from .common import EXIT_OK, EXIT_UNPOLLED
 
@@ -50,8 +50,9 @@ def run_verb(args: argparse.Namespace) -> int:
         print(f"  {host.name}: ssh {host.ssh}, python {host.python}, disks "
               f"{' '.join(host.disks)}; {runs}")
     sys.stdout.flush()  # the polls take a while: show what is being checked first
-    checks = asyncio.run(check_hosts(config.hosts, thresholds=config.thresholds,
-                                     accept_new_host_keys=args.accept_new_host_keys))
+    with Store.open() as store:  # read, never written: `check` only looks
+        checks = asyncio.run(check_hosts(config, store,
+                                         accept_new_host_keys=args.accept_new_host_keys))
     for check in checks:
         for line in [*check.lines, *check.warnings, *found_lines(check)]:
             print(visible(line, multiline=True))  # a poll's error may quote the box
@@ -73,16 +74,20 @@ class HostCheck:
     startup_s: float | None = None
     """Session open to the end of a bare `true` (None: local, or not measured)."""
     report: HostReport | None = None
-    """What the rules made of this one poll (the pipeline's judge, with the config's
-    `[thresholds]`; no history before it, and nothing written to the store)."""
+    """What the pipeline made of this poll (role "check": the store's history, the config's
+    `[thresholds]`, the one verdict; nothing written to the store)."""
 
 
 def found_lines(check: HostCheck) -> list[str]:
-    """One line per warning or critical finding of the host's one poll."""
-    if check.report is None:
+    """The host's verdict where it is not ok, then one line per warning or critical finding
+    of its poll."""
+    if check.report is None or not check.ok:
         return []
-    return [f"{check.host.name}: {f.severity.name.lower()}: {f.message}"
-            for f in check.report.findings if f.severity >= Severity.WARNING]
+    verdict = check.report.verdict
+    lines = [] if verdict.severity is None or verdict.headline == "ok" else [
+        f"{check.host.name}: verdict: {verdict.label}: {verdict.headline}"]
+    return lines + [f"{check.host.name}: {f.severity.name.lower()}: {f.message}"
+                    for f in check.report.findings if f.severity >= Severity.WARNING]
 
 
 def _ms(seconds: float | None) -> str:
@@ -214,31 +219,20 @@ def loose_runs(host: HostConfig, snap: HostSnapshot) -> list[str]:
     return out
 
 
-async def check_hosts(hosts: Sequence[HostConfig], *, thresholds: Thresholds | None = None,
+async def check_hosts(config: Config, store: Store, *,
                       accept_new_host_keys: bool = False) -> list[HostCheck]:
-    """Poll every host once (concurrently, openings bounded per sshd) and judge each through
-    the one pipeline (watch.judge), as the TUI and `--once` do."""
-    from gpuwatch.remote.watch import judge, opening
-
-    limiter = OpeningLimiter()
-    needs_ssh = any(not h.is_local for h in hosts)
-    collector = Collector(
-        accept_new_host_keys=accept_new_host_keys,
-        opening=(lambda h: opening(limiter, h)) if needs_ssh else None)
+    """Poll every host once through the pipeline (role "check": concurrently, openings
+    bounded per sshd, judged on the store's history as `--once` and the TUI judge it, nothing
+    written), and say what works."""
+    fleet = FleetWatch(config, store, role="check", accept_new_host_keys=accept_new_host_keys)
 
     async def one(host: HostConfig) -> HostCheck:
-        check = await polled(host)
-        if check.outcome is None or not check.outcome.ok:
-            return check
-        history = HostHistory(host.name, thresholds=thresholds or Thresholds())
-        return replace(check, report=judge(history, check.outcome))
-
-    async def polled(host: HostConfig) -> HostCheck:
-        outcome = await collector.poll(host)
+        report = await fleet.poll(host.name)
+        outcome = report.outcome
         if not outcome.ok:
-            return failed(outcome)
+            return replace(failed(outcome), report=report)
         if host.is_local:
-            return healthy(outcome)
+            return replace(healthy(outcome), report=report)
         from gpuwatch.remote.wire import ssh
 
         try:
@@ -246,13 +240,12 @@ async def check_hosts(hosts: Sequence[HostConfig], *, thresholds: Thresholds | N
             bare = await ssh.run_once(
                 host.ssh, "true", bounds=host.settings, config_file=files["config_file"],
                 known_hosts=files["known_hosts"], identity_file=files["identity_file"],
-                accept_new_host_keys=accept_new_host_keys,
-                opening=opening(limiter, host))
+                accept_new_host_keys=accept_new_host_keys, opening=fleet.opening(host))
         except ssh.SshError as exc:
-            return healthy(outcome, startup_error=exc.message)
-        return healthy(outcome, startup_s=bare.exec_s)
+            return replace(healthy(outcome, startup_error=exc.message), report=report)
+        return replace(healthy(outcome, startup_s=bare.exec_s), report=report)
 
-    return await poll_all_once(hosts, one)
+    return list(await asyncio.gather(*(one(h) for h in config.hosts)))
 
 
 def summary(checks: Sequence[HostCheck]) -> str:

@@ -28,7 +28,7 @@ __all__ = ["EXIT_CANTCREAT", "EXIT_CONFIG", "EXIT_FINDING", "EXIT_OK", "EXIT_SOF
            "EXIT_UNPOLLED", "EXIT_USAGE", "VERBS", "build_parser", "internal_error", "main",
            "run", "split_verb"]
 
-VERBS = ("init", "check", "kill", "reap", "relaunch", "scalars", "watch", "notify")
+VERBS = ("init", "check", "kill", "reap", "relaunch", "ack", "scalars", "watch", "notify")
 # Common options that take a value, so the verb scan does not mistake the value for a verb.
 _VALUED = {"--config", "--interval", "--theme", "--fail-on"}
 
@@ -44,6 +44,7 @@ gpuwatch kill HOST PID [--signal TERM|KILL] [--yes]
                                       signal one process after re-checking its identity
 gpuwatch reap HOST [--yes]            end the processes that hold VRAM as zombies
 gpuwatch relaunch HOST RUN [--yes]    start a dead run again from its latest checkpoint
+gpuwatch ack HOST RUN                 acknowledge a dead run: it stops being critical
 gpuwatch scalars PATH ... [--tag T] [--json]
                                       print the scalars of TensorBoard event files
 gpuwatch watch [--once] [--install-service]
@@ -86,6 +87,7 @@ class _Parser(argparse.ArgumentParser):
 
 COMMON_SHOWN: dict[str | None, frozenset[str]] = {
     "init": frozenset({"config"}), "notify": frozenset({"config"}), "scalars": frozenset(),
+    "ack": frozenset({"config"}),
     "check": frozenset({"config", "accept_new_host_keys"}),
     **dict.fromkeys(("kill", "reap", "relaunch"),
                     frozenset({"config", "readonly", "accept_new_host_keys"})),
@@ -189,6 +191,10 @@ def build_parser(verb: str | None) -> argparse.ArgumentParser:
         parser.add_argument("--tag", action="append", metavar="T",
                             help="only this tag (repeatable)")
         parser.add_argument("--json", action="store_true", help="one JSON object")
+    elif verb == "ack":
+        from gpuwatch.tui.cli.ack import add_arguments as add_ack
+
+        add_ack(parser)
     elif verb in ("watch", "notify"):
         from gpuwatch.tui.cli.watch import add_arguments
 
@@ -261,6 +267,10 @@ def _dispatch(verb: str | None, args: argparse.Namespace) -> int:
         from . import actions
 
         return actions.run_verb(verb, args)
+    if verb == "ack":
+        from . import ack
+
+        return ack.run_verb(args)
     if verb in ("watch", "notify"):
         from . import watch
         from .common import load

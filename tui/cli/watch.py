@@ -1,12 +1,11 @@
 """`gpuwatch watch [--once] [--install-service]` and `gpuwatch notify --test` (DESIGN §3).
 
-`watch` is the TUI's pipeline without a screen (remote/watcher.py): it restarts dead runs within
-their policy and sends notifications, one line per event on stderr (plain text, no colour, so
-journald and a cron log keep it as it is). It runs until SIGINT or SIGTERM; `--once` does one
-round of every host and exits with the code of `--once`. `--install-service` writes a systemd
-user unit and says how to enable it (it never enables anything itself), and prints the cron
-line that does the same with `--once`. No Textual here.
-"""
+`watch` is the TUI's pipeline without a screen (remote/watch/fleet.py, role "watch"): it
+restarts dead runs within their policy and sends notifications, one line per event on stderr
+(plain text, no colour, so journald and a cron log keep it as it is). It runs until SIGINT or
+SIGTERM; `--once` does one round of every host and exits with the code of `--once`. `--install-
+service` writes a systemd user unit and says how to enable it (it never enables anything
+itself), and prints the cron line that does the same with `--once`. No Textual here. """
 
 from __future__ import annotations
 
@@ -72,42 +71,44 @@ def watch(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-d
     import asyncio
     import signal
 
-    from gpuwatch.remote.findings.rules import Severity
+    from gpuwatch.remote.model.finding import Severity
     from gpuwatch.remote.report import exit_code
     from gpuwatch.remote.store import Store
-    from gpuwatch.remote.watcher import Watcher
+    from gpuwatch.remote.watch.fleet import FleetWatch
+    from gpuwatch.remote.watch.hooks import policies_line
 
     if not all(h.is_local for h in config.hosts):
         import gpuwatch.remote.wire.ssh  # noqa: F401
     with Store.open() as store:
         if store.warning:
             log_line(f"gpuwatch: {store.warning}")
-        watcher = Watcher(config, store, log_line, kind="cron" if args.once else "watch",
-                          accept_new_host_keys=args.accept_new_host_keys)
-        targets = len(watcher.notifier.targets) if watcher.notifier else 0
+        fleet = FleetWatch(config, store, role="cron" if args.once else "watch", log=log_line,
+                           accept_new_host_keys=args.accept_new_host_keys)
+        targets = len(fleet.notifier.targets) if fleet.notifier else 0
         try:
             if args.once:
-                reports = asyncio.run(watcher.once(config.hosts))
+                reports = fleet.round_sync()
                 code = exit_code(reports, Severity.parse(args.fail_on))
                 if sys.stderr.isatty():  # by hand: say it ran; under cron, silence when all is well
                     log_line(once_summary(reports, code))
                 return code
             log_line(f"watching {len(config.hosts)} host{'s' * (len(config.hosts) != 1)} every "
-                     f"{config.interval:g} s; {_policies(config)}; {targets} notification "
-                     f"target{'s' * (targets != 1)}")
+                     f"{config.interval:g} s (a host that does not answer is polled less often, "
+                     f"up to every 5 min, until it does); {policies_line(config)}; {targets} "
+                     f"notification target{'s' * (targets != 1)}")
 
             async def main() -> None:
                 stop = asyncio.Event()
                 loop = asyncio.get_running_loop()
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.add_signal_handler(sig, stop.set)
-                await watcher.run(config.hosts, stop)
+                await fleet.run(stop)
 
             asyncio.run(main())
             log_line("stopped")
             return EXIT_OK
         finally:
-            watcher.close(flush_s=15.0)
+            fleet.close(flush_s=15.0)
 
 
 def once_summary(reports, code: int) -> str:  # type: ignore[no-untyped-def]
@@ -121,13 +122,6 @@ def once_summary(reports, code: int) -> str:  # type: ignore[no-untyped-def]
     n = len(reports)
     return (f"one round of {n} host{'s' * (n != 1)}: {failed} not reached, "
             f"{seen or 'no findings'}; exit {code}")
-
-
-def _policies(config) -> str:  # type: ignore[no-untyped-def]
-    runs = [f"{h.name}/{r.name}" for h in config.hosts for r in h.runs
-            if r.restart == "on-failure"]
-    return (f"restart on failure: {', '.join(runs)}" if runs else
-            "no run has restart = \"on-failure\"")
 
 
 def notify_test(config) -> int:  # type: ignore[no-untyped-def]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from rich.cells import cell_len
 from textual.app import ComposeResult
@@ -10,13 +10,13 @@ from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Input, Static
 
 from ..format import human_age
+from ..messages import ActionRequested, HostUpdated, OpenHost, PrepareAround, Restyled, Ticked
 from ..state import HostData
+from ..view import FleetView
+from ..why_not import TITLES, why_not
 from ..widgets.fleet_table import FleetTable
 from ..widgets.key_footer import KeyFooter
 from .kept import KEEP, KeptScreen
-
-if TYPE_CHECKING:
-    from ..app import GpuwatchApp
 
 SORTS: tuple[tuple[str | None, str], ...] = (
     (None, "the config's order"), ("host", "name"), ("state", "state, worst first"),
@@ -49,6 +49,15 @@ class FleetScreen(KeptScreen):
         Binding("slash", "filter", "Filter", priority=True),
         Binding("escape", "clear_filter", "Clear filter", show=False),
         Binding("o", "sort", "Sort"),
+        Binding("z", "reap", "Reap"),
+        # When the action above is greyed out (or hidden), its key falls through to this: a
+        # toast says why nothing happened and what to do, instead of silence.
+        Binding("z", "cannot('reap')", show=False),
+        Binding("K", "cannot('kill')", show=False),
+        Binding("r", "cannot('relaunch')", show=False),
+        Binding("a", "cannot('ack')", show=False),
+        Binding("n,N", "cannot('next_run')", show=False),
+        Binding("P", "cannot('pin')", show=False),
         # The host view's own keys, pressed here: a toast says where they act, not silence.
         Binding("left_square_bracket,right_square_bracket", "host_only('[ ]', 'change tag')",
                 show=False),
@@ -58,15 +67,12 @@ class FleetScreen(KeptScreen):
         Binding("1,2,3,4,5,6,7", "host_only('1-7', 'jump to a pane')", show=False),
     ]
 
-    def __init__(self) -> None:
+    def __init__(self, view: FleetView) -> None:
         super().__init__(id="fleet")
+        self.view = view
         self.filter_text = ""
         self.sort = 0
         """An index into SORTS: the config's order, then by name, state, util, VRAM."""
-
-    @property
-    def gw(self) -> GpuwatchApp:
-        return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:
         self.mark_styled()  # its widgets are styled as they mount (screens/kept.py)
@@ -97,11 +103,11 @@ class FleetScreen(KeptScreen):
 
     # -- data in ---------------------------------------------------------------------------
     def visible_hosts(self) -> list[HostData]:
-        hosts = list(self.gw.hosts.values())
+        hosts = list(self.view.hosts.values())
         needle = self.filter_text.strip().lower()
         if not needle:
             return hosts
-        now, interval = self.gw.clock(), self.gw.config.interval
+        now, interval = self.view.now(), self.view.interval
 
         def words(h: HostData) -> str:
             return " ".join([h.name, h.config.ssh, *h.run_names(),
@@ -118,17 +124,17 @@ class FleetScreen(KeptScreen):
         column = SORTS[self.sort][0]
         if column is None:
             return hosts
-        now, interval = self.gw.clock(), self.gw.config.interval
+        now, interval = self.view.now(), self.view.interval
         return sorted(hosts, key=lambda h: sort_key(column, h, now, interval))
 
     def refresh_all(self) -> None:
-        self.table.paused = self.gw.paused
-        self.table.show(self.ordered_hosts(), self.gw.clock(), self.gw.config.interval,
+        self.table.paused = self.view.paused
+        self.table.show(self.ordered_hosts(), self.view.now(), self.view.interval,
                         sorted_by=SORTS[self.sort][0])
         self.refresh_title()
 
     def refresh_host(self, name: str) -> None:
-        self.table.update_host(self.gw.hosts[name], self.gw.clock(), self.gw.config.interval)
+        self.table.update_host(self.view.hosts[name], self.view.now(), self.view.interval)
         self.refresh_title()
 
     def tick(self) -> None:
@@ -139,30 +145,31 @@ class FleetScreen(KeptScreen):
             if order != self.table.shown:
                 self.refresh_all()
                 return
-        self.table.paused = self.gw.paused
-        self.table.update_states(self.visible_hosts(), self.gw.clock(), self.gw.config.interval)
-        if self.gw.paused:  # the data's age moves on
+        self.table.paused = self.view.paused
+        self.table.update_states(self.visible_hosts(), self.view.now(), self.view.interval)
+        if self.view.paused:  # the data's age moves on
             self.refresh_title()
 
     def refresh_title(self) -> None:
         """One line: the parts that fit, whole; where the screen is narrow the least needed
         go first (the interval, then the sort), never a part cut mid-number."""
-        gw = self.gw
-        n = len(gw.hosts)
+        view = self.view
+        n = len(view.hosts)
         shown = self.table.row_count
         parts: list[tuple[int, str]] = [(0, f"gpuwatch · {n} host{'s' * (n != 1)}")]
         if shown != n:
             parts.append((1, f"{shown} shown (filter {self.filter_text!r})"))
         if self.sort:
             parts.append((3, f"sorted by {SORTS[self.sort][1]}"))
-        parts.append((4, f"polling every {gw.config.interval:g} s"))
-        if gw.paused:
-            now, interval = gw.clock(), gw.config.interval
-            ages = [s.age_s for s in (h.status(now, interval, True) for h in gw.hosts.values())
+        parts.append((4, f"polling every {view.interval:g} s"))
+        if view.paused:
+            now, interval = view.now(), view.interval
+            ages = [s.age_s for s in (h.status(now, interval, True)
+                                      for h in view.hosts.values())
                     if s.paused and s.age_s is not None]
             old = f", data {human_age(max(ages))} old" if ages else ""
             parts.append((0, f"PAUSED{old} (p resumes)"))
-        if gw.readonly:
+        if view.readonly:
             parts.append((2, "read-only"))
         title = self.query_one("#fleet-title", Static)
         width = title.size.width or self.app.size.width - 2  # less its padding
@@ -177,14 +184,52 @@ class FleetScreen(KeptScreen):
         if self.is_mounted and self.query(FleetTable):
             self.refresh_title()
 
+    # -- what the app says -----------------------------------------------------------------
+    def on_host_updated(self, message: HostUpdated) -> None:
+        if self.is_mounted and self.query(FleetTable) and message.host in self.view.hosts:
+            self.refresh_host(message.host)
+
+    def on_ticked(self, _message: Ticked) -> None:
+        self.tick()
+
+    def on_restyled(self, _message: Restyled) -> None:
+        if self.is_mounted and self.query(FleetTable):
+            self.refresh_all()
+
     # -- keys and mouse --------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "reap":
+            host = self.selected_host
+            data = self.view.hosts.get(host) if host is not None else None
+            if self.view.readonly or data is None:
+                return None
+            return True if data.reap_targets else None
+        return True
+
+    def action_reap(self) -> None:
+        host = self.selected_host
+        if host is not None:
+            self.post_message(ActionRequested("reap", host))
+
+    def action_cannot(self, action: str) -> None:
+        """A key that cannot act here (greyed out, or a host view's key): why, and what to
+        do instead."""
+        host = self.selected_host
+        data = self.view.hosts.get(host) if host is not None else None
+        snap = data.snapshot if data is not None else None
+        why = why_not(action, readonly=self.view.readonly, in_host=False, host=host,
+                      selected_run=None,
+                      gpus_unread=snap.gpu_error.summary if snap is not None
+                      and snap.gpu_error is not None else None)
+        self.notify(why, title=TITLES[action], severity="warning")
+
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         event.stop()
         if event.row_key.value is not None:
-            self.gw.open_host(str(event.row_key.value))
+            self.post_message(OpenHost(str(event.row_key.value)))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        self.gw.refresh_bindings()
+        self.app.refresh_bindings()
         if event.row_key.value is not None:
             self.prepare_around(str(event.row_key.value))
 
@@ -198,7 +243,7 @@ class FleetScreen(KeptScreen):
             i = shown.index(host)
             nearest = (j for d in range(1, len(shown)) for j in (i + d, i - d))
             around = [shown[j] for j in nearest if 0 <= j < len(shown)][:KEEP - 1]
-        self.gw.host_views.prepare_soon(host, around)
+        self.post_message(PrepareAround(host, around))
 
     def action_sort(self) -> None:
         self.sort = (self.sort + 1) % len(SORTS)

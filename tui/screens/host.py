@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from gpuwatch.remote.actions.pin import pin_run
 from gpuwatch.remote.config.load import find_config
@@ -31,8 +31,10 @@ from textual.widgets import Static, Tab, Tabs
 
 from ..colours import RUN_GLYPH, RUN_WORDS, SEVERITY_GLYPH, SEVERITY_VARIABLE
 from ..format import visible
-from ..messages import ProcessSelected
+from ..messages import ActionRequested, HostUpdated, PollNow, ProcessSelected, Restyled, Ticked
 from ..state import HostData
+from ..view import FleetView
+from ..why_not import TITLES, why_not
 from ..widgets.checkpoint_timeline import CheckpointTimeline
 from ..widgets.disk_gauges import DiskGauges
 from ..widgets.findings_list import FindingsList
@@ -44,9 +46,6 @@ from ..widgets.loss_pane import LossPane, StepMark
 from ..widgets.process_table import SORTS as PROCESS_SORTS
 from ..widgets.process_table import ProcessTable
 from .kept import KeptScreen
-
-if TYPE_CHECKING:
-    from ..app import GpuwatchApp
 
 PANES = (("pane-gpus", "GPUs"), ("pane-loss", "Loss"), ("pane-ckpt", "Checkpoints"),
          ("pane-disks", "Disks"), ("pane-findings", "Findings"), ("pane-procs", "Processes"),
@@ -109,6 +108,18 @@ class HostScreen(KeptScreen):
     # Textual declares it `ClassVar[...] | None`, which mypy reads as an instance variable
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE, "-wide")]  # noqa: RUF012
     BINDINGS: ClassVar[list[BindingType]] = [
+        # K as nvitop's kill; k moves the cursor up (vim, htop's and k9s's j / k).
+        Binding("K", "kill", "Kill"),
+        Binding("z", "reap", "Reap"),
+        Binding("r", "relaunch", "Relaunch"),
+        Binding("a", "ack", "Ack death"),
+        # When an action above is greyed out (or hidden), its key falls through to these: a
+        # toast says why nothing happened and what to do, instead of silence.
+        Binding("K", "cannot('kill')", show=False),
+        Binding("z", "cannot('reap')", show=False),
+        Binding("r", "cannot('relaunch')", show=False),
+        Binding("a", "cannot('ack')", show=False),
+        Binding("R", "poll_here", "Poll now"),
         Binding("escape", "back", "Back"),
         Binding("left_square_bracket", "tag(-1)", "Tag", show=False),
         # A pair's footer entry shows both of its keys (the one left out is still bound).
@@ -119,16 +130,19 @@ class HostScreen(KeptScreen):
         Binding("x", "axis", "X axis"),
         Binding("n", "next_run(1)", "Run", key_display="n N"),
         Binding("N", "next_run(-1)", "Run", show=False),
+        Binding("n,N", "cannot('next_run')", show=False),
         Binding("P", "pin", "Pin run"),
+        Binding("P", "cannot('pin')", show=False),
         Binding("o", "sort", "Sort"),
     ]
 
     BINDINGS += [Binding(str(n), f"pane({n - 1})", "Pane", key_display="1-7", show=n == 1)
                  for n in range(1, len(PANES) + 1)]
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, view: FleetView) -> None:
         super().__init__(classes="host-screen")
         self.host = host
+        self.view = view
         self.selected_pid: int | None = None
         self._tab_names: list[str] = []
         """Run names in tab order (tab id run-N): configured, then discovered as they come."""
@@ -142,12 +156,8 @@ class HostScreen(KeptScreen):
         """What #run-found shows."""
 
     @property
-    def gw(self) -> GpuwatchApp:
-        return self.app  # type: ignore[return-value]
-
-    @property
     def data(self) -> HostData:
-        return self.gw.hosts[self.host]
+        return self.view.hosts[self.host]
 
     def compose(self) -> ComposeResult:
         # The breakpoint's class now, not on the first Resize (Textual sets it there): the
@@ -203,14 +213,14 @@ class HostScreen(KeptScreen):
             self.refresh_data()
         else:
             self.tick()
-            self.gw.refresh_bindings()
+            self.app.refresh_bindings()
         # Before Screen's own handler lays the screen out and paints it: the keys are in that
         # paint, not in a second one (a new screen's footer was empty at first).
         await self.query_one(KeyFooter).show_keys_now()
 
     def _shown_key(self) -> tuple[object, ...]:
-        data, gw = self.data, self.gw
-        return (data.version, data.reap_targets, gw.paused, gw.theme, self.process_sort,
+        data, view = self.data, self.view
+        return (data.version, data.reap_targets, view.paused, self.app.theme, self.process_sort,
                 self.app.size)
 
     # -- data in ---------------------------------------------------------------------------
@@ -233,10 +243,10 @@ class HostScreen(KeptScreen):
 
     def refresh_data(self) -> None:
         """Hand the host's data down to every pane (attributes down)."""
-        gw, data = self.gw, self.data
-        now = gw.clock()
+        view, data = self.view, self.data
+        now = view.now()
         box_now = data.box_now(now)
-        self.query_one(HostHeader).show(data, now, gw.config.interval, gw.paused)
+        self.query_one(HostHeader).show(data, now, view.interval, view.paused)
         self.query_one(GpuPanel).data = data
         self.query_one(DiskGauges).show(data)
         self.query_one(FindingsList).show(data.findings)
@@ -297,10 +307,23 @@ class HostScreen(KeptScreen):
             found.update(text)
 
     def tick(self) -> None:
-        gw = self.gw
+        view = self.view
         with contextlib.suppress(NoMatches):  # the screen is being torn down
-            self.query_one(HostHeader).show(self.data, gw.clock(), gw.config.interval,
-                                            gw.paused)
+            self.query_one(HostHeader).show(self.data, view.now(), view.interval, view.paused)
+
+    # -- what the app says -----------------------------------------------------------------
+    def on_host_updated(self, message: HostUpdated) -> None:
+        if message.host == self.host and self.is_mounted:
+            with contextlib.suppress(NoMatches):  # being torn down
+                self.refresh_data()
+
+    def on_ticked(self, _message: Ticked) -> None:
+        self.tick()
+
+    def on_restyled(self, _message: Restyled) -> None:
+        if self.is_mounted:
+            with contextlib.suppress(NoMatches):
+                self.refresh_data()
 
     # -- selection -------------------------------------------------------------------------
     def on_tabs_tab_activated(self, event: Tabs.TabActivated) -> None:
@@ -312,7 +335,7 @@ class HostScreen(KeptScreen):
         if 0 <= index < len(names) and names[index] != self.selected_run:
             self.selected_run = names[index]
             self.query_one(LogTail).action_follow()  # another run's log: from its end
-            self.refresh_run(self.data.box_now(self.gw.clock()))
+            self.refresh_run(self.data.box_now(self.view.now()))
 
     def on_process_selected(self, event: ProcessSelected) -> None:
         self.selected_pid = event.pid
@@ -322,7 +345,7 @@ class HostScreen(KeptScreen):
         """The footer's keys again, if this screen is the one shown: one built ahead (or being
         torn down, after the app's screens are gone) refreshes them when it is shown."""
         if self.is_current:
-            self.gw.refresh_bindings()
+            self.app.refresh_bindings()
 
     # -- panes -----------------------------------------------------------------------------
     def pane_target(self, widget: Widget) -> Widget:
@@ -405,10 +428,52 @@ class HostScreen(KeptScreen):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "pin":  # only a discovered run can be pinned; the key is hidden otherwise
-            return self.data.discovery(self.selected_run) is not None and not self.gw.readonly
+            return self.data.discovery(self.selected_run) is not None and not self.view.readonly
         if action == "next_run":  # shown once there is another run to go to
             return len(self._tab_names) > 1
+        if action in ("kill", "reap", "relaunch", "ack"):
+            if self.view.readonly:
+                return None
+            if action == "kill":
+                return True if self.selected_pid is not None else None
+            if action == "reap":
+                return True if self.data.reap_targets else None
+            if self.selected_run is None:
+                return None
+            status = self.data.run_status(self.selected_run)
+            if action == "ack":
+                return True if status == "dead" else None
+            return None if status == "running" else True
         return True
+
+    # -- actions: the app plans, confirms, carries out and verifies them ---------------------
+    def action_kill(self) -> None:
+        if self.selected_pid is not None:
+            self.post_message(ActionRequested("kill", self.host, pid=self.selected_pid))
+
+    def action_reap(self) -> None:
+        self.post_message(ActionRequested("reap", self.host))
+
+    def action_relaunch(self) -> None:
+        if self.selected_run is not None:
+            self.post_message(ActionRequested("relaunch", self.host, run=self.selected_run))
+
+    def action_ack(self) -> None:
+        if self.selected_run is not None:
+            self.post_message(ActionRequested("ack", self.host, run=self.selected_run))
+
+    def action_poll_here(self) -> None:
+        self.post_message(PollNow(self.host))
+
+    def action_cannot(self, action: str) -> None:
+        """An action key pressed while greyed out (or hidden): why, and what to do instead."""
+        snap = self.data.snapshot
+        why = why_not(action, readonly=self.view.readonly, in_host=True, host=self.host,
+                      selected_run=self.selected_run,
+                      in_processes=isinstance(self.focused, ProcessTable),
+                      gpus_unread=snap.gpu_error.summary if snap is not None
+                      and snap.gpu_error is not None else None)
+        self.notify(why, title=TITLES[action], severity="warning")
 
     def action_next_run(self, delta: int) -> None:
         names = self._tab_names
@@ -420,10 +485,9 @@ class HostScreen(KeptScreen):
     def action_pin(self) -> None:
         """Write the selected discovered run into the config as a configured run."""
         d = self.data.discovery(self.selected_run)
-        if d is None or self.gw.readonly:
+        if d is None or self.view.readonly:
             return
-        config = self.gw.config
-        path = config.path if config.path is not None else find_config(None)[0]
+        path = self.view.config_path or find_config(None)[0]
         try:
             said = pin_run(path, self.host, d, ssh=self.data.config.ssh)
         except (ValueError, OSError) as exc:

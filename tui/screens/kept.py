@@ -94,7 +94,7 @@ class HostViews:
     """One HostScreen per host, built on the first visit and kept for the next ones (the last
     KEEP hosts)."""
 
-    def __init__(self, app: App[Any], make: type[HostScreen], keep: int = KEEP) -> None:
+    def __init__(self, app: App[Any], make: Callable[[str], HostScreen], keep: int = KEEP) -> None:
         self.app = app
         self.make = make
         self.keep = keep

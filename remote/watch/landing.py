@@ -1,41 +1,35 @@
-"""THE pipeline, one for every part of gpuwatch: restore -> poll -> judge -> remember.
-
-The TUI, `--once`, `check` and the action verbs all go through these functions, so a host is
-judged the same way wherever it is looked at: with the config's `[thresholds]`, the store's
-memory of it (the last good snapshot, the runs' state and why the dead ones died, what the
-last poll learnt of the box), the same rules, and one way to save what a poll gave. Nothing
-here imports Textual, and asyncssh only loads when a host needs SSH.
+"""Where a poll lands: restore a host's history from the store, judge an outcome on it, and
+remember what it gave. Private to the pipeline (fleet.py's FleetWatch is the only caller; an
+import-linter contract keeps the rest of gpuwatch out), so a host is restored, judged and saved
+one way, whoever looks at it.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .config.schema import HostConfig
-from .config.thresholds import Thresholds
-from .findings.evaluate import evaluate
-from .model.discovered import discovered_names, is_discovered_state, record_launches
-from .model.history import HostHistory, PollFailure
-from .model.series import RunSeries
-from .model.snapshot import ProbeError
-from .report import HostReport
-from .store import GpuRow, Store
-from .wire.collect import Collector, PollOutcome, internal_failure, ssh_config_file
-from .wire.document import parse_probe_output
-
-if TYPE_CHECKING:
-    from .wire.poller import OpeningLimiter
+from ..config.schema import HostConfig
+from ..config.thresholds import Thresholds
+from ..findings.evaluate import evaluate
+from ..model.ack import acks_from_rows
+from ..model.discovered import discovered_names, is_discovered_state, record_launches
+from ..model.history import HostHistory, PollFailure
+from ..model.series import RunSeries
+from ..model.snapshot import ProbeError
+from ..report import HostReport
+from ..store import GpuRow, Store
+from ..wire.collect import Collector, PollOutcome, internal_failure
+from ..wire.document import parse_probe_output
 
 
-def history_from_store(store: Store, host: HostConfig,
-                       thresholds: Thresholds | None = None) -> HostHistory:
+def restore(store: Store, host: HostConfig, thresholds: Thresholds | None = None) -> HostHistory:
     """What the store remembers of a host, as the rules' history (the last good snapshot,
-    the runs' state and why the dead ones died)."""
-    history = HostHistory(host.name, thresholds=thresholds or Thresholds())
+    the runs' state and why the dead ones died, the deaths a person acknowledged)."""
+    history = HostHistory(host.name, thresholds=thresholds or Thresholds(),
+                          expects_gpus=bool(host.runs))
     history.restore_deaths(store.deaths(host.name), store.deaths(host.name, "rank_dead"))
+    history.acks = acks_from_rows(store.acks(host.name))
     configured = {r.name for r in host.runs}
     history.curve_tags = {r.name: (r.loss_tag, r.eval_tag) for r in host.runs
                           if r.loss_tag or r.eval_tag}
@@ -57,6 +51,14 @@ def history_from_store(store: Store, host: HostConfig,
     return history
 
 
+def resume(collector: Collector, store: Store, host: HostConfig) -> None:
+    """Give the collector what an earlier run's collector carried for the host (a
+    cron `--once` polls like a steady poll, not like a first one)."""
+    state = store.host_state(host.name)
+    if state is not None:
+        collector.restore(host, state.counters.get("collector"))
+
+
 def judge(history: HostHistory, outcome: PollOutcome) -> HostReport:
     """Fold one outcome into the host's history and run the rules on it. Never raises: a
     document that breaks a rule is that host's `probe` error (the traceback in the error log),
@@ -75,7 +77,8 @@ def judge(history: HostHistory, outcome: PollOutcome) -> HostReport:
 def _judge(history: HostHistory, outcome: PollOutcome) -> HostReport:
     if outcome.snapshot is not None:
         history.record(outcome.snapshot, outcome.ended_at)
-        # As the history keeps it: its processes' CPU% since the previous poll worked out.
+        # As the history keeps it: its processes' CPU% since the previous poll worked out, a
+        # missing GPU tool said as the failure it is where GPUs were expected.
         outcome = replace(outcome, snapshot=history.current)
     else:
         history.record_failure(PollFailure(outcome.error_kind or "probe",
@@ -103,23 +106,13 @@ def runs_json(history: HostHistory, host: HostConfig) -> list[dict[str, Any]]:
     return out
 
 
-def resume(collector: Collector, store: Store, host: HostConfig) -> None:
-    """Give the collector what an earlier run's collector carried for the host (a
-    cron `--once` polls like a steady poll, not like a first one)."""
-    state = store.host_state(host.name)
-    if state is not None:
-        collector.restore(host, state.counters.get("collector"))
-
-
 def remember(store: Store, outcome: PollOutcome, history: HostHistory | None = None,
              collector: Collector | None = None, *, save_runs: bool = True) -> None:
     """Save one judged outcome. `save_runs=False` leaves out what is costly to write (the runs'
     series, findings, deaths: the TUI writes them at most once a minute)."""
     full = history if save_runs else None
     if full is not None and full.runs:
-        store.save_runs(outcome.host.name, {
-            name: (series.state(), series.points_state())
-            for name, series in full.runs.items()})
+        save_runs_of(store, outcome.host.name, full)
     if full is not None:  # findings' first/last seen/cleared, and why dead runs died
         store.update_findings(outcome.host.name, full.findings, outcome.ended_at,
                               clear=outcome.snapshot is not None)
@@ -145,23 +138,9 @@ def remember(store: Store, outcome: PollOutcome, history: HostHistory | None = N
                       boot_id=snap.boot_id, doc=outcome.doc, gpu_rows=rows,
                       counters=carried or None)
     record_launches(store, outcome.host.name, snap, outcome.ended_at)
-def opening_keys(host: HostConfig) -> list[str]:
-    """Limiter keys of a host's connection: its sshd, and its jump host when there is one.
-
-    Aliases of one sshd share a key: the ssh layer resolves them through the ssh config
-    (ssh.endpoint_keys)."""
-    from .wire import ssh
-
-    return ssh.endpoint_keys(host.ssh, ssh_config_file(host))
 
 
-@contextlib.asynccontextmanager
-async def opening(limiter: OpeningLimiter, host: HostConfig) -> AsyncIterator[None]:
-    """Hold the limiter's slots for a host's connection while it is being opened. The keys are
-    worked out in a thread: reading the ssh config costs milliseconds per host, and on the event
-    loop 50 hosts' readings ran one after another before the first connection could proceed."""
-    import asyncio
-
-    keys = await asyncio.to_thread(opening_keys, host)
-    async with limiter.opening(keys):
-        yield
+def save_runs_of(store: Store, host: str, history: HostHistory) -> None:
+    """The runs' series and offsets (what a restart resumes from)."""
+    store.save_runs(host, {name: (series.state(), series.points_state())
+                           for name, series in history.runs.items()})
