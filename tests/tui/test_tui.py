@@ -27,7 +27,7 @@ from gpuwatch.remote.wire.collect import PollOutcome
 from gpuwatch.tui.app import GpuwatchApp, build_app
 from gpuwatch.tui.messages import Ticked
 from gpuwatch.tui.screens.confirm import ConfirmAction
-from gpuwatch.tui.screens.fleet import FleetScreen
+from gpuwatch.tui.screens.fleet import FleetScreen, summary
 from gpuwatch.tui.screens.help import HelpScreen
 from gpuwatch.tui.screens.host import PANES, HostScreen
 from gpuwatch.tui.widgets.fleet_table import FleetTable
@@ -89,10 +89,14 @@ def bound(app: Any) -> set[str]:
 
 
 async def open_host(pilot: Pilot[Any], name: str) -> HostScreen:
+    """Open a host from the fleet as a person does: its row (the fleet's order, worst first),
+    then Enter."""
     app = pilot.app
     assert isinstance(app, GpuwatchApp)
-    names = list(app.hosts)
-    for _ in range(names.index(name)):
+    fleet = app.screen
+    assert isinstance(fleet, FleetScreen)
+    await pilot.press("g")
+    for _ in range(fleet.table.shown.index(name)):
         await pilot.press("down")
     await pilot.press("enter")
     await pilot.pause()
@@ -138,7 +142,7 @@ async def test_fleet_scales_to_64_hosts_and_scrolls() -> None:
         assert table.row_count == 69
         await pilot.press("ctrl+end")
         await pilot.pause()
-        assert table.selected_host == "node-063" and table.scroll_y > 0
+        assert table.selected_host == table.shown[-1] and table.scroll_y > 0
 
 
 async def test_slash_filters_and_escape_clears() -> None:
@@ -226,21 +230,27 @@ async def test_screens_are_built_ahead_around_the_cursor_and_never_evict_an_open
     async with app.run_test(size=SIZE) as pilot:
         await feed(pilot, fx.latest(app.config))
         await pilot.pause(rest)
-        assert built(app) == list(app.hosts)  # five hosts: every first opening finds its own
+        assert sorted(built(app)) == sorted(app.hosts)  # five: every first opening finds its own
 
     app = make_app()
     app.host_views.keep = 3
     async with app.run_test(size=SIZE) as pilot:
         await feed(pilot, fx.latest(app.config))
         await pilot.pause(rest)
-        names = list(app.hosts)
-        assert built(app) == names[:3]  # the cursor's row, the one below, the next below
+        fleet = app.screen
+        assert isinstance(fleet, FleetScreen)
+        names = fleet.table.shown  # the rows' order (worst first)
+
+        def in_rows(hosts: list[str]) -> list[str]:
+            return sorted(hosts, key=names.index)
+
+        assert in_rows(built(app)) == names[:3]  # the cursor's row, the one below, the next
         await open_host(pilot, names[-1])  # a far host, opened: the least recently built goes
         await pilot.pause(rest)
-        assert built(app) == [*names[1:3], names[-1]]  # and nothing more, behind its view
+        assert in_rows(built(app)) == [*names[1:3], names[-1]]  # nothing more, behind its view
         await pilot.press("escape")
-        await pilot.pause(rest)  # the rows around gpu-new: no room, nothing let go for them
-        assert built(app) == [*names[1:3], names[-1]]
+        await pilot.pause(rest)  # the rows around it: no room, nothing let go for them
+        assert in_rows(built(app)) == [*names[1:3], names[-1]]
 
 
 async def test_z_on_a_host_whose_gpus_cannot_be_read_says_it_cannot_tell() -> None:
@@ -249,8 +259,9 @@ async def test_z_on_a_host_whose_gpus_cannot_be_read_says_it_cannot_tell() -> No
     app = make_app(fx.config(more=True))
     async with app.run_test(size=SIZE) as pilot:
         await feed(pilot, fx.latest(app.config))
-        names = list(app.hosts)
-        for _ in range(names.index("gpu-driver")):
+        table = app.screen.query_one(FleetTable)
+        await pilot.press("g")
+        for _ in range(table.shown.index("gpu-driver")):
             await pilot.press("down")
         await pilot.press("z")
         await pilot.pause()
@@ -281,13 +292,13 @@ async def test_mouse_click_opens_a_host() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await feed(pilot, fx.latest(app.config))
         table = app.screen.query_one(FleetTable)
-        # row 0 is the header, then gpu-healthy, gpu-capped
+        second = table.shown[1]  # row 0 is the header, then the two worst hosts
         await pilot.click(FleetTable, offset=(3, 2))
         await pilot.pause()
         if not isinstance(app.screen, HostScreen):  # first click highlights, second selects
             await pilot.click(FleetTable, offset=(3, 2))
             await pilot.pause()
-        assert isinstance(app.screen, HostScreen) and app.screen.host == "gpu-capped", \
+        assert isinstance(app.screen, HostScreen) and app.screen.host == second, \
             table.cursor_row
 
 
@@ -477,7 +488,10 @@ async def test_z_on_the_fleet_view_and_greyed_without_zombies(
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await feed(pilot, fx.latest(app.config))
-        assert app.screen.check_action("reap", ()) is None  # gpu-healthy: nothing to reap
+        fleet = app.screen
+        assert isinstance(fleet, FleetScreen)
+        await pilot.press("g", *["down"] * fleet.table.shown.index("gpu-healthy"))
+        assert fleet.check_action("reap", ()) is None  # gpu-healthy: nothing to reap
         await pilot.press("z")
         assert isinstance(app.screen, FleetScreen)
         app.hosts["gpu-healthy"].reap_targets = frozenset({4121})
@@ -947,7 +961,7 @@ async def test_greyed_and_host_only_keys_say_why_in_a_toast(
         said = await toast_after(pilot, "K")
         assert "open the host (Enter)" in said and "Processes (6)" in said
         said = await toast_after(pilot, "z")
-        assert said.startswith("nothing to reap on gpu-healthy")
+        assert said.startswith(f"nothing to reap on {app.screen.table.selected_host}")
         assert isinstance(app.screen, FleetScreen)
 
         # The host view: the cursor is on the run's heading, the run is running, no zombie.
@@ -1116,7 +1130,8 @@ async def test_the_cursor_stays_on_its_host_through_sort_resize_refit_and_filter
         screen = app.screen
         assert isinstance(screen, FleetScreen)
         table = screen.table
-        await pilot.press("j", "j")
+        await pilot.press("o")  # the config's order
+        await pilot.press("g", "j", "j")
         assert table.selected_host == "gpu-zombie"
         for _ in range(5):  # every order, back to the config's
             await pilot.press("o")
@@ -1286,15 +1301,17 @@ async def test_the_fleet_title_and_cells_drop_whole_words_never_cut_a_number() -
         await feed(pilot, fx.latest(app.config))
         screen = app.screen
         assert isinstance(screen, FleetScreen)
-        await pilot.press("o")
+        await pilot.press("o", "o")  # the config's order, then by name
         await pilot.press("slash", *"xyzq")
         await pilot.pause()
         title = str(screen.query_one("#fleet-title").render()).rstrip()
         assert len(title) <= 78, title
         assert "0 shown (filter 'xyzq')" in title, title
+        counts = [p for _, p in summary(list(app.hosts.values()), fx.NOW, 10.0)]
+        assert counts[0] in title  # the hosts by verdict stay; GPUs and idle may go first
         for part in title.split(" · "):
             assert part in ("gpuwatch", "6 hosts", "0 shown (filter 'xyzq')",
-                            "sorted by name", "polling every 10 s"), (part, title)
+                            "sorted by name", "polling every 10 s", *counts), (part, title)
         await pilot.press("escape", "escape")
         await pilot.pause()
         title = str(screen.query_one("#fleet-title").render()).rstrip()
@@ -1360,9 +1377,10 @@ async def test_the_footer_says_resume_while_paused_and_enter_opens_in_the_fleet(
         await pilot.pause()
         await pilot.pause()
         assert not app.paused and labels().get("p") == "Pause", labels()
+        first = app.screen.table.shown[0]  # the worst host, where the cursor rests
         await pilot.press("enter")
         await pilot.pause()
-        assert isinstance(app.screen, HostScreen) and app.screen.host == "gpu-healthy"
+        assert isinstance(app.screen, HostScreen) and app.screen.host == first
 
 
 async def test_the_terminal_driver_resumes_on_sigcont_only_after_a_suspend(

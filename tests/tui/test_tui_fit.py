@@ -45,7 +45,10 @@ async def feed(pilot: Pilot[Any]) -> None:
 async def open_host(pilot: Pilot[Any], name: str) -> HostScreen:
     app = pilot.app
     assert isinstance(app, GpuwatchApp)
-    for _ in range(list(app.hosts).index(name)):
+    fleet = app.screen
+    assert isinstance(fleet, FleetScreen)
+    await pilot.press("g")
+    for _ in range(fleet.table.shown.index(name)):  # the fleet's order: worst first
         await pilot.press("down")
     await pilot.press("enter")
     await pilot.pause()
@@ -249,7 +252,7 @@ async def test_j_k_g_G_move_the_cursor_and_o_sorts_the_fleet() -> None:
     async with app.run_test(size=WIDE) as pilot:
         await feed(pilot)
         table = app.screen.query_one(FleetTable)
-        await pilot.press("j", "j")
+        await pilot.press("g", "j", "j")  # the rows settled worst first; the cursor on row 0
         assert table.cursor_row == 2
         await pilot.press("k")
         assert table.cursor_row == 1
@@ -261,11 +264,16 @@ async def test_j_k_g_G_move_the_cursor_and_o_sorts_the_fleet() -> None:
         assert table.cursor_row == table.row_count - 1
         await pilot.press("home")
         assert table.cursor_row == 0
+        # worst first by default: every host's verdict no better than the one below it, ties
+        # in the config's order
+        assert "state ▼" in text_of(app)
+        levels = [app.hosts[h].verdict(fx.NOW, 10.0).level for h in table.shown]
+        assert levels == sorted(levels, reverse=True) and levels[0] == 3
+        await pilot.press("o")  # the config's order
+        assert table.shown == list(app.hosts)
         await pilot.press("o")  # by name
         assert table.shown == sorted(app.hosts)
         assert "host ▼" in text_of(app)
-        await pilot.press("o")  # by state: could not be polled first
-        assert table.shown[0] == "gpu-down"
         assert isinstance(app.screen, FleetScreen)
 
 

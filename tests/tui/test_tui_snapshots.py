@@ -50,8 +50,10 @@ def before(host: str | None) -> Any:
         for o in fx.latest(app.config):  # type: ignore[attr-defined]
             app.fleet.land(o)  # type: ignore[attr-defined]
         await pilot.pause()
-        if host is not None:
-            for _ in range(list(app.hosts).index(host)):  # type: ignore[attr-defined]
+        if host is not None:  # its row in the fleet's order (worst first)
+            table = app.screen.query_one("#fleet-table")
+            await pilot.press("g")
+            for _ in range(table.shown.index(host)):  # type: ignore[attr-defined]
                 await pilot.press("down")
             await pilot.press("enter")
             await pilot.pause()

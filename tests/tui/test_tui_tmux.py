@@ -234,7 +234,7 @@ def test_demo_in_tmux_relaunch_reap_and_quit(demo: Tmux) -> None:
 
 def test_80x24_reaches_every_pane_by_keys_and_cuts_no_fleet_column(tmp_path: Path) -> None:
     """At 80×24 (a tmux split, a laptop terminal) the fleet view drops whole columns rather than
-    cutting run names and VRAM mid-word, and in the host view each pane's title comes on
+    cutting run names and VRAM mid-word (the findings' counts stay), and in the host view each pane's title comes on
     screen by its number key, by Tab from the pane before it and by Shift+Tab from the one
     after it."""
     with demo_in_tmux(tmp_path, label="small", size=(80, 24)) as tmux:
@@ -246,8 +246,10 @@ def test_80x24_reaches_every_pane_by_keys_and_cuts_no_fleet_column(tmp_path: Pat
             for run in ("llama-7b", "vit-huge", "bert-ddp", "gpt2-xl"):
                 if run[:3] in line:  # a run name is shown whole or not at all
                     assert run in line, (run, line)
-            if "demo-healthy" in line:  # its VRAM whole: "N/M GiB"
+            if "GiB" in line:  # VRAM whole where it is shown: "N/M GiB"
                 assert re.search(r"\d+/\d+ GiB", line), line
+        # the findings' counts by severity are the last column to go (VRAM goes first)
+        assert any(re.search(r"\d[✖▲]", line) for line in rows), fleet
         assert "Kill" not in fleet and "Relaunch" not in fleet  # host-only keys
 
         screen = open_host(tmux, "demo-healthy")

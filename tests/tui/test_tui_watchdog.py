@@ -38,7 +38,7 @@ async def test_the_tui_acts_under_the_lease_and_shows_the_runs_watchdog_line() -
         await pilot.pause()
         holder = store.lease("gpu-healthy", "llama-7b")
         assert holder is not None and holder[0].startswith("tui@")  # the TUI is the actor
-        await pilot.press("enter")
+        app.open_host("gpu-healthy")
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, HostScreen) and screen.host == "gpu-healthy"

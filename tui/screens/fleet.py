@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from typing import ClassVar
 
 from rich.cells import cell_len
@@ -19,27 +20,76 @@ from ..widgets.key_footer import KeyFooter
 from .kept import KEEP, KeptScreen
 
 SORTS: tuple[tuple[str | None, str], ...] = (
-    (None, "the config's order"), ("host", "name"), ("state", "state, worst first"),
+    ("state", "worst first"), (None, "the config's order"), ("host", "name"),
     ("util", "GPU util, busiest first"), ("vram", "VRAM used, most first"))
-"""What `o` cycles through: the fleet table's column it sorts by (its header is marked)."""
-STATE_RANK = {"unreachable": 0, "stale": 3, "waiting": 4, "ok": 3}
+"""What `o` cycles through: the fleet table's column it sorts by (its header is marked). The
+first is the default: the worst host is the first row."""
+STATE_RANK = {"unreachable": 0, "stale": 1, "ok": 1, "waiting": 2}
+ATTENTION = "!"
+"""The filter that keeps only the hosts that need a person: a warning or worse, or not polled."""
+SEVERITY_WORDS = ("critical", "warning", "info", "ok")
 
 
 def sort_key(column: str, h: HostData, now: float, interval: float) -> tuple[object, ...]:
-    """Where host `h` goes when the fleet is sorted by `column`."""
+    """Where host `h` goes when the fleet is sorted by `column` (the sort is stable: ties keep
+    the config's order)."""
     snap = h.snapshot
     gpus = snap.gpus if snap is not None else ()
     if column == "host":
         return (h.name.lower(),)
-    if column == "state":  # unreachable, then critical, then warning, then the rest
-        kind = h.status(now, interval).kind
-        worst = max((int(f.severity) for f in h.findings), default=-1)
-        return (STATE_RANK[kind], -worst)
+    if column == "state":  # the verdict: critical (a failed poll too), warning, info, ok
+        verdict = h.verdict(now, interval)
+        return (-verdict.level, STATE_RANK.get(verdict.state, 1))
     if column == "util":
         utils = [g.util_pct for g in gpus if g.util_pct is not None]
         return (-(sum(utils) / len(utils)) if utils else 1.0,)
     used = sum(g.mem_used_mib or 0 for g in gpus)
     return (-used,)
+
+
+def needs_attention(h: HostData, now: float, interval: float) -> bool:
+    """A warning or worse, or data that is not fresh (a failed poll, stale, never polled)."""
+    verdict = h.verdict(now, interval)
+    return verdict.level >= 2 or verdict.state != "ok"
+
+
+def matches(needle: str, h: HostData, now: float, interval: float) -> bool:
+    """Whether the filter keeps a host: `!` the hosts that need attention; a severity or state
+    word (`critical`, `warning`, `info`, `ok`, `unreachable`, `stale`) the hosts at that
+    verdict; words with * or ? a glob over the host's words; else any of its words contains
+    the text (name, ssh, runs, the state's words, finding codes)."""
+    if needle == ATTENTION:
+        return needs_attention(h, now, interval)
+    verdict = h.verdict(now, interval)
+    if needle in SEVERITY_WORDS:
+        return verdict.label == needle
+    if needle in ("unreachable", "stale", "waiting"):
+        return verdict.state == needle
+    words = [h.name, h.config.ssh, *h.run_names(), h.status(now, interval).text,
+             h.headline(now, interval).words, verdict.label, *(f.code for f in h.findings)]
+    if any(c in needle for c in "*?["):
+        return any(fnmatch.fnmatchcase(w.lower(), needle) for w in words)
+    return needle in " ".join(words).lower()
+
+
+def summary(hosts: list[HostData], now: float, interval: float) -> list[tuple[int, str]]:
+    """The fleet in the title's parts, each with how much it is needed (0 most): hosts by
+    verdict ("✖1 ▲3 ●2"), then GPUs and idle GPUs ("14 GPUs", "5 idle")."""
+    levels = [h.verdict(now, interval).level for h in hosts]
+    counts = [f"{glyph}{n}" for glyph, n in (("✖", levels.count(3)), ("▲", levels.count(2)),
+                                              ("●", sum(lv < 2 for lv in levels))) if n]
+    parts = [(0, " ".join(counts))] if counts else []
+    gpus = [g for h in hosts if h.snapshot is not None for g in h.snapshot.gpus]
+    if gpus:
+        parts.append((5, f"{len(gpus)} GPU{'s' * (len(gpus) != 1)}"))
+        idle = sum(1 for g in gpus if g.util_pct is not None and g.util_pct < IDLE_PCT)
+        if idle:
+            parts.append((5, f"{idle} idle"))
+    return parts
+
+
+IDLE_PCT = 5.0
+"""A GPU under this util is idle, for the title's count."""
 
 
 class FleetScreen(KeptScreen):
@@ -49,6 +99,7 @@ class FleetScreen(KeptScreen):
         Binding("slash", "filter", "Filter", priority=True),
         Binding("escape", "clear_filter", "Clear filter", show=False),
         Binding("o", "sort", "Sort"),
+        Binding("exclamation_mark", "attention", "Attention", key_display="!"),
         Binding("z", "reap", "Reap"),
         # When the action above is greyed out (or hidden), its key falls through to this: a
         # toast says why nothing happened and what to do, instead of silence.
@@ -71,13 +122,17 @@ class FleetScreen(KeptScreen):
         super().__init__(id="fleet")
         self.view = view
         self.filter_text = ""
+        self.touched = False
+        """A person has moved the cursor or typed here: till then it rests on the first row
+        (the worst host), whatever the order brings there."""
         self.sort = 0
-        """An index into SORTS: the config's order, then by name, state, util, VRAM."""
+        """An index into SORTS: worst first, then the config's order, name, util, VRAM."""
 
     def compose(self) -> ComposeResult:
         self.mark_styled()  # its widgets are styled as they mount (screens/kept.py)
         yield Static(id="fleet-title", markup=False)
-        yield Input(placeholder="filter: host, run, state or finding code", id="filter")
+        yield Input(placeholder="filter: host, run, finding code; critical, warning, ok; "
+                                "! needs attention; gpu-* globs", id="filter")
         yield FleetTable(id="fleet-table")
         yield KeyFooter(compact=True)
 
@@ -108,14 +163,7 @@ class FleetScreen(KeptScreen):
         if not needle:
             return hosts
         now, interval = self.view.now(), self.view.interval
-
-        def words(h: HostData) -> str:
-            return " ".join([h.name, h.config.ssh, *h.run_names(),
-                             h.status(now, interval).text, h.headline(now, interval).words,
-                             *(f.code for f in h.findings)]
-                            ).lower()
-
-        return [h for h in hosts if needle in words(h)]
+        return [h for h in hosts if matches(needle, h, now, interval)]
 
     def ordered_hosts(self) -> list[HostData]:
         """The hosts shown, in the order picked with `o` (the sort is stable: ties keep the
@@ -131,7 +179,15 @@ class FleetScreen(KeptScreen):
         self.table.paused = self.view.paused
         self.table.show(self.ordered_hosts(), self.view.now(), self.view.interval,
                         sorted_by=SORTS[self.sort][0])
+        if not self.touched and self.table.row_count:
+            self.table.move_cursor(row=0)  # the worst host, till a person moves the cursor
         self.refresh_title()
+
+    def on_key(self) -> None:
+        self.touched = True
+
+    def on_click(self) -> None:
+        self.touched = True
 
     def refresh_host(self, name: str) -> None:
         self.table.update_host(self.view.hosts[name], self.view.now(), self.view.interval)
@@ -157,9 +213,12 @@ class FleetScreen(KeptScreen):
         n = len(view.hosts)
         shown = self.table.row_count
         parts: list[tuple[int, str]] = [(0, f"gpuwatch · {n} host{'s' * (n != 1)}")]
+        parts += summary(list(view.hosts.values()), view.now(), view.interval)
         if shown != n:
-            parts.append((1, f"{shown} shown (filter {self.filter_text!r})"))
-        if self.sort:
+            what = ("needing attention" if self.filter_text.strip() == ATTENTION
+                    else f"(filter {self.filter_text!r})")
+            parts.append((1, f"{shown} shown {what}"))
+        if self.sort:  # the default, worst first, goes without saying
             parts.append((3, f"sorted by {SORTS[self.sort][1]}"))
         parts.append((4, f"polling every {view.interval:g} s"))
         if view.paused:
@@ -186,8 +245,14 @@ class FleetScreen(KeptScreen):
 
     # -- what the app says -----------------------------------------------------------------
     def on_host_updated(self, message: HostUpdated) -> None:
-        if self.is_mounted and self.query(FleetTable) and message.host in self.view.hosts:
-            self.refresh_host(message.host)
+        if not (self.is_mounted and self.query(FleetTable)) or message.host not in self.view.hosts:
+            return
+        if SORTS[self.sort][0] is not None:  # a host whose verdict changed moves at once
+            order = [h.name for h in self.ordered_hosts()]
+            if order != self.table.shown:
+                self.refresh_all()
+                return
+        self.refresh_host(message.host)
 
     def on_ticked(self, _message: Ticked) -> None:
         self.tick()
@@ -244,6 +309,18 @@ class FleetScreen(KeptScreen):
             nearest = (j for d in range(1, len(shown)) for j in (i + d, i - d))
             around = [shown[j] for j in nearest if 0 <= j < len(shown)][:KEEP - 1]
         self.post_message(PrepareAround(host, around))
+
+    def action_attention(self) -> None:
+        """`!`: only the hosts that need a person (a warning or worse, not polled fine); again:
+        every host."""
+        box = self.query_one("#filter", Input)
+        if self.filter_text.strip() == ATTENTION:
+            box.value = ""
+            box.display = False
+        else:
+            box.value = ATTENTION
+            box.display = True
+        self.table.focus()
 
     def action_sort(self) -> None:
         self.sort = (self.sort + 1) % len(SORTS)

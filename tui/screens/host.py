@@ -35,6 +35,7 @@ from ..messages import ActionRequested, HostUpdated, PollNow, ProcessSelected, R
 from ..state import HostData
 from ..view import FleetView
 from ..why_not import TITLES, why_not
+from ..widgets.answer_lines import AnswerLines
 from ..widgets.checkpoint_timeline import CheckpointTimeline
 from ..widgets.disk_gauges import DiskGauges
 from ..widgets.findings_list import FindingsList
@@ -166,6 +167,7 @@ class HostScreen(KeptScreen):
         self.mark_styled()  # its widgets are styled as they mount
         self._tab_names = self.data.run_names()
         yield HostHeader(id="host-header")
+        yield AnswerLines(id="answer")
         yield Tabs(*(Tab(Text(visible(name)), id=f"run-{i}")
                      for i, name in enumerate(self._tab_names)),
                    id="run-tabs")
@@ -247,6 +249,7 @@ class HostScreen(KeptScreen):
         now = view.now()
         box_now = data.box_now(now)
         self.query_one(HostHeader).show(data, now, view.interval, view.paused)
+        self.query_one(AnswerLines).show(data.findings)
         self.query_one(GpuPanel).data = data
         self.query_one(DiskGauges).show(data)
         self.query_one(FindingsList).show(data.findings)

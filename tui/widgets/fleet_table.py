@@ -55,9 +55,11 @@ class Fit:
 
 FITS = (Fit(STATE_WIDTH, "names"), Fit(20, "names", error_width=16),
         Fit(20, "glyphs", error_width=12), Fit(16, "glyphs", error_width=12),
-        Fit(16, "", error_width=12), Fit(14, "", frozenset({"findings"}), error_width=10),
-        Fit(12, "", frozenset({"findings", "vram"}), error_width=10))
-"""Widest first; the first that fits the table's width is used."""
+        Fit(16, "", error_width=12), Fit(14, "", frozenset({"vram"}), error_width=10),
+        Fit(12, "", frozenset({"vram", "clock"}), error_width=10))
+"""Widest first; the first that fits the table's width is used. The findings' counts by
+severity are the last to go: they say how bad it is where the colour of one glyph would be all
+(VRAM, then the SM clock, go before them)."""
 PADDING = 2
 """A DataTable cell's padding, both sides together."""
 SCROLLBAR = 2
@@ -79,6 +81,9 @@ class FleetTable(DataTable[Text]):
         self._when: tuple[float, float] = (0.0, 0.0)
         self._widths: dict[str, dict[str, int]] = {}
         """Each host's widest cells, for the fit: its name, runs (names, glyphs), findings..."""
+        self._widest: dict[str, int] = {}
+        """The widest cell of each column this session: columns grow, never shrink back (a
+        table whose columns changed width between polls jumped under the eye)."""
         self.fit = FITS[0]
         self.sorted_by: str | None = None
         self.paused = False
@@ -107,6 +112,9 @@ class FleetTable(DataTable[Text]):
         for cells in self._widths.values():
             for key, w in cells.items():
                 widest[key] = max(widest[key], w)
+        for key, w in widest.items():  # never narrower than earlier this session
+            self._widest[key] = max(self._widest.get(key, 0), w)
+        widest = dict(self._widest)
         for floor in (min(STATE_WIDTH, widest["finding"]), 0):
             for fit in FITS:
                 need = self.need(fit, widest, floor)
