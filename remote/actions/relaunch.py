@@ -15,6 +15,7 @@ from ..model.history import HostHistory
 from ..model.resume import relaunch_command
 from ..model.series import RunSeries
 from ..model.snapshot import HostSnapshot, ProcessInfo
+from ..units import duration
 from .types import DEFAULT_LOG, PLACEHOLDERS, SHELLS, ActionPlan, LaunchSpec, _current, _refused
 
 
@@ -158,12 +159,7 @@ def _finished_refusal(name: str, series: RunSeries, marker: str | None) -> str:
 
 
 def _ago(at: float) -> str:
-    minutes = max(0, int((time.time() - at) // 60))
-    if minutes < 1:
-        return "under a minute ago"
-    if minutes < 120:
-        return f"{minutes} min ago"
-    return f"{minutes // 60} h ago" if minutes < 48 * 60 else f"{minutes // 1440} days ago"
+    return f"{duration(time.time() - at)} ago"
 
 
 

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from ..config.schema import HostConfig
 from ..model.history import HostHistory
 from ..model.snapshot import HostSnapshot, ProcessInfo
+from ..units import mib
 
 ActionKind = Literal["kill", "reap", "relaunch"]
 SIGNALS = ("TERM", "KILL")
@@ -113,7 +114,7 @@ class ActionPlan:
             gpu = ""
             if t.gpu_index is not None or t.gpu_mem_mib is not None:
                 where = f"GPU {t.gpu_index}" if t.gpu_index is not None else "GPU"
-                mem = f" {t.gpu_mem_mib:g} MiB" if t.gpu_mem_mib is not None else ""
+                mem = f" {mib(t.gpu_mem_mib)}" if t.gpu_mem_mib is not None else ""
                 gpu = f"  {where}{mem}"
             lines.append(f"  pid {t.pid}  user {t.user or '?'}{gpu}  {t.cmd}")
         lines.append("Each pid's start time and the box's boot id are checked again on the box "

@@ -276,7 +276,7 @@ async def test_reap_ends_a_dead_runs_orphans_and_spares_the_live_run(rig: Rig) -
     assert live.pid not in {t.pid for t in plan.targets}
     assert any("4000000" in note and "container" in note for note in plan.notes)
     text = plan.describe()
-    assert f"pid {rank1}  user root  GPU 0 20000 MiB" in text and "box1" in text
+    assert f"pid {rank1}  user root  GPU 0 19.5 GiB" in text and "box1" in text
 
     t0 = time.monotonic()
     outcome = await actions.execute(plan, host, store=rig.store, readonly=False, grace_s=2.0)
@@ -574,7 +574,7 @@ def test_cli_kill_reap_and_their_refusals(rig: Rig) -> None:
 
     no_tty = _cli(rig, "kill", "box1", str(holder.pid))
     assert no_tty.returncode == 1 and "--yes" in no_tty.stderr
-    assert f"pid {holder.pid}  user root  GPU 0 1000 MiB" in no_tty.stdout
+    assert f"pid {holder.pid}  user root  GPU 0 1000.0 MiB" in no_tty.stdout
     ro = _cli(rig, "kill", "box1", str(holder.pid), "--yes", "--readonly")
     assert ro.returncode == 1 and "read-only" in ro.stdout
     ro_config = _cli(rig, "kill", "box1", str(holder.pid), "--yes", config="readonly = true")

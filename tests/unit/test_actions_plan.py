@@ -104,7 +104,7 @@ def test_kill_plan_lists_the_process_and_its_session_children_only() -> None:
                                             40960)
     text = plan.describe()
     assert "kill on gpu1: send TERM to 2 processes, then KILL" in text
-    assert "pid 100  user alice  GPU 0 40960 MiB  python train.py" in text
+    assert "pid 100  user alice  GPU 0 40.0 GiB  python train.py" in text
     assert "belongs to run llama" in text
     server = plan_kill(HOST, history(snapshot(tmux, parent, worker, other)), 50)
     assert any("tmux: server server" in n for n in server.notes)
