@@ -105,8 +105,11 @@ def plan_relaunch(host: HostConfig, run_name: str, history: HostHistory,
     notes = []
     if run.log is None:
         notes.append(f"run {run.name} has no `log` in the config: output goes to {log}")
-    if latest is not None:
+    if latest is not None and "{latest_checkpoint}" in run.relaunch:
         notes.append(f"resumes from {latest.path}")
+    elif latest is not None:  # the command starts as written: it names no checkpoint
+        notes.append(f"the relaunch command has no {{latest_checkpoint}}: it starts as written, "
+                     f"not from {latest.path}")
     spec = LaunchSpec(run=run.name, workdir=run.workdir, log=log, detach=run.detach,
                       env=tuple(sorted(run.env.items())), process=run.process, scripts=scripts)
     return ActionPlan("relaunch", host.name, (), command, "", None, tuple(notes), spec)
