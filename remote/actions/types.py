@@ -144,11 +144,21 @@ class ActionOutcome:
 
     ok: bool | None
     message: str
+    """What happened, in a line or two: what a toast and a verb say."""
+    detail: str = ""
+    """How it was done (through a pidfd or kill(2), and why): for the audit log, which keeps
+    message and detail together; a toast of it read as a wall of text over the Processes."""
 
     def __post_init__(self) -> None:
         # Box paths may hold bytes that are not UTF-8 (lone surrogates): shown escaped, so the
         # message can go to a terminal, a toast or the audit log as it is.
         object.__setattr__(self, "message", shown_bytes(self.message))
+        object.__setattr__(self, "detail", shown_bytes(self.detail))
+
+    @property
+    def audited(self) -> str:
+        """The audit log's text: the message, then the detail."""
+        return f"{self.message} ({self.detail})" if self.detail else self.message
 
 
 class ActionError(Exception):
