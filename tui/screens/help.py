@@ -22,6 +22,8 @@ KEYS: tuple[tuple[str, str, str], ...] = (
      "tables"),
     ("o", "sort: hosts by name, state, util, VRAM; processes by VRAM, CPU, age",
      "fleet, host"),
+    ("M / C / T, I", "processes by VRAM / CPU / age (again: the other way round); reverse",
+     "processes"),
     ("K", "kill the selected process (TERM, grace, KILL; identity re-checked)", "host"),
     ("z", "reap: end the processes that hold VRAM though no live run owns them",
      "fleet, host"),
