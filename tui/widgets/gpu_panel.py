@@ -119,7 +119,7 @@ class GpuPanel(TextPane):
         """The strips' time scale, under the pane: one column per poll, so the span is the
         time from the oldest column shown to the newest."""
         span = shown[-1].t - shown[0].t if len(shown) > 1 else None
-        said = f"strips: last {duration(span)}, one column a poll" if span else ""
+        said = f"strips: last {duration(span)}" if span else ""
         if self.parent is not None and getattr(self.parent, "border_subtitle", said) != said:
             self.parent.border_subtitle = said  # type: ignore[attr-defined]
 
