@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .. import units
 from ..model.finding import Finding, Severity
 from ..model.history import HostHistory
 from ..model.snapshot import HostSnapshot
@@ -97,9 +98,9 @@ def disk_full_soon(history: HostHistory) -> Iterable[Finding]:
         fs = disk.mount or disk.path
         yield Finding(
             "disk.full_soon", Severity.CRITICAL if hours < 1 else Severity.WARNING,
-            f"{fs} fills in about {hours:.1f} h at the last {duration(span)}'s rate "
-            f"({size(rate * 3600)}/h): free space or cap the checkpoints kept before "
-            "torch.save fails",
+            f"{fs} fills in about {duration(forecast.seconds_left)} at the last "
+            f"{duration(span)}'s rate ({units.rate(rate)}): free space or cap the checkpoints "
+            "kept before torch.save fails",
             subject=fs,
             evidence={"path": disk.path, "mount": disk.mount, "bytes_free": disk.bytes_free,
                       "bytes_per_hour": rate * 3600, "hours_left": hours, "span_s": span})
