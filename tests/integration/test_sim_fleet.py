@@ -224,8 +224,10 @@ async def test_a_box_shows_its_own_proc_never_this_machines(start_fleet: StartFl
     fleet = await start_fleet("demo-healthy")
     demo = fleet.demo_box("demo-healthy")
     await wait_for(lambda: all(demo.live.get(r.name) for r in demo.runs), what="the trainers")
-    stranger = subprocess.Popen(["sleep", "60"])  # this machine's, not the box's
-    defunct = subprocess.Popen(["true"])  # a zombie of this machine until reaped below
+    # Popen, not asyncio's: asyncio's child watcher would reap `true` at once, and the test
+    # needs it defunct (this machine's zombie) until it waits for it below.
+    stranger = subprocess.Popen(["sleep", "60"])  # noqa: ASYNC220 (this machine's, not the box's)
+    defunct = subprocess.Popen(["true"])  # noqa: ASYNC220
     await wait_for(lambda: Path(f"/proc/{defunct.pid}/stat").read_text().split(") ")[1][0]
                    == "Z", what="a defunct process on this machine")
     try:
