@@ -583,6 +583,27 @@ async def test_disk_fills_toward_full(start_fleet: StartFleet) -> None:
     assert steady["/data"]["bytes_free"] / steady["/data"]["bytes_total"] > 0.3
 
 
+async def test_the_low_disk_sizes_the_next_checkpoint_from_the_runs_own(
+        start_fleet: StartFleet, tmp_path: Path) -> None:
+    """The disk evidence said "next checkpoint 0 B" beside 132 KiB checkpoints: demo-disk's
+    run keeps them on the / that fills, and disk.low sizes the next save from them."""
+    from gpuwatch.remote.config.load import load_file
+    from gpuwatch.remote.store import Store
+    from gpuwatch.tui.cli.once import poll_once
+
+    fleet = await start_fleet("demo-disk")
+    run = fleet.demo_box("demo-disk").runs[0]
+    await wait_for(lambda: (run.workdir / "outputs/checkpoint-10").is_dir(), limit_s=10,
+                   what="two checkpoints")
+    with Store.open(tmp_path / "disk.sqlite3") as store:
+        report = (await poll_once(load_file(fleet.config_path), store)).reports[0]
+    low = next(f for f in report.findings if f.code == "disk.low")
+    sizes = [sum(f.stat().st_size for f in c.rglob("*") if f.is_file())
+             for c in (run.workdir / "outputs").glob("checkpoint-*")]
+    assert low.subject == "/" and low.evidence["next_checkpoint_bytes"] >= 128 << 10
+    assert low.evidence["next_checkpoint_bytes"] <= max(sizes)
+
+
 async def test_a_root_is_reused_only_if_it_was_a_demo_root(tmp_path: Path) -> None:
     root = tmp_path / "demo"
     async with DemoFleet.start(root, boxes=["demo-healthy"], tick_s=TICK_S,
