@@ -17,6 +17,7 @@ from typing import Any
 from .model.finding import Finding, Severity
 from .model.snapshot import HostSnapshot, ProcessInfo
 from .textsafe import visible
+from .units import mib_pair
 from .verdict import LEVELS, Verdict, verdict_of
 from .wire.collect import PollOutcome
 
@@ -144,7 +145,7 @@ def _vram_cell(snap: HostSnapshot) -> str:
     total = [g.mem_total_mib for g in snap.gpus if g.mem_total_mib is not None]
     if not total:
         return "-"
-    return f"{sum(used) / 1024:.0f}/{sum(total) / 1024:.0f} GiB"
+    return mib_pair(sum(used), sum(total))
 
 
 STATE_WIDTH = 40

@@ -2,8 +2,10 @@
 
 Run from the repository root after ./demo.sh has set up .venv:
     .venv/bin/python scripts/screenshot.py [HOST] [--size 120x36] [--out docs/screenshot.svg]
-It starts the demo fleet (simulated boxes over real SSH on loopback), polls until HOST has
-findings (or --wait passes), opens its host view and saves what the terminal would show.
+It starts the demo fleet (simulated boxes over real SSH on loopback), polls until HOST has a
+finding at warning or worse (its story told: demo-oom's death, ~20 s in; or --wait passes),
+opens its host view and saves what the terminal would show. The boxes' /proc are their own
+(remote/sim/proc_view.py): nothing of the machine that takes it shows but its uptime.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from gpuwatch.remote.config.load import load_file
+from gpuwatch.remote.findings.rules import Severity
 from gpuwatch.remote.sim.fleet import DemoFleet
 from gpuwatch.remote.store import Store
 from gpuwatch.tui.app import build_app
@@ -26,8 +29,9 @@ async def shoot(host: str, size: tuple[int, int], out: Path, wait_s: float) -> N
             app = build_app(config, store=store)
             async with app.run_test(size=size) as pilot:
                 data = app.hosts[host]
-                for _ in range(int(wait_s * 10)):  # its story told: findings, or enough polls
-                    if data.findings and len(data.history.snapshots) >= 3:
+                for _ in range(int(wait_s * 10)):  # its story told, and seen twice
+                    if any(f.severity >= Severity.WARNING for f in data.findings) \
+                            and len(data.history.snapshots) >= 3:
                         break
                     await pilot.pause(0.1)
                 app.open_host(host)  # as Enter on its row does

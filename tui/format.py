@@ -1,4 +1,5 @@
-"""Small formatting helpers shared by the widgets: sizes, ages, bars, sparklines.
+"""Small formatting helpers shared by the widgets: bars, sparklines, evidence in words (sizes
+and durations are remote/units.py's, the one vocabulary of findings and panes).
 
 Pure functions returning str or rich Text; nothing here touches Textual. Text from the box never
 goes through markup here: callers build `Text` objects from it (STYLE 10), and pass it through
@@ -16,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from gpuwatch.remote.findings.rules import Finding, Severity
 from gpuwatch.remote.model.death import Diagnosis
 from gpuwatch.remote.textsafe import visible
+from gpuwatch.remote.units import duration, mib, size
 from rich.cells import cell_len
 
 __all__ = ["visible"]  # the one sanitiser (remote/textsafe.py), for the widgets
@@ -101,17 +103,6 @@ def fit_words(text: str, width: int, suffix: str = "") -> str:
     return kept + "…" + suffix
 
 
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "?"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(value) < 1024 or unit == "PiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} PiB"
-
-
 def human_count(n: float | None) -> str:
     if n is None:
         return "?"
@@ -123,19 +114,9 @@ def human_count(n: float | None) -> str:
     return f"{value:.1f}T"
 
 
-def human_age(seconds: float | None) -> str:
-    """5 s, 3 m, 2 h 10 m, 4 d: how long ago, in the unit a person thinks in."""
-    if seconds is None or math.isnan(seconds):
-        return "?"
-    s = max(0.0, seconds)
-    if s < 90:
-        return f"{s:.0f} s"
-    if s < 3600:
-        return f"{s / 60:.0f} m"
-    if s < 86400:
-        h, m = divmod(int(s // 60), 60)
-        return f"{h} h {m:02d} m" if m else f"{h} h"
-    return f"{s / 86400:.1f} d"
+human_age = duration
+"""The one duration vocabulary (remote/units.py); this name is kept for tui/state.py and
+screens/fleet.py until they import gpuwatch.remote.units themselves."""
 
 
 def pct(part: float | None, whole: float | None) -> float | None:
@@ -247,13 +228,13 @@ def _value_words(value: object, unit: str | None) -> str:
         if isinstance(value, float) and not math.isfinite(value):
             return str(value)
         if unit == "s":
-            return human_age(float(value))
+            return duration(float(value))
         if unit == "at":
             return time.strftime("%H:%M:%S", time.localtime(value))
         if unit == "bytes":
-            return human_bytes(value)
+            return size(value)
         if unit == "mib":
-            return f"{value / 1024:.1f} GiB"
+            return mib(value)
         if unit == "pct":
             return f"{value:.0f}%"
         if unit == "ratio":

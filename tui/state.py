@@ -16,16 +16,19 @@ from gpuwatch.remote.findings.forecast import disk_forecast
 from gpuwatch.remote.model.discovered import Discovery, discovered_names
 from gpuwatch.remote.model.finding import Finding, Severity
 from gpuwatch.remote.model.history import HostHistory
-from gpuwatch.remote.model.snapshot import HostSnapshot
+from gpuwatch.remote.model.snapshot import DiskUsage, HostSnapshot
 from gpuwatch.remote.report import HostReport
 from gpuwatch.remote.store import GpuRow
+from gpuwatch.remote.units import duration as human_age
 from gpuwatch.remote.verdict import Verdict, failure_words, verdict_of
 from gpuwatch.remote.wire.collect import PollOutcome
 
-from .format import SEVERITY_GLYPH, STATUS_GLYPH, human_age
+from .format import SEVERITY_GLYPH, STATUS_GLYPH
 
 GPU_HISTORY = 720
 """GPU samples kept per GPU in memory for the sparklines (2 h at 10 s)."""
+DISK_HISTORY = 720
+"""Disk samples kept per disk for the gauge's forecast (longer than the findings' history)."""
 
 @dataclass(frozen=True, slots=True)
 class GpuPoint:
@@ -35,6 +38,13 @@ class GpuPoint:
     power_w: float | None
     power_limit_w: float | None
     temp_c: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class DiskPoint:
+    t: float
+    bytes_free: int | None
+    inodes_free: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +102,8 @@ class HostData:
     restored_at: float | None = None
     """When the snapshot restored from the store was taken (this machine's clock)."""
     gpu_history: dict[int, deque[GpuPoint]] = field(default_factory=dict)
+    disk_history: dict[str, deque[DiskPoint]] = field(default_factory=dict)
+    """Each disk's free bytes and inodes, poll by poll: the gauge's forecast (disk_gauges)."""
     reap_targets: frozenset[int] = frozenset()
     """The pids a reap would hit now (from the actions' own plan: one source of truth)."""
     version: int = 0
@@ -152,6 +164,9 @@ class HostData:
             self._gpu_point(row.gpu, GpuPoint(
                 row.t, row.util_pct, _clock_pct(row.sm_clock_mhz, row.sm_clock_max_mhz),
                 row.power_w, row.power_limit_w, row.temp_c))
+        snap = self.snapshot
+        if snap is not None and restored_at is not None:
+            self._disk_points(snap.disks, restored_at)
         self.version += 1
 
     def apply(self, report: HostReport) -> None:
@@ -166,6 +181,7 @@ class HostData:
                 self._gpu_point(g.index, GpuPoint(
                     at, g.util_pct, _clock_pct(g.sm_clock_mhz, g.sm_clock_max_mhz), g.power_w,
                     g.power_limit_w, None if g.temp_c is None else float(g.temp_c)))
+            self._disk_points(snap.disks, at)
         self.version += 1
 
     def _set_findings(self, findings: list[Finding], at: float) -> None:
@@ -183,6 +199,13 @@ class HostData:
         if ring is None:
             ring = self.gpu_history[index] = deque(maxlen=GPU_HISTORY)
         ring.append(point)
+
+    def _disk_points(self, disks: Iterable[DiskUsage], at: float) -> None:
+        for d in disks:
+            ring = self.disk_history.get(d.path)
+            if ring is None:
+                ring = self.disk_history[d.path] = deque(maxlen=DISK_HISTORY)
+            ring.append(DiskPoint(at, d.bytes_free, d.inodes_free))
 
     # -- what the views ask ------------------------------------------------------------------
     def status(self, now: float, interval: float, paused: bool = False) -> HostStatus:

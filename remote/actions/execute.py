@@ -167,7 +167,7 @@ def _record(store: Store | None, plan: ActionPlan, phase: str, outcome: ActionOu
     store.record_action(who=who(), host=plan.host, action=plan.kind, phase=phase,
                         targets=_audit_targets(plan),
                         command=shown_bytes(command) if command is not None else None,
-                        outcome=label, ok=outcome.ok, message=shown_bytes(outcome.message))
+                        outcome=label, ok=outcome.ok, message=shown_bytes(outcome.audited))
 
 
 def mark_reaped(plan: ActionPlan, history: HostHistory) -> None:
@@ -271,7 +271,7 @@ async def _signal(plan: ActionPlan, host: HostConfig, accept_new: bool,
     if doc is not None and not signalled:
         done = all(r.get("status") in ("gone", "defunct") for r in results)
         ok: bool | None = None if done else False
-        return ActionOutcome(ok, "; ".join(lines + via) or "nothing to signal"), (
+        return ActionOutcome(ok, "; ".join(lines) or "nothing to signal", "; ".join(via)), (
             "sent" if done else "refused")
     if plan.signal == "TERM":
         if doc is not None:
@@ -288,10 +288,10 @@ async def _signal(plan: ActionPlan, host: HostConfig, accept_new: bool,
             escalated = await _escalate(plan, host, accept_new, alive)
             lines.append(_kill_line(escalated))
             via = via or _via_line(escalated)
-    outcome_text = "; ".join(lines + via) + "; the next poll verifies that they are gone"
+    outcome_text = "; ".join(lines) + "; the next poll verifies"
     if lost:
         outcome_text += " (the connection dropped, which a kill can cause: that is not a failure)"
-    return ActionOutcome(None, outcome_text), "sent"
+    return ActionOutcome(None, outcome_text, "; ".join(via)), "sent"
 
 
 async def _escalate(plan: ActionPlan, host: HostConfig, accept_new: bool,

@@ -15,6 +15,7 @@ from ..model.history import HostHistory
 from ..model.resume import relaunch_command
 from ..model.series import RunSeries
 from ..model.snapshot import HostSnapshot, ProcessInfo
+from ..units import duration
 from .types import DEFAULT_LOG, PLACEHOLDERS, SHELLS, ActionPlan, LaunchSpec, _current, _refused
 
 
@@ -104,8 +105,11 @@ def plan_relaunch(host: HostConfig, run_name: str, history: HostHistory,
     notes = []
     if run.log is None:
         notes.append(f"run {run.name} has no `log` in the config: output goes to {log}")
-    if latest is not None:
+    if latest is not None and "{latest_checkpoint}" in run.relaunch:
         notes.append(f"resumes from {latest.path}")
+    elif latest is not None:  # the command starts as written: it names no checkpoint
+        notes.append(f"the relaunch command has no {{latest_checkpoint}}: it starts as written, "
+                     f"not from {latest.path}")
     spec = LaunchSpec(run=run.name, workdir=run.workdir, log=log, detach=run.detach,
                       env=tuple(sorted(run.env.items())), process=run.process, scripts=scripts)
     return ActionPlan("relaunch", host.name, (), command, "", None, tuple(notes), spec)
@@ -158,12 +162,7 @@ def _finished_refusal(name: str, series: RunSeries, marker: str | None) -> str:
 
 
 def _ago(at: float) -> str:
-    minutes = max(0, int((time.time() - at) // 60))
-    if minutes < 1:
-        return "under a minute ago"
-    if minutes < 120:
-        return f"{minutes} min ago"
-    return f"{minutes // 60} h ago" if minutes < 48 * 60 else f"{minutes // 1440} days ago"
+    return f"{duration(time.time() - at)} ago"
 
 
 

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from ..config.schema import HostConfig
 from ..model.history import HostHistory
 from ..model.snapshot import HostSnapshot, ProcessInfo
+from ..units import mib
 
 ActionKind = Literal["kill", "reap", "relaunch"]
 SIGNALS = ("TERM", "KILL")
@@ -113,7 +114,7 @@ class ActionPlan:
             gpu = ""
             if t.gpu_index is not None or t.gpu_mem_mib is not None:
                 where = f"GPU {t.gpu_index}" if t.gpu_index is not None else "GPU"
-                mem = f" {t.gpu_mem_mib:g} MiB" if t.gpu_mem_mib is not None else ""
+                mem = f" {mib(t.gpu_mem_mib)}" if t.gpu_mem_mib is not None else ""
                 gpu = f"  {where}{mem}"
             lines.append(f"  pid {t.pid}  user {t.user or '?'}{gpu}  {t.cmd}")
         lines.append("Each pid's start time and the box's boot id are checked again on the box "
@@ -143,11 +144,21 @@ class ActionOutcome:
 
     ok: bool | None
     message: str
+    """What happened, in a line or two: what a toast and a verb say."""
+    detail: str = ""
+    """How it was done (through a pidfd or kill(2), and why): for the audit log, which keeps
+    message and detail together; a toast of it read as a wall of text over the Processes."""
 
     def __post_init__(self) -> None:
         # Box paths may hold bytes that are not UTF-8 (lone surrogates): shown escaped, so the
         # message can go to a terminal, a toast or the audit log as it is.
         object.__setattr__(self, "message", shown_bytes(self.message))
+        object.__setattr__(self, "detail", shown_bytes(self.detail))
+
+    @property
+    def audited(self) -> str:
+        """The audit log's text: the message, then the detail."""
+        return f"{self.message} ({self.detail})" if self.detail else self.message
 
 
 class ActionError(Exception):

@@ -12,6 +12,7 @@ from ..config.schema import HostConfig
 from ..model.history import HostHistory
 from ..model.snapshot import HostSnapshot, ProcessInfo
 from ..store import Store
+from ..units import mib
 from .execute import _record
 from .types import DETACH_SERVERS, ActionOutcome, ActionPlan
 
@@ -88,7 +89,7 @@ def _verdict(plan: ActionPlan, history: HostHistory) -> ActionOutcome:
     for g in gpus:
         dev = next((d for d in snap.gpus if d.index == g), None)
         if dev is not None and dev.mem_used_mib is not None:
-            mem.append(f"GPU {g} now uses {dev.mem_used_mib} MiB")
+            mem.append(f"GPU {g} now uses {mib(dev.mem_used_mib)}")
     extra = f" ({'; '.join(mem)})" if mem else ""
     zombie = ("" if not defunct else
               f"; pid {defunct[0]} has exited and awaits its parent's reaping" if len(defunct) == 1

@@ -134,10 +134,18 @@ def gone(pid: int, start_ticks: int) -> bool:
 
 # ---------------------------------------------------------------- signal
 
-def simulated_procfs() -> "str | None":
+def simulated_procfs(targets: "list") -> "str | None":
+    """The fixture /proc the probe was pointed at, where a target's pid there is not a real
+    process: a test's tree names pids that are not real. A view whose processes' stat is a
+    link to this machine's /proc/PID/stat (gpuwatch --demo's boxes) names real ones: None."""
     root = os.environ.get("GPUWATCH_PROCFS")
-    if root and os.path.realpath(root) != "/proc":
-        return root
+    if not root or os.path.realpath(root) == "/proc":
+        return None
+    for target in targets:
+        pid = str(int(target["pid"]))
+        stat = os.path.join(root, pid, "stat")
+        if os.path.realpath(stat) != os.path.join("/proc", pid, "stat"):
+            return root
     return None
 
 
@@ -247,7 +255,7 @@ def session_children(roots: "list", stats: "dict", skip: "set") -> "list":
 
 def op_signal(req: dict, out: dict) -> dict:
     out.update(op="signal", results=[], alive=[])
-    fake = simulated_procfs()
+    fake = simulated_procfs(req.get("targets") or [])
     if fake:
         out["refused"] = (f"this box's /proc is a simulated tree (GPUWATCH_PROCFS={fake}): its "
                           "pids are not real processes, nothing was signalled")

@@ -26,7 +26,9 @@ def collect_host():
         "time": round(time.time(), 3),
         "btime": int(btime[0]) if btime and btime[0].isdigit() else None,
         "clk_tck": os.sysconf("SC_CLK_TCK"),
-        "ncpu": os.cpu_count(),  # host cores, not the cgroup quota (U40)
+        # host CPUs online (one "cpuN" line each in /proc/stat), not the cgroup quota (U40)
+        "ncpu": sum(1 for line in stat.splitlines()
+                    if line.startswith("cpu") and line[3:4].isdigit()) or os.cpu_count(),
         "python": "%d.%d.%d" % sys.version_info[:3],
         "spawn": hasattr(os, "posix_spawnp"),  # the client sends run_bounded_popen where not
     }

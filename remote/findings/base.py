@@ -1,5 +1,5 @@
 """What every rule module shares: the rule registry (`@rule`), the history helpers for
-"sustained" judgements, and the words findings use for sizes and durations.
+"sustained" judgements (sizes and durations are said by remote/units.py).
 
 A rule is a function of the host's history that yields findings. It registers itself by its
 decorator, which names the codes it emits and the gotchas (seeds/003) each encodes:
@@ -21,9 +21,9 @@ from ..model.history import HostHistory
 from ..model.processes import process_table
 from ..model.snapshot import HostSnapshot, ProcessInfo, RunSample
 
-__all__ = ["REGISTRY", "Finding", "Rule", "RuleSpec", "Severity", "fmt_dur", "fmt_gib",
-           "fmt_mib", "gpu_at", "live_runs", "recent", "registered_codes",
-           "registered_rules", "rule", "run_procs", "slow_start_likely", "sustained"]
+__all__ = ["REGISTRY", "Finding", "Rule", "RuleSpec", "Severity", "gpu_at", "live_runs",
+           "recent", "registered_codes", "registered_rules", "rule", "run_procs",
+           "slow_start_likely", "sustained"]
 
 Rule = Callable[[HostHistory], Iterable[Finding]]
 
@@ -98,29 +98,6 @@ def run_procs(sample: RunSample, snap: HostSnapshot) -> list[ProcessInfo]:
 
 def gpu_at(snap: HostSnapshot, index: int) -> Any:
     return next((g for g in snap.gpus if g.index == index), None)
-
-
-def fmt_mib(n: float | None) -> str:
-    return "?" if n is None else f"{n:,.0f} MiB"
-
-
-def fmt_gib(n: float | None) -> str:
-    """Bytes in GiB; under a tenth of one, in the unit that shows them (not "0.0 GiB")."""
-    if n is None:
-        return "?"
-    if abs(n) >= 2**30 / 10:
-        return f"{n / 2**30:,.1f} GiB"
-    if abs(n) >= 2**20 / 10:
-        return f"{n / 2**20:,.1f} MiB"
-    return f"{n / 1024:,.1f} KiB" if abs(n) >= 1024 else f"{n:.0f} B"
-
-
-def fmt_dur(s: float) -> str:
-    if s >= 5400:
-        return f"{s / 3600:.1f} h"
-    if s >= 90:
-        return f"{s / 60:.0f} min"
-    return f"{s:.0f} s"
 
 
 def recent(history: HostHistory, n: int | None = None,

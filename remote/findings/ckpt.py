@@ -6,9 +6,8 @@ from collections.abc import Iterable
 
 from ..model.finding import Finding, Severity
 from ..model.history import HostHistory
+from ..units import duration, size
 from .base import (
-    fmt_dur,
-    fmt_gib,
     live_runs,
     rule,
 )
@@ -32,8 +31,8 @@ def ckpt_overdue(history: HostHistory) -> Iterable[Finding]:
             continue
         yield Finding(
             "ckpt.overdue", Severity.WARNING,
-            f"run {sample.name} last checkpointed {fmt_dur(age)} ago, {age / cadence:.1f}× its "
-            f"usual {fmt_dur(cadence)}: a crash now loses all of that — check it still makes "
+            f"run {sample.name} last checkpointed {duration(age)} ago, {age / cadence:.1f}× its "
+            f"usual {duration(cadence)}: a crash now loses all of that — check it still makes "
             "progress and that the checkpoint disk is not full",
             run=sample.name,
             evidence={"age_s": age, "cadence_s": cadence, "latest": latest.path,
@@ -58,7 +57,7 @@ def ckpt_tmp_leftover(history: HostHistory) -> Iterable[Finding]:
         total = sum(c.bytes for c in stale)
         yield Finding(
             "ckpt.tmp_leftover", Severity.WARNING,
-            f"run {sample.name} has {len(stale)} partial checkpoint(s) ({fmt_gib(total)}, e.g. "
+            f"run {sample.name} has {len(stale)} partial checkpoint(s) ({size(total)}, e.g. "
             f"{stale[0].path}) left by a failed save — check the disk is not full, then delete "
             "them",
             run=sample.name,

@@ -4,31 +4,33 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .. import units
 from ..model.finding import Finding, Severity
 from ..model.history import HostHistory
 from ..model.snapshot import HostSnapshot
+from ..units import duration, size
 from .base import (
-    fmt_dur,
-    fmt_gib,
     rule,
 )
 from .forecast import disk_forecast
 
 
-def _fs_checkpoint_bytes(now: HostSnapshot, mount: str | None) -> int:
-    """The biggest latest checkpoint of a run on this filesystem: the next save needs that."""
+def _fs_checkpoint_bytes(now: HostSnapshot, mount: str | None) -> int | None:
+    """What the next save of a run on this filesystem needs (the biggest such run's estimate
+    from its own checkpoints, RunSample.next_checkpoint_bytes); None when no run keeps its
+    checkpoints there (never a "next checkpoint 0 B")."""
     if not mount:
-        return 0
+        return None
     mounts = sorted({d.mount for d in now.disks if d.mount}, key=len, reverse=True)
-    biggest = 0
+    biggest = None
     for sample in now.runs:
-        latest = sample.latest_checkpoint
-        if latest is None:
+        latest, need = sample.latest_checkpoint, sample.next_checkpoint_bytes
+        if latest is None or need is None:
             continue
         home = next((m for m in mounts if latest.path == m or latest.path.startswith(
             m.rstrip("/") + "/")), None)
         if home == mount:
-            biggest = max(biggest, latest.bytes)
+            biggest = max(biggest or 0, need)
     return biggest
 
 
@@ -52,16 +54,18 @@ def disk_low(history: HostHistory) -> Iterable[Finding]:
             need = _fs_checkpoint_bytes(now, disk.mount)
             critical = pct < th.disk_critical_pct or (need and disk.bytes_free < need)
             if critical or pct < th.disk_low_pct or disk.bytes_free < th.disk_low_bytes:
-                fits = (f"; the next {fmt_gib(need)} checkpoint will not fit" if need
+                fits = (f"; the next {size(need)} checkpoint will not fit" if need
                         and disk.bytes_free < need else "")
+                evidence = {"path": disk.path, "mount": disk.mount,
+                            "bytes_free": disk.bytes_free, "bytes_total": disk.bytes_total,
+                            "free_pct": round(pct, 2)}
+                if need:
+                    evidence["next_checkpoint_bytes"] = need
                 yield Finding(
                     "disk.low", Severity.CRITICAL if critical else Severity.WARNING,
-                    f"{fs} has {fmt_gib(disk.bytes_free)} free ({pct:.1f}%){fits}: free space "
+                    f"{fs} has {size(disk.bytes_free)} free ({pct:.1f}%){fits}: free space "
                     "now — delete old checkpoints and *.tmp partials or move them off",
-                    subject=fs,
-                    evidence={"path": disk.path, "mount": disk.mount,
-                              "bytes_free": disk.bytes_free, "bytes_total": disk.bytes_total,
-                              "free_pct": round(pct, 2), "next_checkpoint_bytes": need})
+                    subject=fs, evidence=evidence)
         if disk.inodes_total and disk.inodes_free is not None:
             ipct = 100.0 * disk.inodes_free / disk.inodes_total
             if ipct < th.inodes_low_pct:
@@ -94,9 +98,9 @@ def disk_full_soon(history: HostHistory) -> Iterable[Finding]:
         fs = disk.mount or disk.path
         yield Finding(
             "disk.full_soon", Severity.CRITICAL if hours < 1 else Severity.WARNING,
-            f"{fs} fills in about {hours:.1f} h at the last {fmt_dur(span)}'s rate "
-            f"({fmt_gib(rate * 3600)}/h): free space or cap the checkpoints kept before "
-            "torch.save fails",
+            f"{fs} fills in about {duration(forecast.seconds_left)} at the last "
+            f"{duration(span)}'s rate ({units.rate(rate)}): free space or cap the checkpoints "
+            "kept before torch.save fails",
             subject=fs,
             evidence={"path": disk.path, "mount": disk.mount, "bytes_free": disk.bytes_free,
                       "bytes_per_hour": rate * 3600, "hours_left": hours, "span_s": span})

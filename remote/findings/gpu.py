@@ -10,9 +10,9 @@ from ..model.finding import Finding, Severity
 from ..model.history import HostHistory, same_gpu
 from ..model.processes import gpus_of
 from ..model.snapshot import GPU_ERRORS, HostSnapshot
+from ..units import duration
+from ..units import mib as mib_words
 from .base import (
-    fmt_dur,
-    fmt_mib,
     gpu_at,
     live_runs,
     recent,
@@ -159,7 +159,7 @@ def gpu_util_without_clock(history: HostHistory) -> Iterable[Finding]:
         yield Finding(
             "gpu.util_without_clock", Severity.WARNING,
             f"GPU {gpu.index} reports {gpu.util_pct:.0f}% util but {what} over {len(snaps)} "
-            f"polls ({fmt_dur(span)}): it is underfed or throttled, not busy — check its throttle "
+            f"polls ({duration(span)}): it is underfed or throttled, not busy — check its throttle "
             "reasons and the input pipeline",
             gpu=gpu.index,
             evidence={"polls": len(snaps), "span_s": span,
@@ -308,7 +308,7 @@ def gpu_vram_zombie(history: HostHistory) -> Iterable[Finding]:
         where = f"GPU {gpu}" if gpu is not None else "a GPU"
         yield Finding(
             "gpu.vram_zombie", Severity.WARNING,
-            f"{where}: {fmt_mib(mib) if mib else 'memory'} held by "
+            f"{where}: {mib_words(mib) if mib else 'memory'} held by "
             + (f"pid {first.pid} ({first.reason})" if first.pid is not None
                else "no visible process") + f"{more}: {first.explanation}",
             gpu=gpu,
@@ -346,7 +346,7 @@ def gpu_idle_while_running(history: HostHistory) -> Iterable[Finding]:
                     "and no new steps: it is hung or waiting — check its log or py-spy dump")
             yield Finding(
                 "gpu.idle_while_running", Severity.WARNING,
-                f"GPU {gpu} of run {sample.name} has been near 0% util for {fmt_dur(span)} "
+                f"GPU {gpu} of run {sample.name} has been near 0% util for {duration(span)} "
                 f"while the run is alive; {todo}",
                 gpu=gpu, run=sample.name,
                 evidence={"span_s": span, "polls": len(idle), "steps_advancing": stepping,

@@ -9,8 +9,8 @@ from ..model.finding import Finding, Severity
 from ..model.history import HostHistory
 from ..model.processes import descendants
 from ..model.snapshot import HostSnapshot
+from ..units import duration, size
 from .base import (
-    fmt_gib,
     rule,
     sustained,
 )
@@ -23,7 +23,7 @@ def host_unreachable(history: HostHistory) -> Iterable[Finding]:
     failure = history.failure
     if failure is None:
         return
-    stale = (f"; last good data is {failure.at - history.last_ok_at:.0f} s old"
+    stale = (f"; last good data is {duration(failure.at - history.last_ok_at)} old"
              if history.last_ok_at is not None else "")
     yield Finding(
         "host.unreachable", Severity.CRITICAL,
@@ -38,7 +38,7 @@ def host_rebooted(history: HostHistory) -> Iterable[Finding]:
     if now is None or before is None or not now.boot_id or not before.boot_id:
         return
     if now.boot_id != before.boot_id:
-        up = f" {now.uptime_s / 60:.0f} min ago" if now.uptime_s is not None else ""
+        up = f" {duration(now.uptime_s)} ago" if now.uptime_s is not None else ""
         yield Finding(
             "host.rebooted", Severity.WARNING,
             f"{history.name} rebooted{up} (boot id changed); runs that were on it died with it "
@@ -83,7 +83,7 @@ def host_cgroup_oom(history: HostHistory) -> Iterable[Finding]:
     yield Finding(
         "host.cgroup_oom", Severity.CRITICAL,
         f"the memory cgroup OOM-killed {new - old} process(es) since the last poll{who}"
-        + (f" at its {fmt_gib(limit)} limit" if limit else "")
+        + (f" at its {size(limit)} limit" if limit else "")
         + ": lower num_workers or the per-worker footprint, or rent more memory",
         evidence={"oom_kill_before": old, "oom_kill_now": new, "cgroup": now.cgroup.path,
                   "memory_max_bytes": limit,

@@ -10,8 +10,8 @@ from ..model.finding import Finding, Severity
 from ..model.history import HostHistory
 from ..model.processes import process_table
 from ..model.snapshot import ProcessInfo, RunSample
+from ..units import duration
 from .base import (
-    fmt_dur,
     live_runs,
     rule,
     run_procs,
@@ -41,7 +41,7 @@ def run_dead(history: HostHistory) -> Iterable[Finding]:
                               and d.evidence.get("exit_code") is None)):
             continue
         risk = series.work_at_risk_s()
-        lost = f"; {fmt_dur(risk)} of work since its last checkpoint is lost" if risk else ""
+        lost = f"; {duration(risk)} of work since its last checkpoint is lost" if risk else ""
         why = d.summary if d is not None else "it died before gpuwatch could see why"
         ack = ack_of(history.acks, name, d)
         evidence = {"cause": d.cause if d else "unknown",
@@ -149,7 +149,7 @@ def run_progress(history: HostHistory) -> Iterable[Finding]:
             only_log = not arts
             yield Finding(
                 "run.stalled", Severity.WARNING,
-                f"run {sample.name} is alive but has written nothing for {fmt_dur(quiet)}"
+                f"run {sample.name} is alive but has written nothing for {duration(quiet)}"
                 + (" (only its log is watched: it may just be block-buffered)"
                    if only_log else "")
                 + " — it is likely hung (a dead rank leaves the others waiting in NCCL): "
@@ -167,8 +167,8 @@ def run_progress(history: HostHistory) -> Iterable[Finding]:
         if log_age >= th.log_buffered_s and newest - log_mtime >= th.log_buffered_s:
             yield Finding(
                 "run.log_buffered", Severity.INFO,
-                f"run {sample.name}'s log has been silent for {fmt_dur(log_age)} while its "
-                f"{newest_kind} was written {fmt_dur(at - newest)} ago: stdout is "
+                f"run {sample.name}'s log has been silent for {duration(log_age)} while its "
+                f"{newest_kind} was written {duration(at - newest)} ago: stdout is "
                 "block-buffered, the run is fine — next time launch with python -u or "
                 "PYTHONUNBUFFERED=1",
                 run=sample.name,
@@ -198,7 +198,7 @@ def run_events_empty(history: HostHistory) -> Iterable[Finding]:
                 f"{len(sample.event_files)} event file(s) without a scalar")
         yield Finding(
             "run.events_empty", Severity.WARNING,
-            f"run {sample.name} has run {fmt_dur(at - started)} but {sample.events_path} "
+            f"run {sample.name} has run {duration(at - started)} but {sample.events_path} "
             f"holds {what}{f' ({error})' if error else ''}: its writer logs elsewhere — check "
             "SummaryWriter(log_dir=...) against the configured events path",
             run=sample.name,
@@ -228,7 +228,7 @@ def run_code_changed(history: HostHistory) -> Iterable[Finding]:
                   "the run still executes the old code")
         yield Finding(
             "run.code_changed", Severity.WARNING,
-            f"run {sample.name}: {p.script} changed on disk {fmt_dur(late)}"
+            f"run {sample.name}: {p.script} changed on disk {duration(late)}"
             f" after pid {p.pid} started — {effect}; version the file instead of overwriting "
             "it, and restart the run if the change must apply",
             run=sample.name,

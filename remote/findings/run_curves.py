@@ -27,7 +27,7 @@ from ..model.history import HostHistory
 from ..model.processes import descendants as _descendants
 from ..model.processes import gpus_of as _gpus_of
 from ..textsafe import visible
-from .base import fmt_dur as _dur
+from ..units import duration as _dur
 from .base import rule
 from .base import run_procs as _run_procs
 from .curve_tags import MAX_WATCHED, tags_of

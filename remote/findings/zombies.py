@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from ..model.history import HostHistory
 from ..model.processes import ZombieHolder
 from ..model.snapshot import HostSnapshot, ProcessInfo
+from ..units import mib
 from .base import recent
 
 __all__ = ["REASONS", "ZombieHolder", "left_behind_runs", "zombie_holders"]
@@ -278,7 +279,7 @@ def zombie_holders(history: HostHistory) -> list[ZombieHolder]:
                   "them)" if unread else "")
         out.append(ZombieHolder(
             None, None, None, dev.index, used, "", "unattributed", False,
-            f"GPU {dev.index} has {used} MiB in use but no process holds it{caveat}: a dead "
+            f"GPU {dev.index} has {mib(used)} in use but no process holds it{caveat}: a dead "
             "container or crashed run left a context — restart the container or reset the "
             "GPU"))
     return out

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..units import size
+
 CAUSES = ("reboot", "oom_cgroup", "oom_kernel", "xid", "gpu_lost", "exception", "sighup",
           "killed", "exited", "unknown")
 
@@ -123,7 +125,7 @@ class Diagnosis:
         pid = ev.get("pid", ev.get("killed_pid"))
         who = f"pid {pid} ({ev.get('name', ev.get('killed_name'))})" if pid else "it"
         limit = ev.get("memory_max_bytes")
-        at = f" at its {limit / 2**30:.1f} GiB limit" if isinstance(limit, int) else ""
+        at = f" at its {size(limit)} limit" if isinstance(limit, int) else ""
         # memory.events' oom_kill counter (before → now), when that is the proof, is in the
         # evidence: in the sentence it read as jargon
         return (f"the memory cgroup{cgroup} OOM-killed {who}{at}; lower num_workers "

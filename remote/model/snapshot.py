@@ -427,6 +427,10 @@ class Checkpoint:
         return {"path": self.path, "mtime": self.mtime, "bytes": self.bytes}
 
 
+NEXT_CHECKPOINT_FROM = 3
+"""Checkpoints a run's next save is sized from (RunSample.next_checkpoint_bytes)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RunSample:
     """One poll's look at a configured training run."""
@@ -450,6 +454,15 @@ class RunSample:
     @property
     def latest_checkpoint(self) -> Checkpoint | None:
         return max(self.checkpoints, key=lambda c: c.mtime, default=None)
+
+    @property
+    def next_checkpoint_bytes(self) -> int | None:
+        """What the run's next save will take (U6), from its own checkpoints: the largest of
+        its newest NEXT_CHECKPOINT_FROM (the newest may still be being written, and a size
+        walk that hit its cap reads low: the others say what a whole one takes). None when
+        it has none."""
+        newest = sorted(self.checkpoints, key=lambda c: c.mtime)[-NEXT_CHECKPOINT_FROM:]
+        return max((c.bytes for c in newest), default=None)
 
     def new_points(self) -> dict[str, list[tuple[int, float, float]]]:
         """This poll's new event points per tag, files in reading order."""

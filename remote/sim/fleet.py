@@ -1,8 +1,10 @@
 """``gpuwatch --demo``'s fleet: simulated GPU boxes served over real SSH on loopback.
 
-Each box is a ``Box`` (remote/sim/box.py) with the REAL /proc, so real processes can be seen and
-signalled, and simulated GPUs, cgroup, kernel log and data disk, served by its own in-process
-SSH server (remote/sim/sshserver.py) on 127.0.0.1 with its own host key. The fleet writes an
+Each box is a ``Box`` (remote/sim/box.py) whose processes are real, so they can be seen and
+signalled, with simulated GPUs, cgroup, kernel log and disks, served by its own in-process SSH
+server (remote/sim/sshserver.py) on 127.0.0.1 with its own host key. Its /proc is a view of its
+own (remote/sim/proc_view.py): its real processes only, its own hostname, load and CPUs, never
+this machine's. The fleet writes an
 OpenSSH client config, a known_hosts and a gpuwatch config.toml, so gpuwatch reaches the boxes
 through exactly the pipeline it uses for real hosts, host-key checking included.
 
@@ -13,21 +15,23 @@ and each box plays its scenario:
 - ``demo-healthy``: a trainer that trains: GPU busy at full clock, loss going down, checkpoints;
   and on GPU 1 a second run, ``sft``, that the config does not name: gpuwatch finds it from the
   GPU's process, with its log, event files and checkpoints.
-- ``demo-capped``: the same, on a GPU capped to 250 W: util 100 % at ~37 % of max SM clock,
-  power at the limit, ``sw_power_cap`` active (U21, U23).
+- ``demo-capped``: the same, on a GPU capped to 250 W from the start: util 100 % at ~37 % of
+  max SM clock, power at the limit, ``sw_power_cap`` active from the first poll, sustained from
+  the second (U21, U23).
 - ``demo-zombie``: a DDP job died; an orphaned rank 3 (a real process) still holds VRAM on GPU 3
   while no live run owns it (U11). Reap it over SSH and the VRAM comes back.
 - ``demo-oom``: the trainer's cgroup memory climbs to its limit and the (simulated) OOM killer
   SIGKILLs it: memory.events oom_kill +1, the kernel's line in dmesg, GPU idle (U41). Relaunch it
   over SSH from its latest checkpoint and it runs on without running out of memory again.
-- ``demo-disk``: a fine-tune that keeps every checkpoint while /data fills toward full (U6).
+- ``demo-disk``: a fine-tune that keeps every checkpoint on / while / fills toward full (U6):
+  low from the first poll, its forecast from the second.
 - ``demo-driver``: an unattended driver upgrade left the running kernel module and the new
   library apart: nvidia-smi says "Driver/library version mismatch" (exit 18), as every box does
   until it is rebooted. A wedged driver is not "no GPU": gpuwatch says so, and refuses a
   relaunch there (every new CUDA process would fail).
 
-The simulated /data disk is the simulator hook ``BOX/sim/statvfs.json`` (the probe reads it only
-under ``GPUWATCH_SIM_DIR``): ``{"/data": {"bytes_total": int, "bytes_free": int,
+The simulated disks (/ and /data) are the simulator hook ``BOX/sim/statvfs.json`` (the probe
+reads it only under ``GPUWATCH_SIM_DIR``): ``{"/data": {"bytes_total": int, "bytes_free": int,
 "inodes_total": int, "inodes_free": int}}``, keyed by the path exactly as the config lists it.
 
 ``async with DemoFleet.start() as fleet: ...`` runs it; ``python -m gpuwatch.remote.sim.fleet``
@@ -60,8 +64,9 @@ from gpuwatch.remote.sim.box import Box
 from gpuwatch.remote.sim.fleet_box import (
     DemoBox,
     DemoRun,
+    RealProcess,
     _log,
-    _uses_cgroup_v1_memory,
+    box_mark,
     fleet_pids,
     scan_processes,
 )
@@ -88,19 +93,21 @@ class Timeline:
     save_every: int = 40
     """Steps between checkpoints of the healthy and capped runs."""
     capped_interval_s: float = 4.0
-    """demo-capped plays util_without_clock one frame per this: two healthy, then capped."""
-    oom_after_s: float = 45.0
-    """demo-oom's trainer is OOM-killed this long after it started (once per fleet)."""
+    """Unused: demo-capped is capped from its first poll (kept for callers that set it)."""
+    oom_after_s: float = 18.0
+    """demo-oom's trainer is OOM-killed this long after it started (once per fleet): within
+    the demo's first 30 s, after polls that saw it alive."""
     oom_save_every: int = 20
     disk_save_every: int = 30
-    disk_start_free: float = 0.09
-    """Fraction of /data free on demo-disk at the start."""
+    disk_start_free: float = 0.045
+    """Fraction of / free on demo-disk at the start: low already (disk.low from the first
+    poll), its forecast from the second."""
     disk_fill_bytes_s: float = 0.25e9
-    """Steady growth on demo-disk's /data (caches, logs), besides each checkpoint."""
-    disk_checkpoint_bytes: int = 14_000_000_000
-    """What each demo-disk checkpoint costs on the simulated /data."""
+    """Steady growth on demo-disk's / (caches, logs), besides each checkpoint."""
+    disk_checkpoint_bytes: int = 0
+    """What each demo-disk checkpoint costs on the simulated / besides its files' bytes."""
     disk_floor: float = 0.006
-    """demo-disk's /data stops filling at this fraction free (it cannot really run out)."""
+    """demo-disk's / stops filling at this fraction free (it cannot really run out)."""
 
 
 
@@ -131,7 +138,6 @@ class DemoFleet:
         self.ssh_config = self.ssh_dir / "config"
         self.known_hosts = self.ssh_dir / "known_hosts"
         self.client_key = self.ssh_dir / "id_ed25519"
-        self.cgroup_v1 = _uses_cgroup_v1_memory()
         self.started_pids: set[int] = set()
         self.lifeline_fd: int | None = None
         self._lifeline_w: int | None = None
@@ -139,6 +145,9 @@ class DemoFleet:
         self._boxes: dict[str, DemoBox] = {}
         self._controller: asyncio.Task[None] | None = None
         self.ticks = 0
+        self.known_pids: frozenset[int] = frozenset()
+        """The pids of the last scan of this machine's processes."""
+        self._marks: dict[tuple[int, int], str | None] = {}
 
     # -- the public face ---------------------------------------------------------------------
     @classmethod
@@ -181,9 +190,18 @@ class DemoFleet:
         spec = next(r for r in demo.runs if r.name == run)
         return sorted(pid for pid, p in scan_processes().items() if spec.matches(p))
 
+    def box_of(self, proc: RealProcess) -> str | None:
+        """The box a real process belongs to (its environment's mark, read once per process)."""
+        key = (proc.pid, proc.start_ticks)
+        if key not in self._marks:
+            self._marks[key] = box_mark(proc.pid, self.id)
+        return self._marks[key]
+
     def tick(self) -> None:
         """One step of every box (the controller calls it every tick_s; tests may too)."""
         procs = scan_processes()
+        self.known_pids = frozenset(procs)
+        self._marks = {k: v for k, v in self._marks.items() if k[0] in procs}
         for demo in self._boxes.values():
             try:
                 demo.tick(procs)
@@ -212,7 +230,7 @@ class DemoFleet:
                                       f"gpuwatch-demo-host:{name}")
             demo.server = BoxSshServer(name, host_key=host_key, authorized_keys=[client_key],
                                        user=self.user, home=demo.home, env=demo.env(),
-                                       pass_fds=(read_fd,))
+                                       pass_fds=(read_fd,), before_command=demo.before_command)
             port = await demo.server.start()
             known.append(f"[127.0.0.1]:{port} {host_key.export_public_key().decode().strip()}")
         self._write_ssh_files(known)

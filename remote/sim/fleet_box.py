@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import random
 import shlex
@@ -23,6 +24,7 @@ from gpuwatch.remote.sim import trainer as trainer_module
 from gpuwatch.remote.sim.box import GPU_KNOBS, Box
 from gpuwatch.remote.sim.nvidia_smi import REASON_BITS
 from gpuwatch.remote.sim.presets import Preset, h100_sxm
+from gpuwatch.remote.sim.proc_view import ProcView
 from gpuwatch.remote.sim.sshserver import BoxSshServer
 
 if TYPE_CHECKING:
@@ -30,10 +32,16 @@ if TYPE_CHECKING:
 
 FLEET_ENV = "GPUWATCH_DEMO_FLEET"
 """Set in the environment of every process the fleet starts: how it finds them all at the end."""
+BOX_ENV = "GPUWATCH_DEMO_BOX"
+"""Set beside FLEET_ENV: the box a process belongs to (its /proc view shows it)."""
 LIFELINE_ENV = "GPUWATCH_DEMO_LIFELINE"
 """The fd of a pipe whose other end only this process holds: the trainer ends when it closes."""
 STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 GIB = 1 << 30
+LOAD_SETTLE_S = 5.0
+"""The load is at its level while the trainers start (they have run a while, in the story)."""
+CPUS_PER_GPU = 26
+"""A cloud GPU box's vCPUs per GPU (26 on a one-H100 instance; 208 on an eight)."""
 TRAINER_SOURCE = Path(trainer_module.__file__)
 
 _log = logging.getLogger("gpuwatch.demo")
@@ -50,30 +58,55 @@ class RealProcess:
     state: str
     ppid: int
     comm: str
+    start_ticks: int = 0
+    """When it started (/proc/PID/stat field 22): with the pid, which process this is."""
+
+
+def read_process(pid: int) -> RealProcess | None:
+    """One live (non-zombie) user-space process of this machine, from the real /proc; None
+    for a kernel thread, a zombie or a pid that is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            raw = fh.read()
+        if not raw:
+            return None  # kernel thread, or a zombie that released its memory
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode(errors="replace")
+    except OSError:
+        return None
+    comm = stat[stat.find("(") + 1: stat.rfind(")")]
+    rest = stat[stat.rfind(")") + 2:].split()
+    if len(rest) < 20 or rest[0] in ("Z", "X"):
+        return None
+    argv = tuple(a.decode(errors="replace") for a in raw.rstrip(b"\0").split(b"\0"))
+    return RealProcess(pid, argv, rest[0], int(rest[1]), comm, int(rest[19]))
 
 
 def scan_processes() -> dict[int, RealProcess]:
     """Every live (non-zombie) user-space process of this machine, from the real /proc."""
     found: dict[int, RealProcess] = {}
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
-                raw = fh.read()
-            if not raw:
-                continue  # kernel thread, or a zombie that released its memory
-            with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                stat = fh.read().decode(errors="replace")
-        except OSError:
-            continue
-        comm = stat[stat.find("(") + 1: stat.rfind(")")]
-        rest = stat[stat.rfind(")") + 2:].split()
-        if not rest or rest[0] in ("Z", "X"):
-            continue
-        argv = tuple(a.decode(errors="replace") for a in raw.rstrip(b"\0").split(b"\0"))
-        found[int(entry.name)] = RealProcess(int(entry.name), argv, rest[0], int(rest[1]), comm)
+        if entry.name.isdigit():
+            proc = read_process(int(entry.name))
+            if proc is not None:
+                found[proc.pid] = proc
     return found
+
+
+def box_mark(pid: int, fleet_id: str) -> str | None:
+    """The demo box a process belongs to: GPUWATCH_DEMO_BOX in its environment, where it also
+    carries this fleet's mark (the fleet sets both for what it starts; its children inherit
+    them). None for any other process."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = fh.read().split(b"\0")
+    except OSError:
+        return None
+    if f"{FLEET_ENV}={fleet_id}".encode() not in env:
+        return None
+    prefix = f"{BOX_ENV}=".encode()
+    return next((v[len(prefix):].decode(errors="replace") for v in env
+                 if v.startswith(prefix)), None)
 
 
 def fleet_pids(fleet_id: str) -> list[int]:
@@ -107,17 +140,6 @@ def _real_btime() -> int:
             if line.startswith("btime "):
                 return int(line.split()[1])
     return int(time.time() - _real_uptime())
-
-
-def _uses_cgroup_v1_memory() -> bool:
-    """Whether this machine's /proc/self/cgroup has a v1 memory line (the probe then reads the
-    v1 files, so the simulated cgroup must offer them too)."""
-    try:
-        text = Path("/proc/self/cgroup").read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return False
-    return any("memory" in line.split(":")[1].split(",") for line in text.splitlines()
-               if line.count(":") >= 2)
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -190,15 +212,27 @@ class DemoBox:
         self.rng = random.Random(name)
         self.box = Box(root / "box", self.make_gpus(), real_proc=True, btime=_real_btime(),
                        uptime_s=_real_uptime(), memory_max=self.memory_max,
-                       memory_current=18 * GIB)
+                       memory_current=18 * GIB,
+                       cgroup_path="/user.slice/user-1000.slice/session-4.scope")
+        # The box's own /proc: its real processes only, its own name, load and CPUs (never
+        # this machine's hostname, load or processes).
+        self.view = ProcView(self.box.proc, hostname=name,
+                             ncpu=CPUS_PER_GPU * max(1, len(self.box.gpus)), btime=self.box.btime,
+                             cgroup=self.box.cgroup_path)
+        self.load: float | None = None
+        """The 1-minute load average; set at the first tick, as a box that has run a while."""
         self.runs: list[DemoRun] = []
+        # Every disk the config lists is simulated (statvfs.json), / too: never this machine's.
         self.disks: dict[str, dict[str, int]] = {
+            "/": {"bytes_total": 1_919_850_381_312, "bytes_free": 1_302_000_000_000,
+                  "inodes_total": 117_211_136, "inodes_free": 115_900_000},
             "/data": {"bytes_total": 7_681_500_000_000, "bytes_free": 2_915_000_000_000,
                       "inodes_total": 468_750_000, "inodes_free": 466_020_000}}
         self.server: BoxSshServer | None = None
         self.live: dict[str, list[int]] = {}
         """Run name -> pids of its live trainer processes, as of the last tick."""
         self.started = time.monotonic()
+        self._load_at = self.started
         self._written: dict[Path, str] = {}
         self._gpus_written = ""
 
@@ -219,8 +253,8 @@ class DemoBox:
         env = self.box.env(base_path=base)
         user = self.fleet.user
         env.update({"HOME": str(self.home), "USER": user, "LOGNAME": user, "SHELL": "/bin/sh",
-                    "LANG": "C.UTF-8", FLEET_ENV: self.fleet.id,
-                    "GPUWATCH_DEMO_BOX": self.name})
+                    "LANG": "C.UTF-8", FLEET_ENV: self.fleet.id, BOX_ENV: self.name,
+                    "GPUWATCH_PROCFS": str(self.view.root)})
         if self.fleet.lifeline_fd is not None:
             env[LIFELINE_ENV] = str(self.fleet.lifeline_fd)
         return env
@@ -256,7 +290,7 @@ class DemoBox:
         return table
 
     def host_config(self) -> dict[str, Any]:
-        return {"ssh": self.name, "python": "python3", "disks": ["/", *self.disks],
+        return {"ssh": self.name, "python": "python3", "disks": list(self.disks),
                 "runs": {run.name: self.run_config(run) for run in self.runs
                          if run.configured}}
 
@@ -293,11 +327,47 @@ class DemoBox:
         self.box.uptime_s = _real_uptime()
         self.live = {run.name: sorted(pid for pid, p in procs.items() if run.matches(p))
                      for run in self.runs}
+        self.show_processes(procs)
         self.step(procs)
         self.sync_compute_apps(procs)
         self.flush()
         self.write_statvfs()
-        self.write_cgroup_v1()
+
+    # -- the box's /proc ------------------------------------------------------------------------
+    def load_target(self, trainers: int) -> float:
+        """The 1-minute load a box settles at: a trainer keeps its dataloader workers and
+        itself busy (about six runnable threads), an idle box a little."""
+        return 0.4 + 6.0 * trainers
+
+    def show_processes(self, procs: Mapping[int, RealProcess]) -> None:
+        """The view shows this box's processes and the reaper any orphan of them was handed
+        to (init or a subreaper: who adopted an orphaned rank is evidence, U11); the load
+        follows the trainers as the kernel's 1-minute average does."""
+        mine = {pid for pid, p in procs.items() if self.fleet.box_of(p) == self.name}
+        reapers = {procs[pid].ppid for pid in mine} - mine - {os.getpid(), 0}
+        self.view.show(mine | {pid for pid in reapers if pid in procs})
+        now = time.monotonic()
+        dt, self._load_at = now - self._load_at, now
+        trainers = sum(1 for pids in self.live.values() if pids)
+        target = self.load_target(trainers)
+        settling = now - self.started < LOAD_SETTLE_S  # a box that has run for a while
+        self.load = target if self.load is None or settling else (
+            self.load + (target - self.load) * (1 - math.exp(-dt / 60)))
+        jitter = self.rng.uniform(-0.15, 0.15)
+        running = max(1, trainers * 6 + self.rng.randint(0, 2))
+        self.view.system((max(0.0, self.load + jitter), self.load * 0.97, self.load * 0.93),
+                         running=running, total=len(mine) + 180, last_pid=max(procs, default=1))
+
+    def before_command(self) -> None:
+        """The SSH server runs a command next: a process of this box started since the last
+        tick (a relaunch, by the command before) is in the view already."""
+        known = self.fleet.known_pids
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) in known or int(name) in self.view.shown:
+                continue
+            proc = read_process(int(name))
+            if proc is not None and self.fleet.box_of(proc) == self.name:
+                self.view.add(proc.pid)
 
     def step(self, procs: Mapping[int, RealProcess]) -> None:
         """The scenario's move this tick (GPU knobs, cgroup, disks)."""
@@ -385,27 +455,16 @@ class DemoBox:
         self._write_if_changed(self.box.sim / "statvfs.json",
                                json.dumps(self.disks, indent=1, sort_keys=True) + "\n")
 
-    def write_cgroup_v1(self) -> None:
-        """The cgroup v1 files mirroring the Box's v2 state, where this machine is v1 (hybrid):
-        the probe follows /proc/self/cgroup, which is this machine's, to pick the layout."""
-        if not self.fleet.cgroup_v1:
-            return
-        c = self.box.cgroup
-        base = self.box.sys / "fs" / "cgroup"
-        limit = c["memory.max"] if c["memory.max"] is not None else 9223372036854771712
-        events = c["events"]
-        self._write_if_changed(base / "memory" / "memory.usage_in_bytes",
-                               f"{c['memory.current']}\n")
-        self._write_if_changed(base / "memory" / "memory.limit_in_bytes", f"{limit}\n")
-        self._write_if_changed(base / "memory" / "memory.oom_control",
-                               f"oom_kill_disable 0\nunder_oom 0\noom_kill {events['oom_kill']}\n")
-        quota = c["cpu_quota_us"] if c["cpu_quota_us"] is not None else -1
-        self._write_if_changed(base / "cpu" / "cpu.cfs_quota_us", f"{quota}\n")
-        self._write_if_changed(base / "cpu" / "cpu.cfs_period_us", f"{c['cpu_period_us']}\n")
-        self._write_if_changed(base / "cpu" / "cpu.stat",
-                               f"nr_periods {c['nr_periods']}\nnr_throttled {c['nr_throttled']}\n"
-                               f"throttled_time {c['throttled_usec'] * 1000}\n")
 
+def tree_bytes(path: Path) -> int:
+    """The bytes of a file, or of the files under a folder (a checkpoint's size on disk as the
+    probe counts it)."""
+    try:
+        if path.is_file():
+            return path.stat().st_size
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    except OSError:
+        return 0
 
 
 def write_history(workdir: Path, *, steps: int, seed: int, save_every: int, hours_ago: float,

@@ -19,10 +19,11 @@ from gpuwatch.remote.sim.fleet_box import (
     RealProcess,
     _cmdline,
     _log,
+    read_process,
+    tree_bytes,
     write_history,
 )
 from gpuwatch.remote.sim.presets import Preset, h100_sxm
-from gpuwatch.remote.sim.scenario import Scenario, util_without_clock
 
 ZOMBIE_SOURCE = '''#!/usr/bin/env python3
 """gpuwatch --demo: a STAND-IN for rank 3 of a torchrun job whose launcher died.
@@ -82,38 +83,35 @@ class CappedBox(DemoBox):
         self.add_run("vit-huge", trainer_args=(
             "--step-s", f"{t.capped_step_s:g}", "--save-every", str(max(1, t.save_every // 2)),
             "--save-total-limit", "3", "--seed", "77"))
-        self.scenario: Scenario = util_without_clock(self.box, 0, ticks=1, clock_fraction=0.37)
-        self.scenario.interval_s = t.capped_interval_s
-        self.alive_s = 0.0
-        self._last = time.monotonic()
+        # Capped before the demo began (`nvidia-smi -pl 250` by someone, long ago): the first
+        # poll sees it, and the second makes it sustained (U21: never one snapshot).
+        self.set_gpu(0, power_limit_w=self.CAP_W)
 
     async def launch(self) -> None:
-        await self.start_run(self.runs[0])
+        run = self.runs[0]
+        pid = await self.start_run(run)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # until setsid and nohup have exec'd python: the
+            proc = read_process(pid)        # fleet's first tick sees it training, capped
+            if proc is None or run.matches(proc):
+                break
+            await asyncio.sleep(0.02)
 
     def step(self, procs: Mapping[int, RealProcess]) -> None:
-        now = time.monotonic()
-        dt, self._last = now - self._last, now
         if not self.live.get("vit-huge"):
             self.gpu_idle(0)
             return
-        self.alive_s += dt
-        uptime = self.box.uptime_s
-        if self.scenario.tick < len(self.scenario.frames):
-            self.scenario.play_until(self.box, self.alive_s)
-            self.box.uptime_s = uptime  # the scenario's frames advance a clock of their own
-        if self.scenario.tick >= len(self.scenario.frames):
-            # Capped: 100 % busy, SM clock ~37 % of max, drawing right at the lowered limit.
-            gpu = self.box.gpus[0]
-            sm_max = int(gpu.get("clocks.max.sm") or 1980)
-            r = self.rng
-            self.set_gpu(0, {"utilization.memory": r.randint(20, 28)}, util_pct=100,
-                             sm_clock_mhz=int(sm_max * r.uniform(0.35, 0.39)),
-                             power_limit_w=self.CAP_W,
-                             power_w=round(self.CAP_W * r.uniform(0.985, 1.0), 2),
-                             temp_c=r.randint(52, 56), mem_used_mib=47_104 + r.randint(-32, 32))
-            self.set_throttle(0, ["sw_power_cap"])
-        else:
-            self.set_gpu(0, mem_used_mib=47_104)
+        # Capped: 100 % busy, SM clock ~37 % of max, drawing right at the lowered limit.
+        gpu = self.box.gpus[0]
+        sm_max = int(gpu.get("clocks.max.sm") or 1980)
+        r = self.rng
+        self.set_gpu(0, {"utilization.memory": r.randint(20, 28)}, util_pct=100,
+                     sm_clock_mhz=int(sm_max * r.uniform(0.35, 0.39)),
+                     power_limit_w=self.CAP_W,
+                     power_w=round(self.CAP_W * r.uniform(0.985, 1.0), 2),
+                     temp_c=r.randint(52, 56), mem_used_mib=47_104 + r.randint(-32, 32),
+                     pstate="P0")
+        self.set_throttle(0, ["sw_power_cap"])
 
 
 class ZombieBox(DemoBox):
@@ -249,16 +247,19 @@ class OomBox(DemoBox):
 
 
 class DiskBox(DemoBox):
-    story = ("a fine-tune that keeps every checkpoint (no save_total_limit) while /data fills "
-             "toward full")
+    story = ("a fine-tune that keeps every checkpoint (no save_total_limit) on the root disk "
+             "while its caches fill it toward full")
 
     def prepare(self) -> None:
         t = self.timeline
         self.add_run("sdxl-finetune", trainer_args=(
             "--step-s", f"{t.step_s:g}", "--save-every", str(t.disk_save_every),
             "--save-total-limit", "0", "--checkpoint-kib", "128", "--seed", "9"))
+        # The run lives on / (its folder is under this machine's /tmp, on the simulated /):
+        # its checkpoints are on the filesystem that fills, and the findings size its next save
+        # from them.
         total = 3_840_755_982_336
-        self.disks["/data"] = {
+        self.disks["/"] = {
             "bytes_total": total, "bytes_free": int(total * t.disk_start_free),
             "inodes_total": 234_422_272, "inodes_free": 201_300_000}
         self.seen_checkpoints: set[str] = set()
@@ -272,7 +273,7 @@ class DiskBox(DemoBox):
         now = time.monotonic()
         dt, self._last = now - self._last, now
         t = self.timeline
-        disk = self.disks["/data"]
+        disk = self.disks["/"]
         used = t.disk_fill_bytes_s * dt if self.live.get("sdxl-finetune") else 0.0
         inodes = 40 * dt if self.live.get("sdxl-finetune") else 0.0
         outputs = self.runs[0].workdir / "outputs"
@@ -283,7 +284,8 @@ class DiskBox(DemoBox):
             names = set()
         new = names - self.seen_checkpoints
         self.seen_checkpoints |= names
-        used += len(new) * t.disk_checkpoint_bytes
+        # each new checkpoint takes what its files take (and what the timeline adds)
+        used += sum(tree_bytes(outputs / n) for n in new) + len(new) * t.disk_checkpoint_bytes
         inodes += len(new) * 1500
         floor = int(disk["bytes_total"] * t.disk_floor)
         disk["bytes_free"] = max(floor, int(disk["bytes_free"] - used))

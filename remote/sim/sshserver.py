@@ -26,7 +26,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +161,11 @@ class _Session(asyncssh.SSHServerSession[bytes]):
             host, port = self._peer
             env["SSH_CONNECTION"] = f"{host} {port} 127.0.0.1 {self._server.port}"
             env["SSH_CLIENT"] = f"{host} {port} {self._server.port}"
+            if self._server.before_command is not None:
+                try:
+                    self._server.before_command()
+                except Exception:  # the box's bookkeeping must never cost the command
+                    _log.exception("%s: before_command failed", self._server.name)
             try:
                 proc = await asyncio.create_subprocess_exec(
                     "/bin/sh", "-c", command, stdin=asyncio.subprocess.PIPE,
@@ -306,7 +311,8 @@ class BoxSshServer:
                  authorized_keys: list[asyncssh.SSHKey], user: str, home: Path,
                  env: Mapping[str, str], host: str = "127.0.0.1", port: int = 0,
                  max_connections: int = 32, max_commands: int = 8,
-                 pass_fds: tuple[int, ...] = ()) -> None:
+                 pass_fds: tuple[int, ...] = (),
+                 before_command: Callable[[], None] | None = None) -> None:
         self.name = name
         self.host = host
         self.port = port
@@ -316,6 +322,9 @@ class BoxSshServer:
         self.max_connections = max_connections
         self.pass_fds = pass_fds
         """File descriptors every command inherits (the demo fleet's lifeline)."""
+        self.before_command = before_command
+        """Called before each command starts (the demo box brings its /proc view up to date:
+        what the previous command started is in it)."""
         self.banner = (f"gpuwatch --demo: {name} is a SIMULATED GPU box served by gpuwatch's "
                        "in-process SSH server on loopback; its GPUs are stand-ins, not "
                        "hardware.\n")

@@ -175,7 +175,7 @@ async def test_exec_runs_in_the_box_environment(start_fleet: StartFleet) -> None
     assert path.split(":")[0] == str(demo.box.bin)
     assert cwd == str(demo.home)
     assert sim == str(demo.box.sim) and sysfs == str(demo.box.sys)
-    assert procfs == "unset"  # the real /proc: real processes that actions can signal
+    assert procfs == str(demo.view.root)  # the box's own /proc: its real processes only
     assert smi == str(demo.box.bin / "nvidia-smi")
 
 
@@ -213,6 +213,67 @@ async def test_the_probe_runs_through_the_bootstrap(start_fleet: StartFleet) -> 
     assert disks["/data"]["bytes_total"] == demo.disks["/data"]["bytes_total"]
     assert disks["/data"]["inodes_free"] == demo.disks["/data"]["inodes_free"]
     assert doc["runs"][0]["pids"] == demo.live[run.name]
+
+
+async def test_a_box_shows_its_own_proc_never_this_machines(start_fleet: StartFleet) -> None:
+    """The simulated boxes showed THIS machine's hostname, load, CPU count and processes (a
+    defunct [sshd] of someone's session as the box's zombie). The box's /proc is its own:
+    its name, its load and CPUs, its real processes (and their reaper) only."""
+    from gpuwatch.remote.wire.document import parse_probe_output
+
+    fleet = await start_fleet("demo-healthy")
+    demo = fleet.demo_box("demo-healthy")
+    await wait_for(lambda: all(demo.live.get(r.name) for r in demo.runs), what="the trainers")
+    # Popen, not asyncio's: asyncio's child watcher would reap `true` at once, and the test
+    # needs it defunct (this machine's zombie) until it waits for it below.
+    stranger = subprocess.Popen(["sleep", "60"])  # noqa: ASYNC220 (this machine's, not the box's)
+    defunct = subprocess.Popen(["true"])  # noqa: ASYNC220
+    await wait_for(lambda: Path(f"/proc/{defunct.pid}/stat").read_text().split(") ")[1][0]
+                   == "Z", what="a defunct process on this machine")
+    try:
+        request = {"v": 1, "disks": ["/"], "runs": []}
+        async with connect(fleet, "demo-healthy") as conn:
+            result = await conn.run(probe_bundle.build_command("python3"),
+                                    input=probe_bundle.build_stdin(request), encoding=None)
+        snap = parse_probe_output(result.stdout, "demo-healthy")
+    finally:
+        stranger.kill()
+        stranger.wait()
+        defunct.wait()
+    assert snap.hostname == "demo-healthy" != os.uname().nodename
+    assert snap.ncpu == 52 and snap.loadavg is not None
+    assert snap.loadavg[0] > 6  # two trainers, not this machine's load
+    pids = {p.pid for p in snap.processes}
+    assert stranger.pid not in pids and defunct.pid not in pids
+    ours = set(fleet.processes())
+    trainers = {pid for r in demo.runs for pid in demo.live[r.name]}
+    assert trainers <= pids
+    reapers = {p.ppid for p in snap.processes if p.pid in ours} - ours
+    assert pids <= ours | reapers, pids - ours - reapers
+    assert not [p for p in snap.processes if p.zombie or p.state == "Z"]
+    assert snap.disks[0].bytes_total == demo.disks["/"]["bytes_total"]  # not this machine's /
+
+
+async def test_the_capped_gpu_is_capped_from_the_first_poll(start_fleet: StartFleet,
+                                                            tmp_path: Path) -> None:
+    """demo-capped read `ok`, SM clock 100%, for its first ~10 s: now its first poll shows
+    100% util at ~37% of max clock under sw_power_cap, and its second the finding (sustained
+    over two polls, U21: never judged on one)."""
+    from gpuwatch.remote.config.load import load_file
+    from gpuwatch.remote.store import Store
+    from gpuwatch.tui.cli.once import poll_once
+
+    fleet = await start_fleet("demo-capped", timeline=Timeline(), tick_s=1.0)
+    config = load_file(fleet.config_path)
+    with Store.open(tmp_path / "capped.sqlite3") as store:
+        first = (await poll_once(config, store)).reports[0]
+        second = (await poll_once(config, store)).reports[0]
+    assert first.outcome.snapshot is not None
+    (gpu,) = first.outcome.snapshot.gpus
+    assert gpu.util_pct == 100 and gpu.sm_clock_mhz is not None and gpu.sm_clock_max_mhz
+    assert 0.34 <= gpu.sm_clock_mhz / gpu.sm_clock_max_mhz <= 0.40
+    assert gpu.throttle_reasons is not None and "sw_power_cap" in gpu.throttle_reasons
+    assert "gpu.util_without_clock" in {f.code for f in second.findings}
 
 
 async def test_bounded_concurrency_queues_commands(start_fleet: StartFleet) -> None:
@@ -508,18 +569,39 @@ async def test_disk_fills_toward_full(start_fleet: StartFleet) -> None:
     fleet = await start_fleet("demo-disk", "demo-healthy")
     demo = fleet.demo_box("demo-disk")
     path = demo.box.sim / "statvfs.json"
-    first = json.loads(path.read_text())["/data"]
+    first = json.loads(path.read_text())["/"]  # the run lives on /, and / fills
     assert set(first) == {"bytes_total", "bytes_free", "inodes_total", "inodes_free"}
     assert all(isinstance(v, int) for v in first.values())
     await wait_for(lambda: (demo.runs[0].workdir / "outputs/checkpoint-10").is_dir(),
                    limit_s=10, what="two checkpoints")
     await asyncio.sleep(TICK_S + 0.1)
-    later = json.loads(path.read_text())["/data"]
+    later = json.loads(path.read_text())["/"]
     assert later["bytes_total"] == first["bytes_total"]
     assert later["bytes_free"] <= first["bytes_free"] - 2 * FAST.disk_checkpoint_bytes
     assert later["inodes_free"] < first["inodes_free"]
     steady = json.loads((fleet.box("demo-healthy").sim / "statvfs.json").read_text())
     assert steady["/data"]["bytes_free"] / steady["/data"]["bytes_total"] > 0.3
+
+
+async def test_the_low_disk_sizes_the_next_checkpoint_from_the_runs_own(
+        start_fleet: StartFleet, tmp_path: Path) -> None:
+    """The disk evidence said "next checkpoint 0 B" beside 132 KiB checkpoints: demo-disk's
+    run keeps them on the / that fills, and disk.low sizes the next save from them."""
+    from gpuwatch.remote.config.load import load_file
+    from gpuwatch.remote.store import Store
+    from gpuwatch.tui.cli.once import poll_once
+
+    fleet = await start_fleet("demo-disk")
+    run = fleet.demo_box("demo-disk").runs[0]
+    await wait_for(lambda: (run.workdir / "outputs/checkpoint-10").is_dir(), limit_s=10,
+                   what="two checkpoints")
+    with Store.open(tmp_path / "disk.sqlite3") as store:
+        report = (await poll_once(load_file(fleet.config_path), store)).reports[0]
+    low = next(f for f in report.findings if f.code == "disk.low")
+    sizes = [sum(f.stat().st_size for f in c.rglob("*") if f.is_file())
+             for c in (run.workdir / "outputs").glob("checkpoint-*")]
+    assert low.subject == "/" and low.evidence["next_checkpoint_bytes"] >= 128 << 10
+    assert low.evidence["next_checkpoint_bytes"] <= max(sizes)
 
 
 async def test_a_root_is_reused_only_if_it_was_a_demo_root(tmp_path: Path) -> None:
@@ -637,4 +719,5 @@ async def test_every_demo_scenario_raises_its_finding_within_a_minute(
             await asyncio.sleep(1.0)
     missing = {h: c for h, c in DEMO_FINDINGS.items() if c not in seen[h]}
     assert not missing, (missing, seen)
-    assert Timeline().oom_after_s < 60  # the real demo's OOM, too, comes within its minute
+    # the real demo's OOM, too, comes within its first 30 s, after polls that saw it alive
+    assert 3 * 2 < Timeline().oom_after_s <= 20

@@ -22,7 +22,14 @@ from gpuwatch.remote.actions.plan import (
 )
 from gpuwatch.remote.config.schema import HostConfig, RunConfig
 from gpuwatch.remote.findings.rules import HostHistory, PollFailure
-from gpuwatch.remote.model.snapshot import GpuProcess, HostSnapshot, ProcessCounts, ProcessInfo
+from gpuwatch.remote.model.snapshot import (
+    Checkpoint,
+    GpuProcess,
+    HostSnapshot,
+    ProcessCounts,
+    ProcessInfo,
+    RunSample,
+)
 from harness.captures import missing
 
 BOOT = "1f6c1a7e-0000-4000-8000-000000000001"
@@ -104,7 +111,7 @@ def test_kill_plan_lists_the_process_and_its_session_children_only() -> None:
                                             40960)
     text = plan.describe()
     assert "kill on gpu1: send TERM to 2 processes, then KILL" in text
-    assert "pid 100  user alice  GPU 0 40960 MiB  python train.py" in text
+    assert "pid 100  user alice  GPU 0 40.0 GiB  python train.py" in text
     assert "belongs to run llama" in text
     server = plan_kill(HOST, history(snapshot(tmux, parent, worker, other)), 50)
     assert any("tmux: server server" in n for n in server.notes)
@@ -146,6 +153,27 @@ def test_relaunch_plan_refusals_and_describe() -> None:
     shown = ActionPlan("relaunch", "gpu1", (), "bash run.sh", "", None, (), spec).describe()
     assert "CUDA_VISIBLE_DEVICES=0 HF_TOKEN=*** PYTHONUNBUFFERED=1" in shown
     assert "hf_x" not in shown and "under setsid nohup" in shown
+
+
+def test_the_resume_note_only_when_the_command_names_the_checkpoint() -> None:
+    """`relaunch` said "resumes from .../checkpoint-20" for a command without
+    {latest_checkpoint}: the note is said only where the command resumes, and a command that
+    starts as written says so."""
+    ckpt = Checkpoint("/data/llama/ck/checkpoint-20", 990.0, 1 << 20)
+    sample = RunSample(name="llama", pids=(), log=None, events_path=None, event_files=(),
+                       events_capped=False, metrics=(), checkpoints=(ckpt,),
+                       checkpoints_total=1, leftovers=(), done=None, done_mtime=None,
+                       errors=MappingProxyType({}))
+    dead = history(replace(snapshot(), runs=(sample,)))
+    for relaunch, resumes in (("python train.py --resume {latest_checkpoint}", True),
+                              ("python train.py", False)):
+        run = RunConfig("llama", process="train.py", workdir="/data/llama", log="train.log",
+                        relaunch=relaunch, checkpoints="ck/*")
+        plan = plan_relaunch(replace(HOST, runs=(run,)), "llama", dead)
+        assert plan.refusal is None, plan.refusal
+        said = plan.describe()
+        assert ("resumes from /data/llama/ck/checkpoint-20" in said) is resumes, said
+        assert ("starts as written" in said) is not resumes, said
 
 
 def test_relaunch_plan_of_a_discovered_run_from_its_launch_record() -> None:

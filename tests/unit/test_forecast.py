@@ -63,3 +63,23 @@ def test_a_disk_that_is_not_filling_has_no_forecast_anywhere(tmp_path: Path) -> 
     assert "disk.full_soon" not in w.codes()  # 66 h left: over disk_full_hours
     shown = gauge.disk_forecast(str(data))
     assert shown is not None and shown == pytest.approx(199 * 1200)
+
+
+def test_a_rough_forecast_from_the_second_poll_and_the_finding_waits(tmp_path: Path) -> None:
+    """disk.full_soon waits for disk_full_min_span_s (300 s: the demo's disk drained in ~2 min
+    at a 2 s interval, and its 64 snapshots span 128 s, so it never showed). The rough
+    forecast is there from the second poll, marked rough, with its rate."""
+    w, data, stat = _watched(tmp_path)
+    w.poll(at=NOW)
+    assert disk_forecast(w.history, str(data), rough=True) is None  # one poll: no rate
+    _set(w, data, stat, bytes_free=199 * 2**30)
+    w.poll(at=NOW + 2)
+    rough = disk_forecast(w.history, str(data), rough=True)
+    assert rough is not None and rough.rough and rough.span_s == 2
+    assert rough.rate_per_s == pytest.approx(2**30 / 2)
+    assert disk_forecast(w.history, str(data)) is None and "disk.full_soon" not in w.codes()
+    _set(w, data, stat, bytes_free=190 * 2**30)
+    w.poll(at=NOW + 600)
+    full = disk_forecast(w.history, str(data), rough=True)
+    assert full is not None and not full.rough and full.span_s == 600
+    assert w.one("disk.full_soon").message.startswith(f"{data} fills in about 3 h 10 min ")

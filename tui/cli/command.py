@@ -14,19 +14,21 @@ from typing import NoReturn
 
 from .common import (  # re-exported: the exit codes are the command's contract
     EXIT_CANTCREAT,
+    EXIT_CLOSED_PIPE,
     EXIT_CONFIG,
     EXIT_FINDING,
     EXIT_OK,
     EXIT_SOFTWARE,
     EXIT_UNPOLLED,
     EXIT_USAGE,
+    closed_pipe,
     internal_error,
     started,
 )
 
-__all__ = ["EXIT_CANTCREAT", "EXIT_CONFIG", "EXIT_FINDING", "EXIT_OK", "EXIT_SOFTWARE",
-           "EXIT_UNPOLLED", "EXIT_USAGE", "VERBS", "build_parser", "internal_error", "main",
-           "run", "split_verb"]
+__all__ = ["EXIT_CANTCREAT", "EXIT_CLOSED_PIPE", "EXIT_CONFIG", "EXIT_FINDING", "EXIT_OK",
+           "EXIT_SOFTWARE", "EXIT_UNPOLLED", "EXIT_USAGE", "VERBS", "build_parser",
+           "internal_error", "main", "run", "split_verb"]
 
 VERBS = ("init", "check", "kill", "reap", "relaunch", "ack", "scalars", "watch", "notify")
 # Common options that take a value, so the verb scan does not mistake the value for a verb.
@@ -226,7 +228,14 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     # collector's passes over them took ~20 ms of a `--once` here. Each command turns
     # it back on where its real work starts (common.started).
     gc.disable()
-    sys.exit(run(sys.argv[1:] if argv is None else argv))
+    try:
+        try:
+            code = run(sys.argv[1:] if argv is None else argv)
+        finally:  # argparse's --help exits from inside run: its text is flushed here too
+            sys.stdout.flush()
+    except BrokenPipeError:
+        code = closed_pipe()
+    sys.exit(code)
 
 
 def run(argv: Sequence[str]) -> int:
@@ -240,7 +249,11 @@ def run(argv: Sequence[str]) -> int:
     from gpuwatch.remote.config.schema import ConfigError
 
     try:
-        return _dispatch(verb, args)
+        code = _dispatch(verb, args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:  # `| head` closed the pipe early: quiet, as any filter
+        return closed_pipe()
     except ConfigError as exc:
         for line in exc.lines:  # every error of the file, one line each
             print(f"gpuwatch: config error: {line}", file=sys.stderr)

@@ -17,6 +17,9 @@ EXIT_OK, EXIT_FINDING, EXIT_UNPOLLED = 0, 1, 2
 EXIT_SOFTWARE = 70  # sysexits EX_SOFTWARE: an internal error (a bug), never a finding
 EXIT_CANTCREAT = 73
 EXIT_USAGE, EXIT_CONFIG = 64, 78
+EXIT_CLOSED_PIPE = 128 + 13
+"""What a shell reports for a filter that SIGPIPE ended (`gpuwatch scalars --json | head`):
+its reader closed the pipe early; nothing went wrong in gpuwatch."""
 
 
 def started() -> None:
@@ -38,6 +41,22 @@ def internal_error(exc: BaseException, doing: str) -> int:
     print(f"gpuwatch: internal error in {doing}: {visible(errorlog.summary(exc))}; {told}; please "
           f"report it", file=sys.stderr)
     return EXIT_SOFTWARE
+
+
+def closed_pipe() -> int:
+    """stdout's reader went away (`| head`): end quietly, as a Unix filter that SIGPIPE
+    ended, never as an internal error. Python ignores SIGPIPE, so the write raised
+    BrokenPipeError instead; what is still buffered would raise it again when the interpreter
+    flushes stdout at exit, so stdout now points at /dev/null."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real stdout (a test's capture): nothing to silence
+        pass
+    return EXIT_CLOSED_PIPE
 
 
 def load(args: argparse.Namespace) -> Config:

@@ -20,8 +20,8 @@ KEYS: tuple[tuple[str, str, str], ...] = (
     ("Escape", "back / clear the filter / close", "everywhere"),
     ("j / k, g / G", "down / up, first / last row in a table (also arrows, Home / End)",
      "tables"),
-    ("o", "sort: hosts by name, state, util, VRAM; processes by VRAM, CPU, age",
-     "fleet, host"),
+    ("o; M C T I", "sort: hosts by name, state, util, VRAM; processes by VRAM, CPU, age "
+                   "(M C T; I reverses)", "fleet, host"),
     ("K", "kill the selected process (TERM, grace, KILL; identity re-checked)", "host"),
     ("z", "reap: end the processes that hold VRAM though no live run owns them",
      "fleet, host"),
@@ -32,7 +32,7 @@ KEYS: tuple[tuple[str, str, str], ...] = (
     ("[ ], s S, l, x", "loss plot: previous / next tag, less / more smoothing, log-y, "
                        "x axis (step or wall time)", "host"),
     ("1-7", "jump to a pane: 1 GPUs, 2 Loss, 3 Checkpoints, 4 Disks, 5 Findings, "
-            "6 Processes, 7 Log (a narrow terminal scrolls it into view)", "host"),
+            "6 Processes, 7 Log", "host"),
     ("Tab / Shift+Tab", "next / previous pane; arrows, PageUp/PageDown, Home/End scroll it",
      "host"),
     ("End / G", "in the log: back to following its end (scrolling up holds it)", "host"),
@@ -61,7 +61,7 @@ GLYPHS: tuple[tuple[str, str], ...] = (
     ("⚠", "the GPUs' driver did not answer (fleet GPU column, GPUs pane), or a GPU is held "
           "back: a throttle reason (GPUs pane)"),
     ("◆", "a checkpoint on the loss plot, at the loss when it was saved"),
-    ("▼", "the column a table is sorted by (o changes it)"),
+    ("▼  ▲", "the column a table is sorted by, and which way (o, and M C T I in Processes)"),
     ("▾  ├  └", "Processes: a run, then its processes as a tree"),
 )
 """Every glyph the screens use, in words."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from gpuwatch.remote.findings.rules import Severity
+from gpuwatch.remote.units import mib_pair
 from rich.cells import cell_len
 from rich.text import Text
 from textual.binding import Binding, BindingType
@@ -305,7 +306,7 @@ class FleetTable(DataTable[Text]):
         clock.append(f" {_mean(clocks)}")
         used = sum(g.mem_used_mib or 0 for g in snap.gpus)
         total = sum(g.mem_total_mib or 0 for g in snap.gpus)
-        vram = Text(f"{used / 1024:.0f}/{total / 1024:.0f} GiB" if total else "?")
+        vram = Text(mib_pair(used, total) if total else "?")
         return [util, clock, vram]
 
     def runs_cell(self, data: HostData, glyphs_only: bool = False) -> Text:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import textwrap
 
 from gpuwatch.remote.model.snapshot import GpuSample
+from gpuwatch.remote.units import duration, mib_pair
 from rich.text import Text
 from textual.reactive import reactive
 
 from ..colours import colour
 from ..format import THROTTLE_MEANING, bar, pct, sparkline, visible
-from ..state import HostData
+from ..state import GpuPoint, HostData
 from .text_pane import TextPane
 
 LABEL = 6
@@ -44,8 +45,8 @@ class GpuPanel(TextPane):
             hot = g.temp_c >= 85
             out.append(f"  {g.temp_c}°C", style=colour(self.app, "error" if hot else "temp"))
         if g.mem_total_mib:
-            out.append(f"  VRAM {(g.mem_used_mib or 0) / 1024:.1f}/"
-                       f"{g.mem_total_mib / 1024:.0f} GiB", style=colour(self.app, "vram"))
+            out.append(f"  VRAM {mib_pair(g.mem_used_mib or 0, g.mem_total_mib)}",
+                       style=colour(self.app, "vram"))
         return out
 
     def render_gpus(self, pane_width: int) -> Text:
@@ -88,6 +89,8 @@ class GpuPanel(TextPane):
                 out.append("  ")
             out.append_text(numbers)
             history = list(data.gpu_history.get(g.index, ()))
+            if n == 0:
+                self.say_span(history[-width:])
             out.append("\n")
             out.append("util".ljust(LABEL), style=util_c)
             out.append(sparkline([p.util_pct for p in history], width), style=util_c)
@@ -111,6 +114,14 @@ class GpuPanel(TextPane):
                 out.append(bar(g.power_w / g.power_limit_w, width),
                            style=colour(self.app, "power"))
         return out
+
+    def say_span(self, shown: list[GpuPoint]) -> None:
+        """The strips' time scale, under the pane: one column per poll, so the span is the
+        time from the oldest column shown to the newest."""
+        span = shown[-1].t - shown[0].t if len(shown) > 1 else None
+        said = f"strips: last {duration(span)}" if span else ""
+        if self.parent is not None and getattr(self.parent, "border_subtitle", said) != said:
+            self.parent.border_subtitle = said  # type: ignore[attr-defined]
 
 
 def short_gpu_name(name: str | None) -> str:

@@ -3,10 +3,11 @@ stale / unreachable and why), box facts, polling state."""
 
 from __future__ import annotations
 
+from gpuwatch.remote.units import duration
 from rich.text import Text
 
 from ..colours import STATUS_VARIABLE, colour, severity_colour
-from ..format import human_age, visible
+from ..format import visible
 from ..state import HostData
 from .text_pane import TextPane
 
@@ -41,7 +42,7 @@ class HostHeader(TextPane):
             if snap.loadavg:
                 facts.append(f"load {snap.loadavg[0]:.1f}/{snap.ncpu or '?'} CPUs")
             if snap.uptime_s is not None:
-                facts.append(f"up {human_age(snap.uptime_s)}")
+                facts.append(f"up {duration(snap.uptime_s)}")
             if data.outcome is not None and data.outcome.poll_s:
                 facts.append(f"poll {data.outcome.poll_s:.2f} s")
             room = width - text.cell_len - (
