@@ -452,7 +452,7 @@ def test_poll_figures(tmp_path: Path, box8: tuple[Box, SshdBox],
     reuse = steady_request["discovery_reuse"]
     # what the box told the collector (its python, its cgroup version, nvidia-smi's reason
     # field, the Xid and OOM lines in its kernel log: none), as a steady poll sends back
-    told = {k: steady_request[k] for k in ("spawn", "cgroup", "nvidia_smi_reasons",
+    told = {k: steady_request[k] for k in ("spawn", "cgroup", "gpu_hints",
                                            "kernel_lines") if k in steady_request}
     assert len(told) == 4 and told["kernel_lines"] == 0, told
     for what, run in (("a host with a run (no event files), steady",

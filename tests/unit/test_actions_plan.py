@@ -44,7 +44,7 @@ def snapshot(*procs: ProcessInfo, apps: tuple[GpuProcess, ...] = (),
     return HostSnapshot(
         host="gpu1", taken_at=1000.0, hostname="gpu1", boot_id=boot, uptime_s=100.0,
         loadavg=None, ncpu=8, gpus=(), gpu_processes=apps, gpu_source="nvidia-smi",
-        nvidia_smi_reasons=None, processes=procs, process_counts=None, disks=(), cgroup=None,
+        processes=procs, process_counts=None, disks=(), cgroup=None,
         kill_user_processes=None, kernel_events=(), xid_counts=MappingProxyType({}),
         section_errors=MappingProxyType({}), probe_s=0.1, probe_cpu_s=0.1)
 
