@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harness.captures import capture
-
 from gpuwatch.remote.findings.gpu_health import (
     gpu_ecc_uncorrected,
     gpu_recovery_action,
@@ -22,6 +20,7 @@ from gpuwatch.remote.model.finding import Severity
 from gpuwatch.remote.model.history import HostHistory
 from gpuwatch.remote.model.snapshot import HostSnapshot
 from gpuwatch.remote.wire.document import parse_probe_output
+from harness.captures import capture
 
 A10 = ("nvidia-smi", "gpud", "nvidia-smi-query.535.129.03.out.0.valid.a10.txt")
 
@@ -149,7 +148,6 @@ def test_the_rules_run_with_the_rest() -> None:
 
 def test_the_health_fields_are_in_the_json_and_the_prometheus_text() -> None:
     import jsonschema
-
     from gpuwatch.remote.config.load import parse_config
     from gpuwatch.remote.report import (
         HostReport,
