@@ -7,6 +7,7 @@ of an A10 (driver 535) with 4 uncorrectable rows remapped and a remap pending
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from gpuwatch.remote.findings.gpu_health import (
@@ -177,3 +178,26 @@ def test_the_health_fields_are_in_the_json_and_the_prometheus_text() -> None:
     assert f'gpuwatch_gpu_recovery_action{{{labels},action="gpu_reset"}} 1' in text
     assert f"gpuwatch_gpu_pcie_link_width_max{{{labels}}} 16" in text
     assert f'gpuwatch_gpu_ecc_errors{{{labels},type="uncorrected",span="volatile"}} 0' in text
+
+
+def test_the_simulator_plays_memory_going_bad(tmp_path: Path) -> None:
+    """The simulator's nvidia-smi answers the probe's health fields in a real driver's format
+    (Yes/No, 'Reset'): the real probe reads them and the rules judge each stage."""
+    from findings_helpers import Watched
+
+    from gpuwatch.remote.sim import Box, h100_sxm
+    from gpuwatch.remote.sim.scenario import memory_errors
+
+    box = Box(tmp_path / "box", gpus=h100_sxm(2))
+    w, scenario = Watched(box), memory_errors(box, gpu=1)
+    seen = []
+    while scenario.step(box):
+        seen.append(sorted(f.code for f in w.poll() if f.code.startswith(
+            ("gpu.ecc", "gpu.remap", "gpu.recovery"))))
+    assert seen == [[], [], ["gpu.ecc_uncorrected", "gpu.remap_pending"],
+                    ["gpu.ecc_uncorrected", "gpu.remap_pending"],
+                    ["gpu.ecc_uncorrected", "gpu.recovery_action", "gpu.remap_failed"]]
+    gpu = w.history.current.gpus[1] if w.history.current else None
+    assert gpu is not None and gpu.recovery_action == "gpu_reset"
+    assert gpu.remap is not None and gpu.remap.histogram == (639, 0, 0, 0, 1)
+    assert w.history.current is not None and w.history.current.gpus[0].remap is not None
