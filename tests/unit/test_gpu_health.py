@@ -184,7 +184,6 @@ def test_the_simulator_plays_memory_going_bad(tmp_path: Path) -> None:
     """The simulator's nvidia-smi answers the probe's health fields in a real driver's format
     (Yes/No, 'Reset'): the real probe reads them and the rules judge each stage."""
     from findings_helpers import Watched
-
     from gpuwatch.remote.sim import Box, h100_sxm
     from gpuwatch.remote.sim.scenario import memory_errors
 
