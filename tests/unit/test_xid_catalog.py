@@ -9,13 +9,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from findings_helpers import Watched, host_config
-from harness.captures import capture
-from test_findings import box_at, run_toml
-
 from gpuwatch.remote.box import names as probe
 from gpuwatch.remote.model.finding import Severity
 from gpuwatch.remote.model.xid_catalog import CATALOG, CATALOG_VERSION, xid_advice
 from gpuwatch.remote.sim import Box, h100_sxm, training_process
+from harness.captures import capture
+from test_findings import box_at, run_toml
 
 
 def test_the_catalog_covers_1_to_162_with_one_action_each() -> None:
