@@ -65,7 +65,6 @@ from .types import (
 )
 from .verify import VERIFY_PAUSE_S, VERIFY_POLLS, FreshPoll, verify, verify_until
 
-
 D_STATE_POLLS = 3
 """Polls in a row a process must be seen in uninterruptible sleep before a plan says so."""
 
