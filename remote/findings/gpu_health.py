@@ -123,3 +123,99 @@ def gpu_recovery_action(history: HostHistory) -> Iterable[Finding]:
             f"new on it until then",
             gpu=gpu.index,
             evidence={"recovery_action": gpu.recovery_action, "pids": _holders(now, gpu)})
+
+
+SLOWDOWN_WINDOW_S = 600.0
+"""The window hw_slowdown is counted over (gpud counts it the same way: a rate, not a sample)."""
+SLOWDOWN_RATE_PER_MIN = 1.0
+"""Polls with a hardware slowdown per minute of the window that make it a finding (a poll
+every 10 s: a sixth of them)."""
+REPLAYS_RISE = 10
+"""PCIe replays more than the first poll of the window that make it a finding."""
+
+
+def _window(history: HostHistory, gpu: GpuSample) -> list[tuple[float, GpuSample]]:
+    """This GPU's samples over the last SLOWDOWN_WINDOW_S of the current boot (box clock)."""
+    now = history.current
+    if now is None or now.taken_at is None:
+        return []
+    out = []
+    for snap in history.snapshots:
+        if snap.boot_id != now.boot_id or snap.taken_at is None or \
+                now.taken_at - snap.taken_at > SLOWDOWN_WINDOW_S:
+            continue
+        for old in snap.gpus:
+            if same_gpu_ids(gpu.uuid, gpu.pci_bus_id, gpu.index, old):
+                out.append((snap.taken_at, old))
+    return out
+
+
+@rule({"gpu.hw_slowdown_rate": ("U23",)})
+def gpu_hw_slowdown_rate(history: HostHistory) -> Iterable[Finding]:
+    """U23: hw_slowdown (the board pulled the clocks down: power brake, over-temperature,
+    a bad power supply) counted as a rate over a window, not judged on one sample."""
+    now = history.current
+    if now is None:
+        return
+    for gpu in now.gpus:
+        samples = _window(history, gpu)
+        if len(samples) < 3:
+            continue
+        span_min = max((samples[-1][0] - samples[0][0]) / 60.0, 1.0)
+        hits = sum(1 for _, g in samples if "hw_slowdown" in (g.throttle_reasons or ()))
+        rate = hits / span_min
+        if rate < SLOWDOWN_RATE_PER_MIN:
+            continue
+        yield Finding(
+            "gpu.hw_slowdown_rate", Severity.WARNING,
+            f"{_name(gpu)} had its clocks pulled down by the hardware (hw_slowdown) in {hits} "
+            f"of {len(samples)} polls over the last {span_min:.0f} min ({rate:.1f}/min): its "
+            f"power or cooling is failing it — expect a slower run; the provider has to check "
+            f"the board",
+            gpu=gpu.index,
+            evidence={"polls": len(samples), "hw_slowdown_polls": hits,
+                      "rate_per_min": round(rate, 2), "window_s": SLOWDOWN_WINDOW_S})
+
+
+@rule({"gpu.pcie_degraded": ()})
+def gpu_pcie_degraded(history: HostHistory) -> Iterable[Finding]:
+    """A PCIe link below what the GPU and its slot can do (fewer lanes at any time; a lower
+    generation while the GPU is busy: it drops at idle to save power), or a replay counter
+    rising (the link retransmits: a bad riser, slot or cable). Sustained over sustain_polls."""
+    now = history.current
+    if now is None:
+        return
+    th = history.thresholds
+    for gpu in now.gpus:
+        samples = _window(history, gpu)[-max(2, th.sustain_polls):]
+        links = [g.pcie for _, g in samples if g.pcie is not None]
+        if len(links) < max(2, th.sustain_polls) or len(links) != len(samples):
+            continue
+        narrow = all(p.width is not None and p.width_max is not None and p.width < p.width_max
+                     for p in links)
+        slow = all(g.pcie is not None and g.pcie.gen is not None and g.pcie.gen_max is not None
+                   and g.pcie.gen < g.pcie.gen_max and (g.util_pct or 0) >= 50
+                   for _, g in samples)
+        all_window = [g.pcie.replays for _, g in _window(history, gpu)
+                      if g.pcie is not None and g.pcie.replays is not None]
+        replays = all_window[-1] - all_window[0] if len(all_window) >= 2 else 0
+        if not (narrow or slow or replays >= REPLAYS_RISE):
+            continue
+        link = links[-1]
+        said = []
+        if narrow:
+            said.append(f"runs on x{link.width} of its x{link.width_max} lanes")
+        if slow:
+            said.append(f"runs at PCIe gen {link.gen} of {link.gen_max} while busy")
+        if replays >= REPLAYS_RISE:
+            said.append(f"retransmitted {replays} times (replays) in the last "
+                        f"{SLOWDOWN_WINDOW_S / 60:.0f} min")
+        slot = f" in slot {gpu.pci_bus_id}" if gpu.pci_bus_id else ""
+        yield Finding(
+            "gpu.pcie_degraded", Severity.WARNING,
+            f"GPU {gpu.index}{slot} {' and '.join(said)}: host-to-GPU copies (data loading, "
+            f"checkpoints) are slower; reseat the card or its riser, or ask the provider",
+            gpu=gpu.index,
+            evidence={"gen": link.gen, "gen_max": link.gen_max, "width": link.width,
+                      "width_max": link.width_max, "replays_rise": replays,
+                      "pci_bus_id": gpu.pci_bus_id})

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from gpuwatch.remote.findings.gpu_health import (
     gpu_ecc_uncorrected,
     gpu_recovery_action,
@@ -200,3 +201,45 @@ def test_the_simulator_plays_memory_going_bad(tmp_path: Path) -> None:
     assert gpu is not None and gpu.recovery_action == "gpu_reset"
     assert gpu.remap is not None and gpu.remap.histogram == (639, 0, 0, 0, 1)
     assert w.history.current is not None and w.history.current.gpus[0].remap is not None
+
+
+def history_at(*snaps: HostSnapshot, step_s: float = 10.0) -> HostHistory:
+    """Polls step_s apart on the box's clock."""
+    from dataclasses import replace
+
+    history = HostHistory("a10-box")
+    for i, snap in enumerate(snaps):
+        history.record(replace(snap, taken_at=1000.0 + step_s * i, boot_id="b"), 1000.0 + i)
+    return history
+
+
+def test_a_narrow_or_slow_link_under_load_is_said_with_its_slot() -> None:
+    from gpuwatch.remote.findings.gpu_health import gpu_pcie_degraded
+
+    healthy = snapshot([a10_row(util_pct=95)])  # the real A10: gen 4 of 4, x16 of 16
+    assert list(gpu_pcie_degraded(history_at(healthy, healthy, healthy))) == []
+    narrow = snapshot([a10_row(util_pct=95, pcie_width=8)])
+    (f,) = gpu_pcie_degraded(history_at(healthy, narrow, narrow))
+    assert "GPU 0 in slot 00000000:07:00.0 runs on x8 of its x16 lanes" in f.message
+    idle_gen1 = snapshot([a10_row(util_pct=0, pcie_gen=1)])  # the link saves power at idle
+    assert list(gpu_pcie_degraded(history_at(idle_gen1, idle_gen1, idle_gen1))) == []
+    busy_gen1 = snapshot([a10_row(util_pct=99, pcie_gen=1)])
+    (f,) = gpu_pcie_degraded(history_at(busy_gen1, busy_gen1))
+    assert "runs at PCIe gen 1 of 4 while busy" in f.message
+    rising = [snapshot([a10_row(util_pct=95, pcie_replays=n)]) for n in (3, 9, 40)]
+    (f,) = gpu_pcie_degraded(history_at(*rising))
+    assert "retransmitted 37 times" in f.message and f.evidence["replays_rise"] == 37
+
+
+def test_hw_slowdown_is_a_rate_over_a_window_not_one_sample() -> None:
+    from gpuwatch.remote.findings.gpu_health import gpu_hw_slowdown_rate
+
+    calm = snapshot([a10_row(throttle_reasons=[])])
+    slowed = snapshot([a10_row(throttle_reasons=["hw_slowdown"])])
+    once = [calm] * 9 + [slowed] + [calm] * 8  # 1 poll in 3 minutes: a blip
+    assert list(gpu_hw_slowdown_rate(history_at(*once))) == []
+    often = [calm, slowed] * 9  # every other poll for 3 minutes: 3/min
+    (f,) = gpu_hw_slowdown_rate(history_at(*often))
+    assert f.evidence["hw_slowdown_polls"] == 9 and f.evidence["rate_per_min"] == pytest.approx(
+        9 / (17 * 10 / 60), 0.01)
+    assert "hw_slowdown" in f.message and "the provider has to check" in f.message
