@@ -50,7 +50,8 @@ def test_every_code_has_a_rule_and_a_gotcha() -> None:
             "gpu.driver_mismatch", "gpu.lost", "gpu.persistence_off", "run.loss_nan",
             "run.diverging", "run.loss_spike", "run.plateau", "run.overfitting", "run.hung",
             "run.slowed", "gpu.ecc_uncorrected", "gpu.remap_pending", "gpu.remap_failed",
-            "gpu.recovery_action", "gpu.hw_slowdown_rate", "gpu.pcie_degraded"} == set(CODES)
+            "gpu.recovery_action", "gpu.hw_slowdown_rate", "gpu.pcie_degraded",
+            "run.straggler"} == set(CODES)
 
 
 def test_a_quiet_box_has_no_findings(tmp_path: Path) -> None:
