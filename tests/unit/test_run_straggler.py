@@ -8,9 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from findings_helpers import Watched, host_config
-from test_findings import box_at, run_toml
-
 from gpuwatch.remote.sim import training_process
+from test_findings import box_at, run_toml
 
 
 def four_ranks(tmp_path: Path) -> tuple[Watched, object]:
