@@ -113,6 +113,11 @@ RECOVERY_ACTIONS: Mapping[str, RecoveryAction] = MappingProxyType({
 gpu_recovery_action), by the probe's names."""
 
 
+RECOVERY_ORDER = ("none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset",
+                  "imex_recover", "bus_reset", "system_reboot")
+"""NVML's nvmlGpuRecoveryAction_t values 0..7, by name (the NVML source sends the number)."""
+
+
 def recovery_action(name: str | None) -> RecoveryAction | None:
     """What `name` asks for; an action this gpuwatch does not know asks for a person."""
     if name is None:

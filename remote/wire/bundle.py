@@ -74,9 +74,9 @@ PARTS = (("gpuwatch_tfevents", ("tfevents_proto", "tfevents")),
          (GLOB, ("globs",)), (NVML, ("gpus/nvml",)), (POPEN, ("popen",)),
          (CGROUP_V1, ("cgroup_v1",)), (KERNEL, ("kernel_log",)))
 """What modules_for picks from, in its order: each part is the files of box/ it names."""
-FILES = ("tfevents_proto", "tfevents", "base", "gpus/section", "gpus/nvidia_smi", "host", "disks",
-         "kernel_log", "cgroup_v1", "popen", "runs", "checkpoints", "metrics", "processes",
-         "events", "known_runs", "discover_found", "discover", "globs", "gpus/nvml", "probe")
+FILES = ("tfevents_proto", "tfevents", "base", "gpus/section", "gpus/nvidia_smi", "gpus/nvml",
+         "host", "disks", "kernel_log", "cgroup_v1", "popen", "runs", "checkpoints", "metrics",
+         "processes", "events", "known_runs", "discover_found", "discover", "globs", "probe")
 """The order the loader installs them in: base.py before the rest, a file after those it
 binds at its top (`host = base.load_module("host")`), probe.py last, whose main() runs; else
 the order that zlib packs best (tens of bytes of every poll)."""

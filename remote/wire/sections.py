@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..model.discovered import Discovery, parse_discovery
-from ..model.gpu import EccCounts, MemoryRemap, PcieLink
+from ..model.gpu import RECOVERY_ORDER, EccCounts, MemoryRemap, PcieLink
 from ..model.snapshot import (
     PROGRESS_KEYS,
     CgroupCounter,
@@ -42,8 +42,26 @@ def _gpu(row: _Node, vendor: str = "nvidia") -> GpuSample:
         throttle_reasons=row.opt_list("throttle_reasons", _is_str, "names"),
         mig=row.opt_bool("mig"), pci_bus_id=row.opt_str("pci_bus_id"),
         persistence=row.opt_bool("persistence"), ecc=_ecc(row), remap=_remap(row),
-        recovery_action=row.opt_str("recovery"), pcie=_pcie(row), vendor=vendor,
+        recovery_action=_recovery(row), pcie=_pcie(row), vendor=vendor,
     )
+
+
+def _flag(row: _Node, name: str) -> bool | None:
+    """A yes/no field: a boolean (nvidia-smi's source) or NVML's 0/1 (its field values)."""
+    value = row.data.get(name)
+    if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
+        return bool(value)
+    return row.opt_bool(name)
+
+
+def _recovery(row: _Node) -> str | None:
+    """The recovery action's name: nvidia-smi's words as the probe normalised them, or NVML's
+    nvmlGpuRecoveryAction_t number (model.gpu.RECOVERY_ORDER; one it does not know, as
+    `action_N`)."""
+    value = row.data.get("recovery")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return RECOVERY_ORDER[value] if 0 <= value < len(RECOVERY_ORDER) else f"action_{value}"
+    return row.opt_str("recovery")
 
 
 def _some(row: _Node, *names: str) -> bool:
@@ -65,11 +83,11 @@ def _remap(row: _Node) -> MemoryRemap | None:
     hist = row.opt_list("remap_hist", lambda v: v is None or _is_int(v), "integers")
     return MemoryRemap(
         corrected=row.opt_int("remap_corr"), uncorrected=row.opt_int("remap_unc"),
-        pending=row.opt_bool("remap_pending"), failed=row.opt_bool("remap_failed"),
+        pending=_flag(row, "remap_pending"), failed=_flag(row, "remap_failed"),
         histogram=None if hist is None or len(hist) != 5 else tuple(
             None if v is None else int(v) for v in hist),
         retired_sbe=row.opt_int("retired_sbe"), retired_dbe=row.opt_int("retired_dbe"),
-        retired_pending=row.opt_bool("retired_pending"))
+        retired_pending=_flag(row, "retired_pending"))
 
 
 def _pcie(row: _Node) -> PcieLink | None:

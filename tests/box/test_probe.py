@@ -843,8 +843,6 @@ def nvmlDeviceGetMigMode(h):
         raise NVMLError_NotSupported()
     return (0, 0)
 
-def nvmlDeviceGetTotalEccErrors(h, error_type, counter):  # GPU 1: 2 uncorrected this boot
-    return 2 if (h, error_type, counter) == (1, 1, 0) else 0
 def nvmlDeviceGetCurrPcieLinkGeneration(h): return 5 - 3 * h  # GPU 1's link trained at gen 2
 def nvmlDeviceGetMaxPcieLinkGeneration(h): return 5
 def nvmlDeviceGetCurrPcieLinkWidth(h): return 16
@@ -856,7 +854,8 @@ def nvmlDeviceGetRowRemapperHistogram(h):
 def nvmlDeviceGetFieldValues(h, ids):
     # GPU 1: a remap pending after an uncorrected error, and the driver asks for a reset;
     # the retired-page fields are not supported (an H100 remaps rows instead)
-    values = {94: 3 * h, 142: 0, 143: h, 144: h, 145: 0, 230: h}
+    # ECC totals 3-6 (single/double bit, volatile/aggregate): GPU 1, 2 uncorrected this boot
+    values = {3: 0, 4: 2 * h, 5: 0, 6: 0, 94: 3 * h, 142: 0, 143: h, 144: h, 145: 0, 230: h}
     return [NS(nvmlReturn=0 if i in values else 3, valueType=3 if i != 230 else 1,
                value=NS(ullVal=values.get(i, 0), uiVal=values.get(i, 0))) for i in ids]
 """
@@ -877,12 +876,20 @@ def test_nvml_path_yields_the_nvidia_smi_shape(box: Box, tmp_path: Path):
                     "pci_bus_id": "00000000:1B:00.0", "persistence": True,
                     "pcie_gen": 5, "pcie_gen_max": 5, "pcie_width": 16, "pcie_width_max": 16,
                     "ecc_corr_vol": 0, "ecc_unc_vol": 0, "ecc_corr_agg": 0, "ecc_unc_agg": 0,
-                    "pcie_replays": 0, "remap_corr": 0, "remap_unc": 0, "remap_pending": False,
-                    "remap_failed": False, "recovery": "none", "remap_hist": [640, 0, 0, 0, 0]}
+                    "pcie_replays": 0, "remap_corr": 0, "remap_unc": 0, "remap_pending": 0,
+                    "remap_failed": 0, "recovery": 0, "remap_hist": [640, 0, 0, 0, 0]}
     assert gpu1["mig"] is None  # NotSupported → the box did not say
     assert gpu1["persistence"] is False
     assert (gpu1["ecc_unc_vol"], gpu1["remap_unc"], gpu1["remap_pending"], gpu1["recovery"],
-            gpu1["pcie_gen"], gpu1["pcie_replays"]) == (2, 1, True, "gpu_reset", 2, 3)
+            gpu1["pcie_gen"], gpu1["pcie_replays"]) == (2, 1, 1, 1, 2, 3)
+    # NVML's numbers (flags 0/1, nvmlGpuRecoveryAction_t) read by the client as the same
+    # yes/no and names nvidia-smi's words give
+    from gpuwatch.remote.wire.document import parse_probe_output
+
+    snap = parse_probe_output(json.dumps(doc).encode(), "gpu1")
+    remap = snap.gpus[1].remap
+    assert remap is not None and (remap.pending, remap.failed) == (True, False)
+    assert snap.gpus[1].recovery_action == "gpu_reset" and snap.gpus[0].recovery_action == "none"
     # no process's memory known (the stand-in says None): the column is not sent
     assert rows(doc["gpus"]["apps"])[1] == {"uuid": "GPU-nvml-1", "pid": 831,
                                             "process_name": "python3.10"}

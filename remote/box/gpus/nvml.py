@@ -62,57 +62,25 @@ def call_with_deadline(fn, timeout_s):
 
 
 # nvmlDeviceGetFieldValues ids (nvml.h NVML_FI_DEV_*, numbers fixed by the ABI: an old pynvml
-# without the names still asks for them) → the row's field; one call per GPU for all of them.
-FIELD_IDS = (
-    (29, "retired_sbe"),  # NVML_FI_DEV_RETIRED_SBE
-    (30, "retired_dbe"),  # NVML_FI_DEV_RETIRED_DBE
-    (31, "retired_pending"),  # NVML_FI_DEV_RETIRED_PENDING (1: yes)
-    (94, "pcie_replays"),  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
-    (142, "remap_corr"),  # NVML_FI_DEV_REMAPPED_COR
-    (143, "remap_unc"),  # NVML_FI_DEV_REMAPPED_UNC
-    (144, "remap_pending"),  # NVML_FI_DEV_REMAPPED_PENDING (1: yes)
-    (145, "remap_failed"),  # NVML_FI_DEV_REMAPPED_FAILURE (1: yes)
-    (230, "recovery"),  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (driver 570 on)
-)
-FLAGS = ("retired_pending", "remap_pending", "remap_failed")
-# nvmlValue_t's member for each nvmlValueType_t (double, uint, ulong, ulonglong, slonglong,
-# sint, ushort)
-VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
-ECC_COUNTS = (("ecc_corr_vol", 0, 0), ("ecc_unc_vol", 1, 0), ("ecc_corr_agg", 0, 1),
-              ("ecc_unc_agg", 1, 1))
-"""(field, nvmlMemoryErrorType_t: 0 corrected 1 uncorrected, nvmlEccCounterType_t: 0 volatile
-1 aggregate), as nvidia-smi's ecc.errors.*.total read them."""
-HISTOGRAM = ("max", "high", "partial", "low", "none")
-"""nvmlRowRemapperHistogramValues_t's fields, in nvidia-smi's remapped_rows.histogram.* order:
-how many memory banks have each amount of spare rows left."""
-NO_INSTANCE = 0xFFFFFFFF  # a process's gpuInstanceId outside MIG
-RECOVERY_ACTIONS = ("none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset",
-                    "imex_recover", "bus_reset", "system_reboot")
-"""NVML's nvmlGpuRecoveryAction_t in its order (0..7), as model.gpu.RECOVERY_ACTIONS names."""
+# without the names still asks for them) → the row's field, all in one call per GPU: ECC
+# totals (single bit = corrected, double bit = uncorrected; volatile, aggregate), retired
+# pages, PCIe replays, row remapping, the recovery action (driver 570 on). Flags (pending,
+# failed) and the recovery action go as NVML's numbers: the client reads them (sections.py).
+FIELD_IDS = ((3, "ecc_corr_vol"), (4, "ecc_unc_vol"), (5, "ecc_corr_agg"), (6, "ecc_unc_agg"),
+             (29, "retired_sbe"), (30, "retired_dbe"), (31, "retired_pending"),
+             (94, "pcie_replays"), (142, "remap_corr"), (143, "remap_unc"),
+             (144, "remap_pending"), (145, "remap_failed"), (230, "recovery"))
 
 
 def field_values(nvml, handle):
-    """The FIELD_IDS this driver answers, by field; one that it does not is left out (None)."""
-    ask = getattr(nvml, "nvmlDeviceGetFieldValues", None)
-    if ask is None:
-        return {}
+    """The FIELD_IDS this driver answers, by field; one it does not is left out (None)."""
     try:
-        values = ask(handle, [fid for fid, _ in FIELD_IDS])
-    except nvml.NVMLError:
+        values = nvml.nvmlDeviceGetFieldValues(handle, [fid for fid, _ in FIELD_IDS])
+    except Exception:  # an old pynvml without the call, or NVML refused the whole call
         return {}
-    out = {}
-    for (fid, field), value in zip(FIELD_IDS, values):
-        if int(value.nvmlReturn) != 0:  # NVML_SUCCESS; else not supported here, or failed
-            continue
-        kind = int(value.valueType)
-        number = getattr(value.value, VALUE_MEMBERS[kind] if 0 <= kind < 7 else "ullVal")
-        if field in FLAGS:
-            number = bool(number)
-        elif field == "recovery":
-            number = RECOVERY_ACTIONS[number] if 0 <= number < len(RECOVERY_ACTIONS) \
-                else "action_%d" % number
-        out[field] = number
-    return out
+    # nvmlReturn 0: NVML_SUCCESS; valueType 1: unsigned int, else (3) unsigned long long
+    return dict((field, v.value.uiVal if v.valueType == 1 else v.value.ullVal)
+                for (_, field), v in zip(FIELD_IDS, values) if v.nvmlReturn == 0)
 
 
 def read_nvml(nvml, hints=None):
@@ -184,23 +152,17 @@ def read_nvml(nvml, hints=None):
                 "pcie_width": maybe("nvmlDeviceGetCurrPcieLinkWidth", handle),
                 "pcie_width_max": maybe("nvmlDeviceGetMaxPcieLinkWidth", handle),
             }
-            for field, error_type, counter in ECC_COUNTS:  # ECC off or none on this GPU: None
-                row[field] = maybe("nvmlDeviceGetTotalEccErrors", handle, error_type, counter)
             row.update(field_values(nvml, handle))
             hist = maybe("nvmlDeviceGetRowRemapperHistogram", handle)
             if hist is not None:
-                row["remap_hist"] = [getattr(hist, name, None) for name in HISTOGRAM]
+                row["remap_hist"] = [hist.max, hist.high, hist.partial, hist.low, hist.none]
             devices.append(row)
             for app in ask(nvml.nvmlDeviceGetComputeRunningProcesses, handle) or ():
                 name = ask(nvml.nvmlSystemGetProcessName, app.pid)
                 used = app.usedGpuMemory  # None where the driver cannot say (WDDM, MIG)
-                gi = getattr(app, "gpuInstanceId", NO_INSTANCE)
                 apps.append({"uuid": uuid, "pid": app.pid,
                              "gpu_mem_mib": None if used is None else used >> 20,
-                             "process_name": text(name),
-                             "gi": None if gi in (None, NO_INSTANCE) else gi,
-                             "ci": None if gi in (None, NO_INSTANCE)
-                             else getattr(app, "computeInstanceId", None)})
+                             "process_name": text(name)})
         return {"source": "nvml", "vendor": "nvidia",
                 "devices": section.keyed_table(devices),
                 "apps": section.keyed_table(apps)}
