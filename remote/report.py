@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .model.finding import Finding, Severity
-from .model.snapshot import HostSnapshot, ProcessInfo
+from .model.snapshot import GpuSample, HostSnapshot, ProcessInfo
 from .textsafe import visible
 from .units import mib_pair
 from .verdict import LEVELS, Verdict, verdict_of
@@ -234,6 +234,42 @@ class _Metrics:
         return "\n".join(out) + "\n"
 
 
+def _flag(value: bool | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _gpu_health_metrics(m: _Metrics, g: GpuSample, gl: dict[str, object]) -> None:
+    """A GPU's memory health, recovery action and PCIe link (what the driver did not say is
+    left out)."""
+    if g.ecc is not None:
+        for fixed, span, value in (
+                ("corrected", "volatile", g.ecc.corrected_volatile),
+                ("uncorrected", "volatile", g.ecc.uncorrected_volatile),
+                ("corrected", "aggregate", g.ecc.corrected_aggregate),
+                ("uncorrected", "aggregate", g.ecc.uncorrected_aggregate)):
+            m.add("gpu_ecc_errors", "gauge", "ECC errors (volatile: since the driver loaded)",
+                  value, **gl, type=fixed, span=span)
+    if g.remap is not None:
+        m.add("gpu_remapped_rows", "gauge", "memory rows remapped to spares", g.remap.corrected,
+              **gl, cause="corrected")
+        m.add("gpu_remapped_rows", "gauge", "memory rows remapped to spares",
+              g.remap.uncorrected, **gl, cause="uncorrected")
+        m.add("gpu_remap_pending", "gauge", "1 while a row remap waits for a GPU reset",
+              _flag(g.remap.pending), **gl)
+        m.add("gpu_remap_failed", "gauge", "1 once a row remap found no spare row",
+              _flag(g.remap.failed), **gl)
+    if g.recovery_action is not None:
+        m.add("gpu_recovery_action", "gauge", "the recovery the driver asks for (action)", 1.0,
+              **gl, action=g.recovery_action)
+    if g.pcie is not None:
+        for name, value in (("gen", g.pcie.gen), ("gen_max", g.pcie.gen_max),
+                            ("width", g.pcie.width), ("width_max", g.pcie.width_max)):
+            m.add(f"gpu_pcie_link_{name}", "gauge", f"PCIe link {name.replace('_', ' ')}",
+                  value, **gl)
+        m.add("gpu_pcie_replays", "gauge", "PCIe replays since the driver loaded",
+              g.pcie.replays, **gl)
+
+
 def prometheus_text(reports: Sequence[HostReport]) -> str:
     """The Prometheus text exposition format (for node_exporter's textfile collector)."""
     m = _Metrics()
@@ -270,6 +306,7 @@ def prometheus_text(reports: Sequence[HostReport]) -> str:
             for reason in g.throttle_reasons or ():
                 m.add("gpu_throttle_active", "gauge", "an active clock event (throttle) reason",
                       1.0, **gl, reason=reason)
+            _gpu_health_metrics(m, g, gl)
         for d in snap.disks:
             dl = {"host": host, "path": d.path, "mount": d.mount}
             m.add("disk_bytes_total", "gauge", "filesystem size", d.bytes_total, **dl)

@@ -117,7 +117,7 @@ def snapshot(host: str, *, t: float, gpus: Iterable[GpuSample],
     return HostSnapshot(
         host=host, taken_at=t, hostname=f"{host}.lab", boot_id=boot_id, uptime_s=t - BTIME,
         loadavg=(12.5, 12.1, 11.8), ncpu=64, gpus=tuple(gpus), gpu_processes=(),
-        gpu_source="nvml", nvidia_smi_reasons=None, processes=procs,
+        gpu_source="nvml", processes=procs,
         process_counts=ProcessCounts(total=400, kernel_threads=200, zombies=0,
                                      not_listed=400 - len(procs), fd_unreadable=0,
                                      fd_skipped=()),

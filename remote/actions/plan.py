@@ -65,6 +65,30 @@ from .types import (
 )
 from .verify import VERIFY_PAUSE_S, VERIFY_POLLS, FreshPoll, verify, verify_until
 
+D_STATE_POLLS = 3
+"""Polls in a row a process must be seen in uninterruptible sleep before a plan says so."""
+
+
+def stuck_notes(history: HostHistory, procs: list[ProcessInfo]) -> list[str]:
+    """What a plan says of a target stuck in the kernel: state D (uninterruptible sleep) in
+    each of the last D_STATE_POLLS polls, as the same process (pid and start time). A signal
+    is only delivered when its kernel call returns: SIGKILL does not free it, and one stuck on
+    a wedged GPU holds the GPU until it is reset or the box rebooted (U22). The plan still
+    asks: the person decides."""
+    snaps = list(history.snapshots)[-D_STATE_POLLS:]
+    if len(snaps) < D_STATE_POLLS:
+        return []
+    notes = []
+    for proc in procs:
+        stuck = all(any(p.pid == proc.pid and p.start_ticks == proc.start_ticks
+                        and p.state == "D" for p in snap.processes) for snap in snaps)
+        if stuck:
+            notes.append(
+                f"pid {proc.pid} has been in uninterruptible sleep (state D) for "
+                f"{len(snaps)} polls: SIGKILL will not free it while it waits in the kernel; "
+                f"the GPU may need a reset or the box a reboot")
+    return notes
+
 
 def plan_kill(host: HostConfig, history: HostHistory, pid: int,
               signal: str = "TERM") -> ActionPlan:
@@ -97,6 +121,7 @@ def plan_kill(host: HostConfig, history: HostHistory, pid: int,
     if family:
         notes.append(f"its {len(family)} child process{'es' * (len(family) != 1)} in the same "
                      "session (workers, ranks) are signalled with it")
+    notes.extend(stuck_notes(history, [proc, *family]))
     euid = snap.process_counts.euid if snap.process_counts is not None else None
     if euid != 0:  # said to root, it read as a warning that did not apply
         notes.append("only your own processes can be signalled unless you log in as root")
@@ -129,6 +154,7 @@ def plan_reap(host: HostConfig, history: HostHistory) -> ActionPlan:
     if family:
         notes.insert(0, f"{len(family)} child process{'es' * (len(family) != 1)} of those "
                         "holders, in their sessions, go with them")
+    notes.extend(stuck_notes(history, [*roots, *family]))
     targets = tuple(_target(p, snap.boot_id) for p in [*roots, *family])
     return ActionPlan("reap", host.name, targets, None, "TERM", None, tuple(notes))
 

@@ -41,7 +41,6 @@ DEFAULT_LIMITS = {
     "leftovers": 16,
     "errors_per_source": 8,
 }
-DEFAULT_NVIDIA_SMI_TIMEOUT_S = 5.0
 DEFAULT_DEADLINE_S = 60.0  # a request without "deadline_s" (the client always sends one)
 WRITE_GRACE_S = 0.5  # to print the document once the deadline has passed
 
@@ -49,23 +48,6 @@ PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread (no fds, no cmd
 # comm prefixes of what keeps a run alive when the SSH session ends (seed 000)
 DETACH_SERVERS = ("tmux", "screen", "SCREEN")
 
-# NVML clocks event (formerly "throttle") reason bits, nvml.h nvmlClocksEventReason*.
-REASON_BITS = (
-    (0x1, "gpu_idle"),
-    (0x2, "applications_clocks_setting"),
-    (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"),
-    (0x20, "sw_thermal_slowdown"),
-    (0x40, "hw_thermal_slowdown"),
-    (0x80, "hw_power_brake_slowdown"),
-    (0x100, "display_clock_setting"),
-)
-
-GPU_FIELDS = ("index", "uuid", "name", "util_pct", "mem_used_mib", "mem_total_mib",
-              "sm_clock_mhz", "sm_clock_max_mhz", "power_w", "power_limit_w", "temp_c",
-              "throttle_reasons", "mig", "pci_bus_id", "persistence")
-APP_FIELDS = ("uuid", "pid", "gpu_mem_mib", "process_name")
 PROC_FIELDS = ("pid", "ppid", "user", "state", "comm", "cmd", "start_ticks", "tty_nr",
                "session", "pgrp", "sighup_ignored", "sighup_caught", "threads", "cgroup",
                "cwd", "exe", "nvidia_devs", "run", "cpu_ticks")
@@ -209,21 +191,21 @@ def load_site():
 
 
 def load_module(name):
-    """A module shipped beside the probe (tfevents, discover): on the box the bundle's loader
-    installed it as gpuwatch_NAME, or the client left it out of this poll (ImportError: nothing
-    is ever imported from the box's disk); on the client it is this package's; run as a
-    script, the file beside this one."""
-    shipped = sys.modules.get("gpuwatch_" + name)
+    """A module shipped beside the probe (tfevents, discover, gpus/nvml): on the box the
+    bundle's loader installed it as gpuwatch_NAME ("/" as "_": gpuwatch_gpus_nvml), or the
+    client left it out of this poll (ImportError: nothing is ever imported from the box's
+    disk); on the client it is this package's; run as a script, the file beside this one."""
+    shipped = sys.modules.get("gpuwatch_" + name.replace("/", "_"))
     if shipped is not None:
         return shipped
     if __file__.startswith("<"):  # installed by the bundle's loader (bundle.LOADER)
-        raise ImportError("gpuwatch_%s was not sent with this poll" % name)
+        raise ImportError("gpuwatch_%s was not sent with this poll" % name.replace("/", "_"))
     import importlib
 
     if __package__:
-        return importlib.import_module(__package__ + "." + name)
+        return importlib.import_module(__package__ + "." + name.replace("/", "."))
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    return importlib.import_module(name)
+    return importlib.import_module(name.replace("/", "."))
 
 
 

@@ -20,7 +20,9 @@ TS_ISO = (  # dmesg --time-format iso (maybe after -x "kern  :warn  : "), journa
 TS_KMSG = r"^\d+,\d+,(\d+),[^;]*;(.*)$"  # /dev/kmsg: prio,seq,usec,flags;msg
 JOURNAL_PREFIX = r"^\S+ kernel: "
 
-XID = r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+),\s*(.*)$"
+# Newer drivers write a subcode after the code ('149.37, NETIR_LINK_EVT Fatal ...'): the code
+# is the Xid, the rest of the line (Fatal / Nonfatal words included) its message.
+XID = r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+)(?:\.\d+)?,\s*(.*)$"
 XID_PID = r"^pid=(?:'<unknown>'|(\d+)),\s*name=([^,]*),\s*(.*)$"
 OOM_KILL = (
     r"(Memory cgroup out of memory|Out of memory)(?: \([^)]*\))?: Kill(?:ed)? process (\d+)"

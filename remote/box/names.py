@@ -9,8 +9,8 @@ from typing import Any
 
 from . import base
 
-FILES = ("base", "host", "gpus_smi", "processes", "disks", "known_runs", "runs",
-         "checkpoints", "events", "metrics", "globs", "gpus_nvml", "popen", "cgroup_v1",
+FILES = ("base", "host", "gpus/section", "gpus/nvidia_smi", "processes", "disks", "known_runs",
+         "runs", "checkpoints", "events", "metrics", "globs", "gpus/nvml", "popen", "cgroup_v1",
          "kernel_log", "probe")
 
 

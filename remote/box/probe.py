@@ -1,12 +1,13 @@
 """gpuwatch probe: runs ON the box, once per poll, and prints one JSON document.
 
 Stdlib only and Python 3.6+ (old boxes; nothing is installed there, U42): the client sends
-this file, the files of the sections it reads (base.py, host.py, gpus_smi.py, processes.py,
-disks.py, known_runs.py) and those of the optional parts this poll needs (runs.py, metrics.py,
-gpus_nvml.py, ... see wire/bundle.py, modules_for), and a JSON request over stdin each poll;
-each is installed as a gpuwatch_<name> module and reached through it. pynvml is used
-when it imports and nvmlInit works, else `nvidia-smi`. Nothing read from the box is ever
-executed or evaluated; only `nvidia-smi` and `dmesg` are run, from PATH, under timeouts.
+this file, the files of the sections it reads (base.py, host.py, gpus/section.py,
+gpus/nvidia_smi.py, processes.py, disks.py, known_runs.py) and those of the optional parts
+this poll needs (runs.py, metrics.py, gpus/nvml.py, ... see wire/bundle.py, modules_for), and
+a JSON request over stdin each poll; each is installed as a gpuwatch_<name> module and reached
+through it. pynvml is used when it imports and nvmlInit works, else `nvidia-smi`. Nothing read
+from the box is ever executed or evaluated; only `nvidia-smi` and `dmesg` are run, from PATH,
+under timeouts.
 
 Roots are overridable so tests and the simulator can point it at fixture trees:
 GPUWATCH_PROCFS (/proc), GPUWATCH_SYSFS (/sys), GPUWATCH_ETC (/etc).
@@ -19,7 +20,8 @@ Request (unknown keys are ignored):
                 "walk_depth", "walk_entries", "log_tail_bytes", "log_tail_lines",
                 "metrics_bytes", "metrics_json_bytes", "metrics_points", "checkpoints",
                 "ckpt_files", "leftovers", "errors_per_source"},
-     "nvidia_smi_timeout_s": float, "nvidia_smi_reasons": "event" | "throttle",
+     "nvidia_smi_timeout_s": float, "gpu_hints": {name: str} (what the last poll's GPU source
+     said of this box: see gpus/section.py),
      "deadline_s": float (the probe is done this long after it started, see arm_deadline),
      "want": {"gpus", "processes", "disks", "cgroup", "logind", "kernel", "runs", "nvml",
               "discover": bool},
@@ -87,7 +89,7 @@ import zlib
 
 base = sys.modules.get("gpuwatch_base") or __import__(__package__ + ".base", fromlist=["_"])
 host = base.load_module("host")
-gpus_smi = base.load_module("gpus_smi")
+gpus = base.load_module("gpus/section")
 processes = base.load_module("processes")
 disks = base.load_module("disks")
 known_runs = base.load_module("known_runs")
@@ -143,7 +145,7 @@ def gather(request, doc=None):
     disks = request.get("disks")
     found = {}  # what one section learns that another uses: the processes matched to runs
     section("host", host.collect_host)
-    section("gpus", gpus_smi.collect_gpus, request)
+    section("gpus", gpus.collect_gpus, request)
     gpu_apps = doc.get("gpus", {}).get("apps", {}).get("rows", [])
     section("processes", processes.collect_processes, request, limits, [row[1] for row in gpu_apps],
             found)

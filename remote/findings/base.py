@@ -54,7 +54,7 @@ def rule(codes: Mapping[str, tuple[str, ...]]) -> Callable[[Rule], Rule]:
     return register
 
 
-RULE_MODULES = ("host", "gpu", "run", "ckpt", "disk", "run_curves")
+RULE_MODULES = ("host", "gpu", "gpu_health", "run", "run_gpus", "ckpt", "disk", "run_curves")
 """The modules of findings/ that hold `@rule`s, in the order their rules run. A new rule in one
 of them is registered by its decorator; a new module of rules is one more name here."""
 

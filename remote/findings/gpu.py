@@ -10,6 +10,7 @@ from ..model.finding import Finding, Severity
 from ..model.history import HostHistory, same_gpu
 from ..model.processes import gpus_of
 from ..model.snapshot import GPU_ERRORS, HostSnapshot
+from ..model.xid_catalog import CATALOG, CATALOG_VERSION, xid_advice
 from ..units import duration
 from ..units import mib as mib_words
 from .base import (
@@ -278,20 +279,41 @@ def gpu_xid(history: HostHistory) -> Iterable[Finding]:
         codes = sorted({e.xid for e in found if e.xid is not None} | set(extra))
         dead = [c for c in codes if c in critical]
         worst = dead[0] if dead else codes[-1] if codes else None
-        meaning = XID_MEANING.get(worst or -1, "see NVIDIA's Xid catalog")
         where = f"GPU {gpu}" if gpu is not None else (
             found[-1].pci if found and found[-1].pci else "a GPU")
-        todo = ("the GPU is dead — stop the instance and re-rent another box" if dead else
-                "check the run's log; repeated Xids on one GPU mean hardware")
+        said = []
+        for code in ([worst] if worst is not None else []) + [c for c in codes if c != worst]:
+            advice = xid_advice(code)
+            raw = next((e.message for e in reversed(found) if e.xid == code and e.message), None)
+            said.append(advice.words() + (f" (the line: {raw[:120]})" if advice.action is None
+                                          and raw else ""))
+        pids = sorted({e.pid for e in found if e.pid is not None})
+        run = _xid_run(now, pids, gpu)
+        whose = f" (run {run})" if run else ""
+        todo = (" — the GPU is dead: stop the instance and re-rent another box" if dead else "")
         yield Finding(
             "gpu.xid", Severity.CRITICAL if dead else Severity.WARNING,
-            f"{where} logged Xid {', '.join(map(str, codes))} ({meaning}): {todo}",
-            gpu=gpu,
+            f"{where}{whose} logged " + "; ".join(said) + todo,
+            gpu=gpu, run=run,
             evidence={"xids": codes, "count": len(found) + len(extra),
-                      "pci": found[-1].pci if found else None,
-                      "pids": sorted({e.pid for e in found if e.pid is not None}),
+                      "pci": found[-1].pci if found else None, "pids": pids,
+                      "actions": {str(c): CATALOG.get(c) for c in codes},
+                      "catalog": CATALOG_VERSION,
                       "messages": [e.message for e in found[-3:]],
                       "at": [e.at for e in found[-3:]]})
+
+
+def _xid_run(now: HostSnapshot, pids: list[int], gpu: int | None) -> str | None:
+    """The run an Xid is about: the one whose process the line names (Xid 13, 31, 43 and
+    others carry a pid), else the one whose process holds that GPU."""
+    by_pid = {p.pid: p.run for p in now.processes if p.run}
+    for pid in pids:
+        if by_pid.get(pid):
+            return by_pid[pid]
+    if gpu is None:
+        return None
+    runs = {by_pid.get(app.pid) for app in now.gpu_processes if app.gpu_index == gpu} - {None}
+    return next(iter(sorted(r for r in runs if r))) if len(runs) == 1 else None
 
 
 @rule({"gpu.vram_zombie": ("U11",)})

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from ..config.thresholds import HISTORY_LEN, Thresholds
 from ..model.finding import Finding, Severity
 from ..model.history import HostHistory, PollFailure, same_gpu
-from . import ckpt, disk, gpu, host, run, run_curves
+from . import ckpt, disk, gpu, gpu_health, host, run, run_curves, run_gpus
 from .base import Rule, recent, registered_codes, registered_rules, slow_start_likely, sustained
 from .ckpt import ckpt_overdue, ckpt_tmp_leftover
 from .disk import disk_full_soon, disk_low
@@ -53,7 +53,7 @@ from .run import (
     run_sighup_risk,
 )
 
-RULE_MODULES = (host, gpu, run, ckpt, disk, run_curves)
+RULE_MODULES = (host, gpu, gpu_health, run, run_gpus, ckpt, disk, run_curves)
 """The modules whose `@rule`s make RULES, in order (importing them registers them)."""
 
 RULES: tuple[Rule, ...] = registered_rules()

@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .discovered import Discovery
+from .gpu import EccCounts, MemoryRemap, PcieLink
 
 
 class ProbeError(Exception):
@@ -154,6 +155,13 @@ class GpuSample:
     persistence: bool | None = None
     """Persistence mode: off, every nvidia-smi or NVML start re-initialises the GPU (seconds
     on an 8-GPU box), and polls run into their deadline."""
+    ecc: EccCounts | None = None
+    remap: MemoryRemap | None = None
+    recovery_action: str | None = None
+    """What the driver says the GPU needs to recover ("none", "gpu_reset", "node_reboot", ...:
+    model.gpu.RECOVERY_ACTIONS); None where the driver does not say."""
+    pcie: PcieLink | None = None
+    vendor: str = "nvidia"
 
     def to_json(self) -> dict[str, Any]:
         reasons = None if self.throttle_reasons is None else list(self.throttle_reasons)
@@ -164,7 +172,11 @@ class GpuSample:
             "sm_clock_max_mhz": self.sm_clock_max_mhz, "power_w": self.power_w,
             "power_limit_w": self.power_limit_w, "temp_c": self.temp_c,
             "throttle_reasons": reasons, "mig": self.mig,
-            "persistence_mode": self.persistence,
+            "persistence_mode": self.persistence, "vendor": self.vendor,
+            "ecc": None if self.ecc is None else self.ecc.to_json(),
+            "remap": None if self.remap is None else self.remap.to_json(),
+            "recovery_action": self.recovery_action,
+            "pcie": None if self.pcie is None else self.pcie.to_json(),
         }
 
 
@@ -484,8 +496,7 @@ class HostSnapshot:
     ncpu: int | None
     gpus: tuple[GpuSample, ...]
     gpu_processes: tuple[GpuProcess, ...]
-    gpu_source: str | None  # "nvml" | "nvidia-smi"
-    nvidia_smi_reasons: str | None  # send back as the request's hint next poll
+    gpu_source: str | None  # the source that read them: "nvml" | "nvidia-smi"
     processes: tuple[ProcessInfo, ...]
     process_counts: ProcessCounts | None
     disks: tuple[DiskUsage, ...]
@@ -525,6 +536,10 @@ class HostSnapshot:
     host that had GPUs or runs (HostHistory.record decides, with what it knows)."""
     gpu_query_s: float | None = None
     """How long the box's GPU query took (nvidia-smi or NVML), failed or not."""
+    gpu_hints: Mapping[str, str] = field(default_factory=dict)
+    """What the GPU source learnt of this box (the reason family, the fields its driver
+    lacks): the next poll's request sends it back (box/gpus/section.py)."""
+    gpu_vendor: str | None = None
     processes_uptime_s: float | None = None
     """The box's uptime when its process table was read (the processes' cpu_s): what CPU%
     since the previous poll divides by (the host's uptime_s is read before the GPU query,

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwatch.remote.sim.box import Box
+from gpuwatch.remote.sim.box import GPU_KNOBS, Box
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,8 @@ class Frame:
         if self.advance_s:
             box.advance(self.advance_s)
         for index, knobs in self.gpus.items():
-            fields = {k: v for k, v in knobs.items() if "." in k}
-            box.set_gpu(index, fields, **{k: v for k, v in knobs.items() if "." not in k})
+            fields = {k: v for k, v in knobs.items() if k not in GPU_KNOBS}  # nvidia-smi's
+            box.set_gpu(index, fields, **{k: v for k, v in knobs.items() if k in GPU_KNOBS})
         for index, reasons in self.throttle.items():
             box.set_throttle(index, reasons)
         if self.dmesg:
@@ -95,3 +95,26 @@ def training_then_xid(box: Box, gpu: int = 0, *, code: int = 79, pid: int | None
                         "temperature.gpu": {"error": "Unknown Error"}})
 
     return Scenario(f"xid {code}", [busy, busy, busy, Frame(advance_s=10.0, action=fall_off)])
+
+
+def memory_errors(box: Box, gpu: int = 0) -> Scenario:
+    """GPU memory going bad, as the driver says it (nvidia-smi's remapped_rows.*, ecc.errors.*,
+    gpu_recovery_action): a healthy GPU, then an uncorrectable error whose row remap waits for
+    a reset, then a bank out of spare rows: remap failure, and the driver asks for a reset."""
+    healthy = Frame(gpus={gpu: {"ecc.errors.uncorrected.volatile.total": 0,
+                                "remapped_rows.uncorrectable": 0, "remapped_rows.pending": False,
+                                "remapped_rows.failure": False, "gpu_recovery_action": "None"}},
+                    advance_s=10.0)
+    pending = Frame(gpus={gpu: {"ecc.errors.uncorrected.volatile.total": 1,
+                                "ecc.errors.uncorrected.aggregate.total": 1,
+                                "remapped_rows.uncorrectable": 1,
+                                "remapped_rows.pending": True}}, advance_s=10.0)
+    failed = Frame(gpus={gpu: {"ecc.errors.uncorrected.volatile.total": 3,
+                               "remapped_rows.failure": True,
+                               "remapped_rows.histogram.max": 639,
+                               "remapped_rows.histogram.high": 0,
+                               "remapped_rows.histogram.partial": 0,
+                               "remapped_rows.histogram.low": 0,
+                               "remapped_rows.histogram.none": 1,
+                               "gpu_recovery_action": "Reset"}}, advance_s=10.0)
+    return Scenario("memory errors", [healthy, healthy, pending, pending, failed])

@@ -36,7 +36,8 @@ from typing import Any
 
 BOX = Path(__file__).parent.parent / "box"
 PROBE_PATH = BOX / "probe.py"
-CORE = ("base", "host", "gpus_smi", "processes", "disks", "known_runs", "probe")
+CORE = ("base", "host", "gpus/section", "gpus/nvidia_smi", "processes", "disks", "known_runs",
+        "probe")
 """The probe's files that every poll sends (the gpuwatch_probe part): what it always runs."""
 RUN_FILES = "gpuwatch_runs"
 """The part of the probe that reads runs' files (runs.py and checkpoints.py): sent only to a
@@ -45,7 +46,7 @@ RAW_RECORDS = "gpuwatch_events"
 """The reader that sends event files' new records raw (events.py: read_raw_records),
 sent only to a poll that reads event files without the decoder."""
 NVML = "gpuwatch_gpus_nvml"
-"""The probe's NVML reader (gpus_nvml.py): sent unless the last poll of the host said its
+"""The probe's NVML reader (gpus/nvml.py): sent unless the last poll of the host said its
 python cannot import pynvml (most boxes' system python3; the probe then reads nvidia-smi, and
 says so when pynvml starts to import)."""
 METRICS = "gpuwatch_metrics"
@@ -70,16 +71,16 @@ PARTS = (("gpuwatch_tfevents", ("tfevents_proto", "tfevents")),
          ("gpuwatch_discover", ("discover_found", "discover")),
          ("gpuwatch_probe", CORE),
          (RUN_FILES, ("runs", "checkpoints")), (RAW_RECORDS, ("events",)), (METRICS, ("metrics",)),
-         (GLOB, ("globs",)), (NVML, ("gpus_nvml",)), (POPEN, ("popen",)),
+         (GLOB, ("globs",)), (NVML, ("gpus/nvml",)), (POPEN, ("popen",)),
          (CGROUP_V1, ("cgroup_v1",)), (KERNEL, ("kernel_log",)))
 """What modules_for picks from, in its order: each part is the files of box/ it names."""
-FILES = ("tfevents_proto", "tfevents", "base", "gpus_smi", "host", "disks", "kernel_log",
-         "cgroup_v1", "popen", "runs", "checkpoints", "metrics", "processes", "events",
-         "known_runs", "discover_found", "discover", "globs", "gpus_nvml", "probe")
+FILES = ("tfevents_proto", "tfevents", "base", "gpus/section", "gpus/nvidia_smi", "gpus/nvml",
+         "host", "disks", "kernel_log", "cgroup_v1", "popen", "runs", "checkpoints", "metrics",
+         "processes", "events", "known_runs", "discover_found", "discover", "globs", "probe")
 """The order the loader installs them in: base.py before the rest, a file after those it
 binds at its top (`host = base.load_module("host")`), probe.py last, whose main() runs; else
 the order that zlib packs best (tens of bytes of every poll)."""
-MODULES = tuple(("gpuwatch_" + name, BOX / (name + ".py")) for name in FILES)
+MODULES = tuple(("gpuwatch_" + name.replace("/", "_"), BOX / (name + ".py")) for name in FILES)
 """(the name installed on the box, the file) of every file the bundle may send, in FILES'
 order."""
 PYTHON_MISSING_EXIT = 127
@@ -162,8 +163,9 @@ def strip_source(text: str) -> str:
 def files(parts: tuple[str, ...] | None) -> list[tuple[str, Path]]:
     """The MODULES that `parts` (names of PARTS; None: every one) are made of, in FILES'
     order."""
-    chosen = {name for part, names in PARTS if parts is None or part in parts for name in names}
-    return [(module, path) for module, path in MODULES if module[len("gpuwatch_"):] in chosen]
+    chosen = {"gpuwatch_" + name.replace("/", "_") for part, names in PARTS
+              if parts is None or part in parts for name in names}
+    return [(module, path) for module, path in MODULES if module in chosen]
 
 
 def payload(parts: tuple[str, ...] | None = None) -> str:

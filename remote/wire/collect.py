@@ -30,7 +30,7 @@ MAX_STDOUT = 4 * 1024 * 1024
 """A probe document is a few KB; a box that prints megabytes is not running our probe."""
 MAX_STDERR = 64 * 1024
 DEFAULT_SSH_CONFIG = SshSettings().config_file
-CARRIED_HINTS = ("nvidia_smi_reasons", "pynvml", "pynvml_dir", "spawn", "cgroup",
+CARRIED_HINTS = ("gpu_hints", "pynvml", "pynvml_dir", "spawn", "cgroup",
                  "kernel_lines", "run_cgroups")
 """What a box says of itself that the next poll's request carries back (Collector.memory)."""
 RUN_CGROUPS = 8
@@ -130,6 +130,12 @@ def _paths(value: object) -> bool:
             and all(isinstance(v, str) for v in value))
 
 
+def _words(value: object) -> bool:
+    """A few named strings (the GPU source's hints, box/gpus/section.py)."""
+    return (isinstance(value, Mapping) and len(value) <= 8
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()))
+
+
 class Collector:
     """Polls hosts. Holds what one poll tells the next (e.g. which throttle field names the
     box's driver accepts, what discovery found), never a connection."""
@@ -177,7 +183,7 @@ class Collector:
         if isinstance(hints, Mapping):
             kept = {k: v for k, v in hints.items()
                     if k in CARRIED_HINTS and (isinstance(v, (str, int, float, bool))
-                                               or _paths(v))}
+                                               or _paths(v) or _words(v))}
             self._hints.setdefault(name, {}).update(kept)
         if isinstance(memory.get("discovery"), Mapping):
             self._discovery[name] = dict(memory["discovery"])
@@ -257,9 +263,8 @@ class Collector:
     def _learn(self, host: HostConfig, started_at: float, snapshot: HostSnapshot,
                reuse: dict[str, Any] | None) -> None:
         """Keep what the box said of itself for the next poll's request."""
-        if snapshot.nvidia_smi_reasons:
-            self._hints.setdefault(host.name, {})["nvidia_smi_reasons"] = (
-                snapshot.nvidia_smi_reasons)
+        if snapshot.gpu_hints:  # the GPU source's lessons (the fields its driver lacks)
+            self._hints.setdefault(host.name, {})["gpu_hints"] = dict(snapshot.gpu_hints)
         if snapshot.pynvml is not None:  # the NVML reader goes only where it imports
             hints = self._hints.setdefault(host.name, {})
             hints["pynvml"] = snapshot.pynvml

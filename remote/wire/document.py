@@ -12,7 +12,7 @@ import json
 import re
 import zlib
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -245,7 +245,9 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
     clock = _host_clock(info)
     gpu_section = _section(doc, "gpus", errors)
     gpu_error = _gpu_error(doc.data.get("gpus"), doc.child("gpus"))
-    gpus = tuple(_gpu(row) for row in gpu_section.table("devices")) if gpu_section else ()
+    vendor = (gpu_section.opt_str("vendor") or "nvidia") if gpu_section else "nvidia"
+    gpus = tuple(_gpu(row, vendor) for row in gpu_section.table("devices")) if gpu_section \
+        else ()
     apps = _gpu_processes(gpu_section, gpus) if gpu_section else ()
     if gpu_section and gpu_section.opt_str("apps_error"):
         errors["gpus.apps"] = gpu_section.get_str("apps_error")
@@ -268,7 +270,8 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
         gpus=gpus,
         gpu_processes=apps,
         gpu_source=gpu_section.opt_str("source") if gpu_section else None,
-        nvidia_smi_reasons=gpu_section.opt_str("reasons") if gpu_section else None,
+        gpu_hints=_gpu_hints(gpu_section),
+        gpu_vendor=vendor if gpu_section else None,
         processes=tuple(_process(row, use, clock, scripts, elastic, ticks)
                         for row in procs.table("procs")) if procs else (),
         process_counts=_counts(procs) if procs else None,
@@ -302,6 +305,16 @@ def _gpu_tool_missing(value: object, error: GpuError | None) -> str | None:
         return None
     said = value.get("error")
     return said[:300] if isinstance(said, str) else "nvidia-smi not found on PATH"
+
+
+def _gpu_hints(section: _Node | None) -> Mapping[str, str]:
+    """What the GPU source said of the box for the next poll (strings, short); anything else
+    is left out: the next poll learns it again."""
+    hints = section.data.get("hints") if section else None
+    if not isinstance(hints, dict):
+        return MappingProxyType({})
+    return MappingProxyType({k: v for k, v in list(hints.items())[:8]
+                             if isinstance(k, str) and isinstance(v, str) and len(v) <= 2000})
 
 
 def _gpu_error(value: object, where: str) -> GpuError | None:

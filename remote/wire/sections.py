@@ -9,6 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..model.discovered import Discovery, parse_discovery
+from ..model.gpu import RECOVERY_ORDER, EccCounts, MemoryRemap, PcieLink
 from ..model.snapshot import (
     PROGRESS_KEYS,
     CgroupCounter,
@@ -31,7 +32,7 @@ from .reader import MAX_NUMBER_DIGITS, _Bad, _is_int, _is_integer, _is_number, _
 
 # ---------------------------------------------------------------- sections
 
-def _gpu(row: _Node) -> GpuSample:
+def _gpu(row: _Node, vendor: str = "nvidia") -> GpuSample:
     return GpuSample(
         index=row.get_int("index"), uuid=row.opt_str("uuid"), name=row.opt_str("name"),
         util_pct=row.opt_float("util_pct"), mem_used_mib=row.opt_int("mem_used_mib"),
@@ -40,8 +41,60 @@ def _gpu(row: _Node) -> GpuSample:
         power_limit_w=row.opt_float("power_limit_w"), temp_c=row.opt_int("temp_c"),
         throttle_reasons=row.opt_list("throttle_reasons", _is_str, "names"),
         mig=row.opt_bool("mig"), pci_bus_id=row.opt_str("pci_bus_id"),
-        persistence=row.opt_bool("persistence"),
+        persistence=row.opt_bool("persistence"), ecc=_ecc(row), remap=_remap(row),
+        recovery_action=_recovery(row), pcie=_pcie(row), vendor=vendor,
     )
+
+
+def _flag(row: _Node, name: str) -> bool | None:
+    """A yes/no field: a boolean (nvidia-smi's source) or NVML's 0/1 (its field values)."""
+    value = row.data.get(name)
+    if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
+        return bool(value)
+    return row.opt_bool(name)
+
+
+def _recovery(row: _Node) -> str | None:
+    """The recovery action's name: nvidia-smi's words as the probe normalised them, or NVML's
+    nvmlGpuRecoveryAction_t number (model.gpu.RECOVERY_ORDER; one it does not know, as
+    `action_N`)."""
+    value = row.data.get("recovery")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return RECOVERY_ORDER[value] if 0 <= value < len(RECOVERY_ORDER) else f"action_{value}"
+    return row.opt_str("recovery")
+
+
+def _some(row: _Node, *names: str) -> bool:
+    return any(row.data.get(name) is not None for name in names)
+
+
+def _ecc(row: _Node) -> EccCounts | None:
+    names = ("ecc_corr_vol", "ecc_unc_vol", "ecc_corr_agg", "ecc_unc_agg")
+    if not _some(row, *names):  # ECC off, or a GPU without it
+        return None
+    return EccCounts(*(row.opt_int(name) for name in names))
+
+
+def _remap(row: _Node) -> MemoryRemap | None:
+    names = ("remap_corr", "remap_unc", "remap_pending", "remap_failed", "remap_hist",
+             "retired_sbe", "retired_dbe", "retired_pending")
+    if not _some(row, *names):
+        return None
+    hist = row.opt_list("remap_hist", lambda v: v is None or _is_int(v), "integers")
+    return MemoryRemap(
+        corrected=row.opt_int("remap_corr"), uncorrected=row.opt_int("remap_unc"),
+        pending=_flag(row, "remap_pending"), failed=_flag(row, "remap_failed"),
+        histogram=None if hist is None or len(hist) != 5 else tuple(
+            None if v is None else int(v) for v in hist),
+        retired_sbe=row.opt_int("retired_sbe"), retired_dbe=row.opt_int("retired_dbe"),
+        retired_pending=_flag(row, "retired_pending"))
+
+
+def _pcie(row: _Node) -> PcieLink | None:
+    names = ("pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max", "pcie_replays")
+    if not _some(row, *names):
+        return None
+    return PcieLink(*(row.opt_int(name) for name in names))
 
 
 def _gpu_processes(section: _Node, gpus: tuple[GpuSample, ...]) -> tuple[GpuProcess, ...]:

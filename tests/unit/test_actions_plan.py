@@ -51,7 +51,7 @@ def snapshot(*procs: ProcessInfo, apps: tuple[GpuProcess, ...] = (),
     return HostSnapshot(
         host="gpu1", taken_at=1000.0, hostname="gpu1", boot_id=boot, uptime_s=100.0,
         loadavg=None, ncpu=8, gpus=(), gpu_processes=apps, gpu_source="nvidia-smi",
-        nvidia_smi_reasons=None, processes=procs, process_counts=None, disks=(), cgroup=None,
+        processes=procs, process_counts=None, disks=(), cgroup=None,
         kill_user_processes=None, kernel_events=(), xid_counts=MappingProxyType({}),
         section_errors=MappingProxyType({}), probe_s=0.1, probe_cpu_s=0.1)
 
@@ -268,3 +268,19 @@ def test_kill_plan_tells_only_a_non_root_login_that_it_signals_only_its_own() ->
     assert note not in notes(0)
     assert note in notes(1000)
     assert note in notes(None)  # an older probe did not say: the note stays
+
+
+def test_a_target_stuck_in_state_d_is_said_and_still_asked() -> None:
+    """A rank waiting in the kernel on a wedged GPU (state D) outlives SIGKILL: after three
+    polls in D the plan says so, and still asks (the person decides)."""
+    stuck = proc(100, gpu=0, mem=40960, run="llama", state="D")
+    awake = proc(100, gpu=0, mem=40960, run="llama", state="R")
+    plan = plan_kill(HOST, history(snapshot(stuck), snapshot(stuck), snapshot(stuck)), 100)
+    assert plan.refusal is None and [t.pid for t in plan.targets] == [100]
+    (note,) = [n for n in plan.notes if "state D" in n]
+    assert "SIGKILL will not free it" in note and "the GPU may need a reset" in note
+    assert "state D" in plan.describe()
+    for polls in ((snapshot(awake), snapshot(stuck), snapshot(stuck)),  # D for two polls only
+                  (snapshot(proc(100, state="D", start=7)), snapshot(stuck), snapshot(stuck))):
+        plan = plan_kill(HOST, history(*polls), 100)  # ... or a pid another process had
+        assert not [n for n in plan.notes if "state D" in n]

@@ -49,7 +49,9 @@ def test_every_code_has_a_rule_and_a_gotcha() -> None:
             "host.cpu_oversubscribed", "run.code_changed", "gpu.query_failed",
             "gpu.driver_mismatch", "gpu.lost", "gpu.persistence_off", "run.loss_nan",
             "run.diverging", "run.loss_spike", "run.plateau", "run.overfitting", "run.hung",
-            "run.slowed"} == set(CODES)
+            "run.slowed", "gpu.ecc_uncorrected", "gpu.remap_pending", "gpu.remap_failed",
+            "gpu.recovery_action", "gpu.hw_slowdown_rate", "gpu.pcie_degraded",
+            "run.straggler"} == set(CODES)
 
 
 def test_a_quiet_box_has_no_findings(tmp_path: Path) -> None:
@@ -121,7 +123,7 @@ def _history_of(gpus: list[GpuSample], polls: int = 2) -> HostHistory:
         history.record(HostSnapshot(
             host="real", taken_at=NOW + 10 * i, hostname="h", boot_id="b", uptime_s=1e5,
             loadavg=None, ncpu=8, gpus=tuple(gpus), gpu_processes=(), gpu_source="nvidia-smi",
-            nvidia_smi_reasons="event", processes=(), process_counts=None, disks=(),
+            processes=(), process_counts=None, disks=(),
             cgroup=None, kill_user_processes=None, kernel_events=(), xid_counts={},
             section_errors={}, probe_s=None, probe_cpu_s=None), NOW + 10 * i)
     return history
@@ -131,7 +133,8 @@ def _real_gpus(*parts: str) -> list[GpuSample]:
     rows = probe.parse_smi_csv(capture(*parts).read_text(encoding="utf-8", errors="replace"))
     out = []
     for row in rows:
-        values = dict(zip(probe.GPU_FIELDS, probe.gpu_row(row), strict=True))
+        values = {k: v for k, v in probe.gpu_row(row).items()
+                  if k in GpuSample.__dataclass_fields__}
         reasons = values["throttle_reasons"]
         values["throttle_reasons"] = None if reasons is None else tuple(reasons)
         out.append(GpuSample(**values))

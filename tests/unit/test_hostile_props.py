@@ -422,7 +422,7 @@ SMI_CELL = st.one_of(CELL, st.sampled_from(
 @SETTINGS
 @given(st.data())
 def test_nvidia_smi_output_is_parsed_into_numbers_in_range(data: st.DataObject) -> None:
-    fields = [f.format(reasons="clocks_event_reasons") for f in probe.SMI_GPU_QUERY]
+    fields = list(probe.SMI_GPU_QUERY)
     header = data.draw(st.booleans())
     lines = [", ".join(f"{f} [MiB]" if "memory" in f else f for f in fields)] if header else []
     for _ in range(data.draw(st.integers(0, 4))):
@@ -431,11 +431,11 @@ def test_nvidia_smi_output_is_parsed_into_numbers_in_range(data: st.DataObject) 
     text = "\n".join(lines + data.draw(st.lists(st.text(max_size=30), max_size=2)))
     rows = [probe.gpu_row(row) for row in probe.parse_smi_csv(text, fields)]
     apps = [probe.app_row(row) for row in probe.parse_smi_csv(text, list(probe.SMI_APP_QUERY))]
-    for cell in (c for row in rows + apps for c in row):
+    for cell in (c for row in rows + apps for c in row.values()):
         if isinstance(cell, (int, float)) and not isinstance(cell, bool):
             assert math.isfinite(cell) and abs(cell) < 2**53, cell
-    gpus = {"source": "nvidia-smi", "devices": probe.table(probe.GPU_FIELDS, rows),
-            "apps": probe.table(probe.APP_FIELDS, apps)}
+    gpus = {"source": "nvidia-smi", "devices": probe.keyed_table(rows),
+            "apps": probe.keyed_table(apps)}
     text = probe.json_dumps({"v": 1, "errors": {}, "gpus": gpus}).encode()
     try:  # a row the client cannot use (no index, a fraction where MiB are whole) is refused
         snapshot = parse_probe_output(text, "box")

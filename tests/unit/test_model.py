@@ -19,7 +19,9 @@ from test_probe import BOOT_ID, BTIME, UUIDS, Box, box_request, build_box, run_p
 
 DESIGN_GPU_KEYS = ["index", "uuid", "name", "util_pct", "mem_used_mib", "mem_total_mib",
                    "sm_clock_mhz", "sm_clock_max_mhz", "power_w", "power_limit_w", "temp_c",
-                   "throttle_reasons", "mig", "persistence_mode"]
+                   "throttle_reasons", "mig", "persistence_mode",
+                   # the third milestone's GPU health fields, additive (DESIGN §3)
+                   "vendor", "ecc", "remap", "recovery_action", "pcie"]
 DESIGN_PROCESS_KEYS = ["pid", "ppid", "user", "state", "started_at", "gpu_index", "gpu_mem_mib",
                        "cmd", "run", "zombie", "cpu_pct"]  # cpu_pct: added to gpuwatch/1 later
 DESIGN_DISK_KEYS = ["path", "mount", "bytes_total", "bytes_free", "inodes_total", "inodes_free"]
@@ -45,7 +47,7 @@ def test_snapshot_of_a_fixture_box(box: Box):
     assert snap.host == "gpu1" and snap.hostname == "gpu-box-7" and snap.boot_id == BOOT_ID
     assert snap.section_errors == {} and snap.uptime_s == 86400.25 and snap.poll_s is None
     assert snap.probe_s is not None and snap.probe_cpu_s is not None
-    assert snap.gpu_source == "nvidia-smi" and snap.nvidia_smi_reasons == "event"
+    assert snap.gpu_source == "nvidia-smi" and snap.gpu_hints == {}
 
     gpus = {g.index: g for g in snap.gpus}
     assert gpus[1].throttle_reasons == ("sw_power_cap", "hw_thermal_slowdown")
