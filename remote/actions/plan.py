@@ -37,6 +37,7 @@ from __future__ import annotations
 from ..config.schema import HostConfig
 from ..findings.zombies import zombie_holders
 from ..model.history import HostHistory
+from ..model.processes import DETACH_SERVERS
 from ..model.snapshot import ProcessInfo
 from .execute import (
     _STATUS_TEXT,
@@ -50,7 +51,6 @@ from .execute import (
 from .relaunch import fill_command, plan_relaunch, quote_path
 from .types import (
     BOX_SCRIPTS,
-    DETACH_SERVERS,
     SIGNALS,
     ActionError,
     ActionKind,

@@ -16,7 +16,6 @@ from ..units import mib
 ActionKind = Literal["kill", "reap", "relaunch"]
 SIGNALS = ("TERM", "KILL")
 PLACEHOLDERS = re.compile(r"\{(latest_checkpoint|workdir|run)\}")
-DETACH_SERVERS = ("tmux", "screen", "SCREEN")
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox", "fish"})
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
 """Env names whose values are shown as *** (U34, U35: a tracker key is a secret)."""

@@ -6,15 +6,16 @@ the first poll that shows the action done ends it. A kill's exit status proves n
 """
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 
 from ..config.schema import HostConfig
 from ..model.history import HostHistory
-from ..model.snapshot import HostSnapshot, ProcessInfo
+from ..model.processes import dies_with_session
+from ..model.snapshot import HostSnapshot
 from ..store import Store
 from ..units import mib
 from .execute import _record
-from .types import DETACH_SERVERS, ActionOutcome, ActionPlan
+from .types import ActionOutcome, ActionPlan
 
 VERIFY_POLLS = 6
 """Fresh polls after an action before its verdict, for the TUI and the action verbs alike: a
@@ -27,20 +28,6 @@ FreshPoll = Callable[[], Awaitable[str | None]]
 (watch.judge); None when it landed, else why it failed (the loop tries the next one)."""
 
 # ---------------------------------------------------------------- verify
-
-def _tty_bound(proc: ProcessInfo, table: Mapping[int, ProcessInfo]) -> bool:
-    """Dies with the SSH session (seed 000): a terminal, SIGHUP not ignored, and no
-    tmux/screen above it."""
-    if not proc.has_tty or proc.sighup_ignored:
-        return False
-    parent, seen = table.get(proc.ppid), {proc.pid}
-    while parent is not None and parent.pid not in seen:
-        if parent.comm.startswith(DETACH_SERVERS):
-            return False
-        seen.add(parent.pid)
-        parent = table.get(parent.ppid)
-    return True
-
 
 async def verify(plan: ActionPlan, host: HostConfig, history: HostHistory, *,
                  store: Store | None = None) -> ActionOutcome:
@@ -112,7 +99,7 @@ def _verify_relaunch(plan: ActionPlan, history: HostHistory,
         said = f"; its log ends: {' | '.join(tail)}" if tail else ""
         return ActionOutcome(False, f"run {name} is not running on {plan.host}{said}")
     table = {p.pid: p for p in snap.processes}
-    bound = [p.pid for p in procs if _tty_bound(p, table)]
+    bound = [p.pid for p in procs if dies_with_session(p, table)]
     if bound:
         return ActionOutcome(False, (
             f"run {name} runs (pid {', '.join(map(str, pids))}) but is tied to a terminal: it "

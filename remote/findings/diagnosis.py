@@ -37,7 +37,7 @@ A finished run (done marker, exit status 0, the framework's own end: series.fini
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..model.death import (
@@ -49,13 +49,13 @@ from ..model.death import (
     crash_line,
 )
 from ..model.history import Departure, HostHistory
-from ..model.snapshot import HostSnapshot, KernelEvent, ProcessInfo, same_gpu_ids
+from ..model.processes import dies_with_session
+from ..model.snapshot import HostSnapshot, KernelEvent, same_gpu_ids
 
-__all__ = ["CAUSES", "DEAD_GPU_XIDS", "DETACH_SERVERS", "EXCEPTION_PATTERNS", "TAIL_LINES",
-           "TRACEBACK", "Diagnosis", "ancestry", "crash_line", "diagnose", "diagnose_departure",
-           "hup_exposed", "new_kernel_events", "xid_gpu"]
+__all__ = ["CAUSES", "DEAD_GPU_XIDS", "EXCEPTION_PATTERNS", "TAIL_LINES",
+           "TRACEBACK", "Diagnosis", "crash_line", "diagnose", "diagnose_departure",
+           "new_kernel_events", "xid_gpu"]
 
-DETACH_SERVERS = ("tmux", "screen", "SCREEN")
 
 DEAD_GPU_XIDS = (48, 79)
 """U22: a double-bit ECC error or a GPU fallen off the bus takes every process on the GPU with
@@ -113,25 +113,6 @@ def _event_key(e: KernelEvent) -> tuple[Any, ...]:
     return (e.kind, e.since_boot_s, None if e.at is None else round(e.at, 3), e.xid, e.pid,
             e.pci, e.message)
 
-
-
-def ancestry(proc: ProcessInfo, table: Mapping[int, ProcessInfo]) -> list[ProcessInfo]:
-    """The parent, its parent, ... as far as the process table reaches (loop-safe)."""
-    chain, seen = [], {proc.pid}
-    parent = table.get(proc.ppid)
-    while parent is not None and parent.pid not in seen:
-        seen.add(parent.pid)
-        chain.append(parent)
-        parent = table.get(parent.ppid)
-    return chain
-
-
-def hup_exposed(proc: ProcessInfo, table: Mapping[int, ProcessInfo]) -> bool:
-    """Seed 000: dies when its terminal hangs up — a controlling tty, SIGHUP neither ignored
-    (nohup) nor caught, and no tmux/screen above it (setsid leaves no tty: tty_nr 0)."""
-    if not proc.has_tty or proc.sighup_ignored or proc.sighup_caught:
-        return False
-    return not any(a.comm.startswith(DETACH_SERVERS) for a in ancestry(proc, table))
 
 
 # ---------------------------------------------------------------- the verdict
@@ -224,7 +205,8 @@ def diagnose(before: HostSnapshot, now: HostSnapshot, pids: Sequence[int], *,
     # 6b. it died with its terminal
     old_table = {p.pid: p for p in before.processes}
     sessions_now = {p.session for p in now.processes}
-    hup = [old_table[p] for p in pids if p in old_table and hup_exposed(old_table[p], old_table)]
+    hup = [old_table[p] for p in pids
+           if p in old_table and dies_with_session(old_table[p], old_table)]
     if hup and all(p.session not in sessions_now for p in hup):
         first = hup[0]
         return verdict("sighup", tty_nr=first.tty_nr, session=first.session,

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from ..model.ack import STOPPED, ack_of
 from ..model.finding import Finding, Severity
 from ..model.history import HostHistory
-from ..model.processes import process_table
+from ..model.processes import ancestry, dies_with_session, process_table
 from ..model.snapshot import ProcessInfo, RunSample
 from ..units import duration
 from .base import (
@@ -16,7 +16,6 @@ from .base import (
     rule,
     run_procs,
 )
-from .diagnosis import ancestry, hup_exposed
 
 
 @rule({"run.dead": ("U3",)})
@@ -95,7 +94,7 @@ def run_sighup_risk(history: HostHistory) -> Iterable[Finding]:
         return
     table = process_table(now)
     for sample in now.runs:
-        exposed = [p for p in run_procs(sample, now) if hup_exposed(p, table)]
+        exposed = [p for p in run_procs(sample, now) if dies_with_session(p, table)]
         if not exposed:
             continue
         chain = [a.comm for a in ancestry(exposed[0], table)]

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from ..model.history import HostHistory
-from ..model.processes import ZombieHolder
+from ..model.processes import DETACH_SERVERS, ZombieHolder, ancestry
 from ..model.snapshot import HostSnapshot, ProcessInfo
 from ..units import mib
 from .base import recent
@@ -44,7 +44,6 @@ __all__ = ["REASONS", "ZombieHolder", "left_behind_runs", "zombie_holders"]
 SUBREAPERS = frozenset({"systemd", "init", "tini", "dumb-init", "docker-init", "s6-svscan",
                         "runsvdir", "supervisord"})
 """comm of what an orphan is re-parented to besides pid 1 (PR_SET_CHILD_SUBREAPER)."""
-DETACH_SERVERS = ("tmux", "screen", "SCREEN")
 
 REASONS = ("defunct", "orphaned", "invisible", "unattributed")
 
@@ -62,21 +61,12 @@ def _holds_gpu(proc: ProcessInfo) -> bool:
     return bool(proc.gpu_mem_mib) or proc.gpu_index is not None or bool(proc.nvidia_devs)
 
 
-def _ancestors(proc: ProcessInfo, table: Mapping[int, ProcessInfo]) -> Iterable[ProcessInfo]:
-    seen = {proc.pid}
-    parent = table.get(proc.ppid)
-    while parent is not None and parent.pid not in seen:
-        seen.add(parent.pid)
-        yield parent
-        parent = table.get(parent.ppid)
-
-
 def _left_behind(proc: ProcessInfo, table: Mapping[int, ProcessInfo],
                  earlier: Mapping[tuple[int, int], ProcessInfo]) -> str | None:
     """Why this process looks abandoned by its parent, or None when it does not."""
     if proc.zombie:
         return None
-    if any(a.comm.startswith(DETACH_SERVERS) for a in _ancestors(proc, table)):
+    if any(a.comm.startswith(DETACH_SERVERS) for a in ancestry(proc, table)):
         return None  # under tmux/screen: detached on purpose
     if proc.pgrp == proc.pid and proc.session != proc.pid and not proc.elastic_rank:
         # A job of an interactive shell (`nohup python train.py &`): job control gave it a
@@ -128,7 +118,7 @@ def _protected(snap: HostSnapshot, table: Mapping[int, ProcessInfo],
             live.update(p.pid for p in procs)
     protected = set(live)
     for proc in table.values():
-        if any(a.pid in live for a in _ancestors(proc, table)):
+        if any(a.pid in live for a in ancestry(proc, table)):
             protected.add(proc.pid)
     return protected
 

@@ -6,14 +6,38 @@ Also what a VRAM zombie holder is."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from .snapshot import HostSnapshot, ProcessInfo
 
+DETACH_SERVERS = ("tmux", "screen", "SCREEN")
+"""The terminal multiplexers whose sessions outlive an SSH session (U2, seed 000)."""
+
 
 def process_table(snap: HostSnapshot) -> dict[int, ProcessInfo]:
     return {p.pid: p for p in snap.processes}
+
+
+def ancestry(proc: ProcessInfo, table: Mapping[int, ProcessInfo]) -> list[ProcessInfo]:
+    """The parent, its parent, ... as far as the process table reaches (loop-safe)."""
+    chain, seen = [], {proc.pid}
+    parent = table.get(proc.ppid)
+    while parent is not None and parent.pid not in seen:
+        seen.add(parent.pid)
+        chain.append(parent)
+        parent = table.get(parent.ppid)
+    return chain
+
+
+def dies_with_session(proc: ProcessInfo, table: Mapping[int, ProcessInfo]) -> bool:
+    """Seed 000: dies when its terminal hangs up (the SSH session that started it drops) — a
+    controlling tty, SIGHUP neither ignored (nohup) nor caught, and no tmux/screen above it
+    (setsid leaves no tty: tty_nr 0). THE one definition: run.sighup_risk, the diagnosis of a
+    death, and a relaunch's verification all ask it."""
+    if not proc.has_tty or proc.sighup_ignored or proc.sighup_caught:
+        return False
+    return not any(a.comm.startswith(DETACH_SERVERS) for a in ancestry(proc, table))
 
 
 def descendants(pids: Iterable[int], snap: HostSnapshot) -> list[ProcessInfo]:

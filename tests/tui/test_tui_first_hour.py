@@ -17,7 +17,6 @@ from gpuwatch.remote.config.thresholds import Thresholds
 from gpuwatch.remote.model.snapshot import Checkpoint
 from gpuwatch.remote.units import duration, mib, mib_pair, size
 from gpuwatch.tui.app import GpuwatchApp, build_app
-from gpuwatch.tui.messages import SnapshotReady
 from gpuwatch.tui.screens.host import HostScreen
 from gpuwatch.tui.state import DiskPoint
 from gpuwatch.tui.widgets.checkpoint_timeline import CheckpointTimeline
@@ -37,7 +36,7 @@ async def open_host(pilot: Pilot[Any], name: str) -> HostScreen:
     app = pilot.app
     assert isinstance(app, GpuwatchApp)
     for o in fx.latest(app.config):
-        app.post_message(SnapshotReady(o.host.name, o))
+        app.fleet.land(o)  # the pipeline, as a poll of its own lands
     await pilot.pause()
     for _ in range(list(app.hosts).index(name)):
         await pilot.press("down")
