@@ -15,14 +15,14 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
+from .paths import state_dir
+
 MAX_BYTES = 1024 * 1024
 
 
 def default_log_path(env: Mapping[str, str] | None = None) -> Path:
     """$XDG_STATE_HOME/gpuwatch/errors.log (XDG's default ~/.local/state when unset)."""
-    env = os.environ if env is None else env
-    base = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "gpuwatch" / "errors.log"
+    return state_dir(env) / "errors.log"
 
 
 def summary(exc: BaseException) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .paths import state_dir
 from .store_watch import WATCH_SCHEMA, RestartRecord, WatchdogTables
 
 __all__ = ["GPU_SAMPLES_PER_HOST", "SCHEMA_VERSION", "AuditEntry", "FindingRecord", "GpuRow",
@@ -104,9 +105,7 @@ CREATE INDEX IF NOT EXISTS acks_host ON acks (host, run);
 
 def default_store_path(env: Mapping[str, str] | None = None) -> Path:
     """$XDG_STATE_HOME/gpuwatch/gpuwatch.sqlite3 (XDG's default ~/.local/state when unset)."""
-    env = os.environ if env is None else env
-    base = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "gpuwatch" / "gpuwatch.sqlite3"
+    return state_dir(env) / "gpuwatch.sqlite3"
 
 
 @dataclass(frozen=True, slots=True)

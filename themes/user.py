@@ -15,7 +15,6 @@ the series colours in a [variables] table:
 
 from __future__ import annotations
 
-import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -36,9 +35,9 @@ class UserThemes:
 
 
 def themes_dir(env: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
-    base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "gpuwatch" / "themes"
+    from gpuwatch.remote.paths import config_dir
+
+    return config_dir(env) / "themes"
 
 
 def load_user_themes(folder: Path | None = None) -> UserThemes:

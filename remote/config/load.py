@@ -13,6 +13,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+from ..paths import config_dir
 from .schema import (
     _CONTROL,
     _ENV_NAME,
@@ -42,9 +43,7 @@ from .thresholds import Thresholds
 
 def default_config_path(env: Mapping[str, str] | None = None) -> Path:
     """$XDG_CONFIG_HOME/gpuwatch/config.toml (XDG's default ~/.config when unset)."""
-    env = os.environ if env is None else env
-    base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "gpuwatch" / "config.toml"
+    return config_dir(env) / "config.toml"
 
 
 def find_config(explicit: str | None, env: Mapping[str, str] | None = None) -> tuple[Path, bool]:

@@ -48,7 +48,7 @@ from ..model.death import (
     Diagnosis,
     crash_line,
 )
-from ..model.history import Departure, HostHistory
+from ..model.history import Departure
 from ..model.processes import dies_with_session
 from ..model.snapshot import HostSnapshot, KernelEvent, same_gpu_ids
 
@@ -325,5 +325,3 @@ def diagnose_departure(departure: Departure) -> Diagnosis:
         return d
     return Diagnosis(d.cause, dict(d.evidence, **departure.rank_of), d.at, d.pids)
 
-
-HostHistory.diagnoser = diagnose_departure

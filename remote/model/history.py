@@ -5,9 +5,9 @@ the findings' evaluation reads it and the pipeline (watch/landing.py) applies wh
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import Any
 
 from ..config.thresholds import HISTORY_LEN, Thresholds
 from .ack import Ack
@@ -17,7 +17,7 @@ from .processes import ZombieHolder, gpus_of, one_job, ranks, with_cpu_pct
 from .series import RunSeries
 from .snapshot import GpuError, HostSnapshot, Scalars, same_gpu_ids
 
-__all__ = ["HISTORY_LEN", "Departure", "Diagnoser", "HostHistory", "PollFailure", "same_gpu"]
+__all__ = ["HISTORY_LEN", "Departure", "HostHistory", "PollFailure", "same_gpu"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,19 +47,9 @@ class Departure:
     there were, added to the diagnosis's evidence; None for the whole run."""
 
 
-Diagnoser = Callable[[Departure], Diagnosis]
-"""Why a departed run died: remote/findings/diagnosis.py's `diagnose_departure`."""
-
-
 @dataclass
 class HostHistory:
     """What the rules see of one host. Bounded: the newest HISTORY_LEN snapshots."""
-
-    diagnoser: ClassVar[Diagnoser | None] = None
-    """How `record` decides why a vanished run died. The model may not import the findings
-    layer, so remote/findings/diagnosis.py registers its `diagnose_departure` here when it is
-    imported (as a rule module registers its rules); until then departures stay pending and
-    the findings' evaluation decides them (which it does for any still pending)."""
 
     name: str
     snapshots: deque[HostSnapshot] = field(default_factory=lambda: deque(maxlen=HISTORY_LEN))
@@ -241,12 +231,6 @@ class HostHistory:
                     frozenset(gpus_of(dead_ranks, before)), None,
                     rank_of={"survivors": survivors, "ranks_before": len(run_ranks)})
                 self.new_deaths.add("rank:" + sample.name)
-        diagnoser = type(self).diagnoser
-        if diagnoser is not None:
-            for key, departure in self.departures.items():
-                table = self.rank_deaths if key.startswith("rank:") else self.deaths
-                table[departure.run] = diagnoser(departure)
-            self.departures = {}
 
     def record_failure(self, failure: PollFailure) -> None:
         self.failure = failure

@@ -34,6 +34,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from .. import paths
+
 BOX = Path(__file__).parent.parent / "box"
 PROBE_PATH = BOX / "probe.py"
 CORE = ("base", "host", "gpus/section", "gpus/nvidia_smi", "processes", "disks", "known_runs",
@@ -181,7 +183,7 @@ CACHE_MAX_AGE_S = 30 * 86400.0
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuwatch"
+    return paths.cache_dir()
 
 
 @functools.cache

@@ -196,8 +196,9 @@ def install_service(args: argparse.Namespace) -> int:
     from gpuwatch.remote.config.load import find_config
 
     config_path, _ = find_config(args.config)
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    unit = Path(base) / "systemd" / "user" / UNIT_NAME
+    from gpuwatch.remote.paths import config_home
+
+    unit = config_home() / "systemd" / "user" / UNIT_NAME
     command = _gpuwatch_command()
     if unit.exists() and not args.force:
         print(f"gpuwatch: {unit} exists; pass --force to overwrite it", file=sys.stderr)
