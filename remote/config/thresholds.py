@@ -90,7 +90,7 @@ class Thresholds:
     """run.diverging: the level (rolling median) this many noise units above its best…"""
     diverge_critical_k: float = 10.0
     """…critical from this many."""
-    diverge_min_rel: float = 0.1
+    diverge_min_rel: float = 0.2
     """…and at least this share of the best level above it."""
     diverge_sustain_points: int = 5
     """…for this many points in a row."""

@@ -59,7 +59,7 @@ class CurveParams:
     spike_min_rel: float = 0.25
     diverge_k: float = 4.0
     diverge_critical_k: float = 10.0
-    diverge_min_rel: float = 0.1
+    diverge_min_rel: float = 0.2
     diverge_sustain: int = 5
     plateau_k: float = 2.0
     plateau_min_rel: float = 0.01
