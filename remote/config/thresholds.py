@@ -113,7 +113,7 @@ class Thresholds:
     """…the last this many above the eval minimum…"""
     overfit_min_rel: float = 0.05
     """…their median at least this share above it…"""
-    overfit_k: float = 5.0
+    overfit_k: float = 4.0
     """…and this many of the evaluations' own noise units, while the train loss kept falling."""
     hung_factor: float = 10.0
     """run.hung: no new step for this many of the run's own intervals between steps…"""

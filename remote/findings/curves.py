@@ -65,7 +65,7 @@ class CurveParams:
     plateau_min_rel: float = 0.01
     overfit_evals: int = 3
     overfit_min_rel: float = 0.05
-    overfit_k: float = 5.0
+    overfit_k: float = 4.0
 
 
 def median(values: Iterable[float]) -> float:
@@ -359,16 +359,16 @@ class CurveTracker:
         how, rise = None, 0.0
         since = self.finite - 1 - self.smin_index if math.isfinite(self.smin) else 0
         if since >= self.p.overfit_evals and self.srise >= self.p.overfit_evals:
-            # the newest half of the values since the lowest trend: a rising trend shows
-            # there more than a step up that stays (an excursion of a noisy eval)
             span = min(since, len(scaled) - 1)
-            r = max(3, (span + 1) // 2)
-            recent = median(scaled[-r:])
             # the noise of the whole window, or of the values since the lowest trend where
             # they are the more erratic (all of their jumps counted, not only the typical
             # one): a rise made of jumps is an unsteady eval, not a trend
-            noise = max(step_noise(scaled), jump_noise(scaled[-span - 1:]))
-            rise = recent - self.smin
+            noise = max(step_noise(scaled), jump_noise(scaled[-span:]))
+            # the values since the lowest trend: all of them (a step up that stays) or the
+            # newest half (a rising trend shows there more than in all), the clearer
+            _, r = max(((median(scaled[-r:]) - self.smin) / math.sqrt(1 / r + 1 / 3), r)
+                       for r in {max(3, (span + 1) // 2), span})
+            rise = median(scaled[-r:]) - self.smin
             if rise > max(floor, self.p.overfit_k * noise * math.sqrt(1 / r + 1 / 3)):
                 how = "smoothed"
         rises = self.rises()
