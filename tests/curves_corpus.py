@@ -70,6 +70,11 @@ def corpus() -> list[Entry]:
     return out
 
 
+def entry(name: str) -> Entry:
+    """The corpus curve of that name."""
+    return next(e for e in corpus() if e.name == name)
+
+
 def event_records(data: bytes) -> list[bytes]:
     """A TensorBoard file's records as they were written (length, its CRC, data, its CRC)."""
     out, at = [], 0
@@ -170,19 +175,25 @@ class LiveFile:
 class LiveRun:
     """A simulated box whose training process is the run, polled `poll()` after `poll()`."""
 
-    def __init__(self, tmp: Path, live: LiveFile, thresholds: Thresholds | None = None) -> None:
+    def __init__(self, tmp: Path, live: LiveFile, thresholds: Thresholds | None = None,
+                 extra: str = "") -> None:
         self.box = Box(tmp / "box", h100_sxm(1), btime=int(time.time()) - 86_400,
                        uptime_s=86_400.0)
         self.box.add_process(training_process(600, workdir=str(live.folder), nohup=True,
                                               start_s=3600.0))
         self.host = host_config(f'[hosts.gpu1.runs.corpus]\nprocess = "train.py"\n'
-                                f'workdir = "{live.folder}"\n' + live.toml())
+                                f'workdir = "{live.folder}"\n' + live.toml() + extra)
         self.history = HostHistory("gpu1", thresholds=thresholds or Thresholds())
         self.env = {**self.box.env(base_path="/usr/bin:/bin")}
         self.doc: dict[str, Any] | None = None
         self.matched: dict[int, str] = {}
 
-    def _first_doc(self) -> dict[str, Any]:
+    def kill(self) -> None:
+        """The run's process dies: the next poll's probe runs again and finds none."""
+        self.box.remove_process(600)
+        self.doc, self.matched = self._first_doc(alive=False), {}
+
+    def _first_doc(self, alive: bool = True) -> dict[str, Any]:
         """The real probe, once: the box's host, processes and GPUs, the run's pids."""
         request = build_request(self.host, None, self.history.runs)
         request["want"] = {"nvml": False}
@@ -193,7 +204,7 @@ class LiveRun:
         raw = out.stdout
         doc = json.loads(zlib.decompress(raw) if raw[:1] == b"x" else raw)
         (run,) = doc["runs"]
-        assert run["pids"], "the simulated training process was not matched to the run"
+        assert bool(run["pids"]) == alive, "the simulated training process was not matched"
         self.matched = {pid: "corpus" for pid in run["pids"]}
         return dict(doc)
 

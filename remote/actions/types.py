@@ -14,7 +14,7 @@ from ..model.snapshot import HostSnapshot, ProcessInfo
 
 ActionKind = Literal["kill", "reap", "relaunch"]
 SIGNALS = ("TERM", "KILL")
-PLACEHOLDERS = re.compile(r"\{(latest_checkpoint|workdir|run)\}")
+PLACEHOLDERS = re.compile(r"\{(latest_checkpoint|checkpoint_before_anomaly|workdir|run)\}")
 DETACH_SERVERS = ("tmux", "screen", "SCREEN")
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox", "fish"})
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)

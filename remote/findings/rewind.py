@@ -29,12 +29,12 @@ if TYPE_CHECKING:
     from ..model.snapshot import Checkpoint
 
 _STEP_NAMED = (
-    re.compile(r"(?:^|[^a-z])(?:global_?)?step[-_=]?(\d+)", re.I),  # step=1200, global_step500
-    re.compile(r"checkpoint[-_](\d+)", re.I),  # HF's checkpoint-500
-    re.compile(r"(?:^|[^a-z])iter(?:ation)?s?[-_=]?(\d+)", re.I),  # Megatron's iter_0001200
+    re.compile(r"(?:^|[^a-z])(?:global_?)?step[-_=]?([0-9]+)", re.I),  # step=1200, global_step5
+    re.compile(r"checkpoint[-_]([0-9]+)", re.I),  # HF's checkpoint-500
+    re.compile(r"(?:^|[^a-z])iter(?:ation)?s?[-_=]?([0-9]+)", re.I),  # Megatron's iter_0001200
 )
-_NO_STEP = re.compile(r"epoch|(?:^|[-_])v\d+(?:\.|$)|last|best", re.I)
-_TRAILING = re.compile(r"(\d+)(?:\.[A-Za-z][\w]*)*$")
+_NO_STEP = re.compile(r"epoch|(?:^|[-_])v[0-9]+(?:\.|$)|last|best", re.I)
+_TRAILING = re.compile(r"([0-9]+)(?:\.[A-Za-z][A-Za-z0-9_]*)*$")
 
 
 def checkpoint_step(path: str) -> int | None:
@@ -61,6 +61,15 @@ def checkpoint_before(checkpoints: tuple[Checkpoint, ...] | list[Checkpoint], st
         return max(before, key=lambda sc: (sc[0], sc[1].mtime))[1] if before else None
     older = [c for c in checkpoints if math.isfinite(wall) and c.mtime <= wall]
     return max(older, key=lambda c: c.mtime) if older else None
+
+
+def written_after(checkpoint: Checkpoint, step: int, wall: float) -> bool:
+    """Whether a checkpoint was written at or after `step` (by the step in its name; else
+    after `wall`, the time of the last good point before it; unknown: False)."""
+    named = checkpoint_step(checkpoint.path)
+    if named is not None:
+        return named >= step
+    return math.isfinite(wall) and checkpoint.mtime > wall
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +107,8 @@ def latest_anomaly(run: RunSeries, trackers: dict[str, CurveTracker], loss: str 
         if episode is not None and (t.diverging or t.best_step is None
                                     or t.best_step <= episode[0]):
             found.append(Anomaly("diverging", tag, episode[4], _wall_before(run, episode[4]),
-                                 f"{tag} diverging since step {episode[0]}"))
+                                 f"{tag} diverging, rising since step {episode[0]} (from "
+                                 f"step {episode[4]} at the earliest)"))
         spikes = list(t.spikes)
         if spikes:
             last = spikes[-1]

@@ -29,7 +29,7 @@ from .base import rule
 from .base import run_procs as _run_procs
 from .curve_tags import MAX_WATCHED, tags_of
 from .curves import CurveParams, CurveTracker, band, median
-from .rewind import Anomaly, checkpoint_before, latest_anomaly
+from .rewind import Anomaly, checkpoint_before, latest_anomaly, written_after
 
 if TYPE_CHECKING:
     from ..model.series import RunSeries, TagSeries
@@ -212,6 +212,18 @@ def checkpoint_before_anomaly(history: HostHistory, run: RunSeries
     if anomaly is None:
         return run.latest_checkpoint, None
     return checkpoint_before(run.checkpoints, anomaly.step, anomaly.wall), anomaly
+
+
+def latest_after_nan(history: HostHistory, run: RunSeries
+                     ) -> tuple[Anomaly, Checkpoint, Checkpoint | None] | None:
+    """(The NaN, the run's latest checkpoint, the newest one before the NaN) when its latest
+    checkpoint was written after its loss went NaN: a resume from it resumes the garbage."""
+    anomaly = anomaly_of(history, run)
+    latest = run.latest_checkpoint
+    if anomaly is None or anomaly.kind != "nan" or latest is None \
+            or not written_after(latest, anomaly.step, anomaly.wall):
+        return None
+    return anomaly, latest, checkpoint_before(run.checkpoints, anomaly.step, anomaly.wall)
 
 
 def _way_back(run: RunSeries, step: int, wall: float) -> tuple[str | None, str]:
