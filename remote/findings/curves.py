@@ -132,10 +132,15 @@ def _out(v: float | None) -> float | str | None:
 class CurveTracker:
     """One curve's bounded summary, fed in step order (see the module's docstring)."""
 
-    def __init__(self, params: CurveParams | None = None) -> None:
+    def __init__(self, params: CurveParams | None = None, rises: bool = True) -> None:
         self.p = params or CurveParams()
+        self.rises_judged = rises
+        """Whether the eval-rise episodes are judged (an eval curve's; the work is skipped for
+        a train loss, which run_curves never asks about them)."""
         size = max(4, self.p.window)
         self.window: deque[float] = deque(maxlen=size)
+        self.scaled: deque[float] = deque(maxlen=size)
+        """The window's values on the tracker's scale (kept beside it: a log a point)."""
         self.wsteps: deque[int] = deque(maxlen=size)
         self.first_step: int | None = None
         self.last_step: int | None = None
@@ -220,7 +225,7 @@ class CurveTracker:
         return math.log1p(share) if self.log else share * abs(at)
 
     def _scaled(self) -> list[float]:
-        return [self.tr(v) for v in self.window]
+        return list(self.scaled)
 
     # -- feeding
     def feed(self, points: Iterable[tuple[int, float, float]]) -> int:
@@ -258,13 +263,15 @@ class CurveTracker:
         self._spike(step, value)
         self.finite += 1
         self.window.append(value)
+        self.scaled.append(self.tr(value))
         self.wsteps.append(step)
         if math.isnan(self.min_value) or value < self.min_value:
             self.min_value, self.min_step, self.since_min = value, step, 0
             self.min_index = self.finite - 1
         else:
             self.since_min += 1
-        self._eval_rise(step)
+        if self.rises_judged:
+            self._eval_rise(step)
         if len(self.window) < self.window.maxlen:  # type: ignore[operator]
             return
         self.level, self.noise = noisy_band(self._scaled())
@@ -281,6 +288,8 @@ class CurveTracker:
         """A zero or negative value: the curve is judged on the linear scale from here on;
         what was measured on the log scale starts over."""
         self.log = False
+        self.scaled.clear()
+        self.scaled.extend(self.window)
         self.level = self.noise = self.best_level = self.best_noise = math.nan
         self.best_step = None
         self.above, self.above_since, self.above_from = 0, None, None
@@ -451,6 +460,7 @@ class CurveTracker:
     def state(self) -> dict[str, Any]:
         return {
             "v": STATE_VERSION, "window": [_out(v) for v in self.window],
+            "rises": self.rises_judged,
             "wsteps": list(self.wsteps), "log": self.log, "head": self.head,
             "first_step": self.first_step, "last_step": self.last_step,
             "last_value": _out(self.last_value), "last_wall": _out(self.last_wall),
@@ -483,9 +493,9 @@ class CurveTracker:
     def from_state(cls, data: Any, params: CurveParams | None = None) -> CurveTracker | None:
         """Undo `state`; None for anything malformed or of another version (the caller
         starts anew from the points the store kept)."""
-        t = cls(params)
         if not isinstance(data, Mapping) or data.get("v") != STATE_VERSION:
             return None
+        t = cls(params, rises=data.get("rises") is not False)
         try:
             size = max(4, t.p.window)
             window, wsteps = data["window"][-size:], data["wsteps"][-size:]
@@ -496,6 +506,9 @@ class CurveTracker:
             if not all(math.isfinite(v) for v in t.window):
                 return None
             t.log = data["log"] is True
+            if t.log and any(v <= 0 for v in t.window):
+                return None
+            t.scaled.extend(t.tr(v) for v in t.window)
             t.head = [_num(v) for v in data["head"][:HEAD]]
             t.first_step, t.last_step = _int(data["first_step"]), _int(data["last_step"])
             t.last_value = None if data["last_value"] is None else _num(data["last_value"])

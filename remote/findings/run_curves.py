@@ -65,7 +65,9 @@ class RunCurves:
         brought is reported even where a cron poll brought more than the recent span."""
 
     def feed(self, run: RunSeries, tags: Mapping[str, TagSeries], watch: list[str],
-             now: float | None) -> None:
+             now: float | None, evals: Iterable[str] = ()) -> None:
+        """Feed each watched tag's new points; `evals`: the tags judged as evaluations."""
+        evals = set(evals)
         marker = _marker(run.restarts[-1]) if run.restarts else None
         restarted = marker is not None and marker != self.restart  # a resume re-feeds them
         self.restart = marker
@@ -75,8 +77,9 @@ class RunCurves:
             t = self.trackers.get(name)
             last = series.last_step
             if t is None or restarted or (last is not None and t.last_step is not None
-                                          and last < t.last_step):
-                t = self.trackers[name] = CurveTracker(self.p)  # a resume: judged anew
+                                          and last < t.last_step) \
+                    or t.rises_judged != (name in evals):  # a resume, or another eval tag
+                t = self.trackers[name] = CurveTracker(self.p, rises=name in evals)
                 self.before[name] = (0, 0)
                 t.feed(_after(series, None))
             elif last is not None and (t.last_step is None or last > t.last_step):
@@ -184,7 +187,7 @@ def run_curves(history: HostHistory) -> Iterable[Finding]:
     for name, run in history.runs.items():
         tags, loss, ev, watch = tags_of(run, history.curve_tags.get(name, (None, None)))
         curves = curves_of(history, run)
-        curves.feed(run, tags, watch, now.taken_at)
+        curves.feed(run, tags, watch, now.taken_at, evals=(ev,) if ev else ())
         run.pace_s = _pace(curves, loss)
         sample = live.get(name)
         if sample is None or name in history.left_behind:
