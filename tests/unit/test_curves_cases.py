@@ -153,7 +153,7 @@ def test_a_run_stuck_at_its_initial_loss_is_called_long_before_half_of_it(
     entry = csv_log(tmp_path, "stuck", ["step", "train_loss"], rows)
     r = replay(entry, tmp_path / "run", 100)
     first = r.first("run.plateau")
-    assert first is not None and r.upto[first] <= 1100
+    assert first is not None and r.upto[first] <= 100  # by step 1,000 of 40,000
     assert r.codes(WARNING) == set()
 
 
