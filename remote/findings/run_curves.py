@@ -412,14 +412,15 @@ def _eval_rise(th: Thresholds, run: RunSeries, tag: str, e: CurveTracker,
                 f"their own noise{ended}")
     if e.finite <= 5:
         said += f" — only {e.finite} evaluations so far, but each one worse"
-    ckpt, back = _way_back(run, began + 1, math.nan)
+    ckpt, _ = _way_back(run, began + 1, math.nan)
     from_first = how == "each"
     train = visible(loss or "the train loss")
     if falls is not True and not from_first and t is not None and since < 2 * th.curve_window:
         return  # a rise while the train loss does not fall: more evaluations must say it
     if falls is not True and (from_first or t is None):
-        words = (f"while {train} is not falling" if t is not None
-                 else "and there is no train loss to tell")
+        words = ("and there is no train loss to tell" if t is None
+                 else f"while {train} is not falling" if falls is False
+                 else f"and {train} has too few points yet to say it falls")
         yield Finding(
             "run.diverging", Severity.WARNING,
             f"run {run.name} is getting worse, not learning: {said}, {words} — a failed "
@@ -436,8 +437,10 @@ def _eval_rise(th: Thresholds, run: RunSeries, tag: str, e: CurveTracker,
         train_words = f"while {train} held its level"
     yield Finding(
         "run.overfitting", Severity.WARNING,
-        f"run {run.name} is overfitting: {said}, {train_words} — keep {back}, and stop "
-        "early or regularise",
+        f"run {run.name} is overfitting: {said}, {train_words} — keep "
+        + (f"{visible(ckpt)} (the newest written by step {began}, its lowest)" if ckpt
+           else f"the checkpoint nearest step {began}, its lowest")
+        + ", and stop early or regularise",
         run=run.name,
         evidence={"step": began, "tag": tag, "eval_min": e.min_value, "noise": None,
                   "eval_last": e.last_value, "evals_since_min": since, "how": how,
