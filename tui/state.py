@@ -141,9 +141,11 @@ class HostData:
         progress = series.progress_json() if series is not None else None
         if progress is None or progress["max_steps"] is None or progress["step"] is None:
             return ""
-        eta = progress["eta_s"]
+        eta, silent = progress["eta_s"], progress.get("silent_s")
         left = "" if eta is None else (f" · ETA {int(eta // 60)}m" if eta < 5400
                                       else f" · ETA {eta / 3600:.1f}h")
+        if silent is not None:  # a stalled run's ETA is unknown, not 0 (series.silent_s)
+            left = f" · ETA ? (silent {int(silent // 60)}m)"
         return f" {progress['step']}/{progress['max_steps']}{left}"
 
     def discovery(self, run: str | None) -> Discovery | None:

@@ -10,11 +10,13 @@ from collections.abc import Sequence
 
 from ..config.schema import HostConfig
 from ..findings.base import slow_start_likely
+from ..findings.rewind import Anomaly, written_after
+from ..findings.run_curves import checkpoint_before_anomaly
 from ..model.discovered import LaunchRecord, RelaunchError
 from ..model.history import HostHistory
 from ..model.resume import relaunch_command
 from ..model.series import RunSeries
-from ..model.snapshot import HostSnapshot, ProcessInfo
+from ..model.snapshot import Checkpoint, HostSnapshot, ProcessInfo
 from ..units import duration
 from .types import DEFAULT_LOG, PLACEHOLDERS, SHELLS, ActionPlan, LaunchSpec, _current, _refused
 
@@ -29,12 +31,17 @@ def quote_path(path: str) -> str:
 
 
 def fill_command(template: str, *, run: str, workdir: str,
-                 latest_checkpoint: str | None) -> str:
-    """The relaunch template with {latest_checkpoint}, {workdir}, {run} replaced by quoted
-    values. Other braces (a shell's ${VAR}, awk's {print}) are left alone."""
+                 latest_checkpoint: str | None,
+                 checkpoint_before_anomaly: str | None = None) -> str:
+    """The relaunch template with {latest_checkpoint}, {checkpoint_before_anomaly},
+    {workdir}, {run} replaced by quoted values. Other braces (a shell's ${VAR}, awk's
+    {print}) are left alone. ValueError(name) for a checkpoint placeholder with none."""
+    def path(p: str | None) -> str | None:
+        return quote_path(p) if p is not None else None
+
     values = {"run": shlex.quote(run), "workdir": quote_path(workdir),
-              "latest_checkpoint": (quote_path(latest_checkpoint)
-                                    if latest_checkpoint is not None else None)}
+              "latest_checkpoint": path(latest_checkpoint),
+              "checkpoint_before_anomaly": path(checkpoint_before_anomaly)}
 
     def fill(match: re.Match[str]) -> str:
         value = values[match.group(1)]
@@ -90,29 +97,66 @@ def plan_relaunch(host: HostConfig, run_name: str, history: HostHistory,
     if series is not None and series.status == "finished":
         return _refused("relaunch", host, _finished_refusal(run.name, series, run.done))
     latest = series.latest_checkpoint if series else None
+    before, anomaly = checkpoint_before_anomaly(history, series) if series else (None, None)
     try:
         command = fill_command(run.relaunch, run=run.name, workdir=run.workdir,
-                               latest_checkpoint=latest.path if latest else None)
-    except ValueError:
-        where = (f"`checkpoints = \"{run.checkpoints}\"` matched nothing"
-                 if run.checkpoints else "`checkpoints` is not set for it")
-        return _refused("relaunch", host, (
-            f"the relaunch command needs {{latest_checkpoint}} but run {run.name} has no "
-            f"checkpoint ({where}); fix the glob, or write a relaunch command that starts "
-            "from scratch"))
+                               latest_checkpoint=latest.path if latest else None,
+                               checkpoint_before_anomaly=before.path if before else None)
+    except ValueError as exc:
+        return _refused("relaunch", host, _no_checkpoint(run.name, run.checkpoints, str(exc),
+                                                         anomaly))
     log = run.resolve(run.log) if run.log else run.resolve(DEFAULT_LOG)
     assert log is not None
     notes = []
     if run.log is None:
         notes.append(f"run {run.name} has no `log` in the config: output goes to {log}")
-    if latest is not None and "{latest_checkpoint}" in run.relaunch:
-        notes.append(f"resumes from {latest.path}")
-    elif latest is not None:  # the command starts as written: it names no checkpoint
-        notes.append(f"the relaunch command has no {{latest_checkpoint}}: it starts as written, "
-                     f"not from {latest.path}")
+    notes += _way_back_notes(run.relaunch, latest, before, anomaly)
     spec = LaunchSpec(run=run.name, workdir=run.workdir, log=log, detach=run.detach,
                       env=tuple(sorted(run.env.items())), process=run.process, scripts=scripts)
     return ActionPlan("relaunch", host.name, (), command, "", None, tuple(notes), spec)
+
+
+def _no_checkpoint(name: str, glob: str | None, placeholder: str,
+                   anomaly: Anomaly | None) -> str:
+    """Why a template that names a checkpoint cannot be filled, and what to do."""
+    where = (f"`checkpoints = \"{glob}\"` matched nothing" if glob
+             else "`checkpoints` is not set for it")
+    if placeholder == "checkpoint_before_anomaly" and anomaly is not None:
+        return (f"the relaunch command needs {{checkpoint_before_anomaly}} but run {name} has "
+                f"no checkpoint written before {anomaly.words}; start it "
+                "from scratch, or relaunch it by hand from a checkpoint you trust")
+    return (f"the relaunch command needs {{{placeholder}}} but run {name} has no checkpoint "
+            f"({where}); fix the glob, or write a relaunch command that starts from scratch")
+
+
+# ---- the way back: the plan says where it resumes from and what went wrong before it
+def _way_back_notes(template: str, latest: Checkpoint | None, before: Checkpoint | None,
+                    anomaly: Anomaly | None) -> list[str]:
+    """The notes of a relaunch plan about the checkpoint it resumes from: the latest, or
+    the newest before the run's latest curve anomaly ({checkpoint_before_anomaly}), and a
+    warning where the latest was written after the anomaly began."""
+    notes: list[str] = []
+    uses_before = "{checkpoint_before_anomaly}" in template
+    if uses_before and before is not None:
+        notes.append(f"resumes from {before.path}" + (
+            f", the newest checkpoint written before it: {anomaly.words}"
+            if anomaly is not None else " (its latest: its curves show no anomaly)"))
+    elif latest is not None and "{latest_checkpoint}" in template:
+        notes.append(f"resumes from {latest.path}")
+    elif latest is not None:  # the command starts as written: it names no checkpoint
+        notes.append("the relaunch command has no {latest_checkpoint}: it starts as written, "
+                     f"not from {latest.path}")
+    if anomaly is not None and latest is not None and not uses_before \
+            and written_after(latest, anomaly.step, anomaly.wall):
+        back = (f"the newest before it is {before.path}" if before is not None
+                else "no checkpoint was written before it")
+        notes.append(f"{anomaly.words}, and its latest checkpoint {latest.path} was "
+                     "written after that, so it may hold the bad state; "
+                     f"{back}: put {{checkpoint_before_anomaly}} in the run's relaunch "
+                     "command to resume from there")
+    elif anomaly is not None and not uses_before:
+        notes.append(f"its curves show {anomaly.words}")
+    return notes
 
 
 def _plan_relaunch_discovered(host: HostConfig, launch: LaunchRecord,

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from ..config.schema import HostConfig, RunConfig
 from ..findings.diagnosis import DEAD_GPU_XIDS, Diagnosis
 from ..findings.rules import Finding, HostHistory, Severity
+from ..findings.run_curves import latest_after_nan
 from ..store import RestartRecord, Store
 from . import plan as actions
 from .execute import who
@@ -285,6 +286,10 @@ class Watchdog:
         if plan.refusal is not None:
             return self._once(host.name, run.name, key, "refused",
                               f"not restarted: {plan.refusal}", Severity.WARNING)
+        after_nan = resumes_after_nan(history, run.name, plan)  # the way back (curves)
+        if after_nan is not None:
+            return self._once(host.name, run.name, key, "nan", f"not restarted: {after_nan}",
+                              Severity.WARNING)
         if self.readonly:
             return self._once(host.name, run.name, key, "readonly",
                               "would be restarted, but gpuwatch is read-only")
@@ -367,3 +372,22 @@ def _checkpoint_disk_full(run: RunConfig, history: HostHistory) -> str | None:
         return (f"the disk its checkpoints live on ({best.mount or best.path}) is full "
                 f"({best.bytes_free} bytes free, {pct:.1f}%); free space first")
     return None
+
+
+# ---------------------------------------------------------------- the way back (curves)
+
+def resumes_after_nan(history: HostHistory, run_name: str,
+                      plan: actions.ActionPlan) -> str | None:
+    """Why the watchdog must not send `plan`: it resumes from a checkpoint written after the
+    run's loss went NaN, whose weights are likely NaN too (findings/rewind.py); None when it
+    does not. A template with {checkpoint_before_anomaly} never does."""
+    series = history.runs.get(run_name)
+    found = latest_after_nan(history, series) if series is not None else None
+    if found is None or plan.command is None or found[1].path not in plan.command:
+        return None
+    nan, latest, before = found
+    back = (f"the newest checkpoint before it is {before.path}" if before is not None
+            else "no checkpoint was written before it")
+    return (f"{nan.words} and its latest checkpoint {latest.path} was written after that: a "
+            f"restart from it would resume the NaN — {back}; put {{checkpoint_before_anomaly}} "
+            "in its relaunch command, or relaunch it by hand")

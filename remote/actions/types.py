@@ -15,7 +15,7 @@ from ..units import mib
 
 ActionKind = Literal["kill", "reap", "relaunch"]
 SIGNALS = ("TERM", "KILL")
-PLACEHOLDERS = re.compile(r"\{(latest_checkpoint|workdir|run)\}")
+PLACEHOLDERS = re.compile(r"\{(latest_checkpoint|checkpoint_before_anomaly|workdir|run)\}")
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox", "fish"})
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
 """Env names whose values are shown as *** (U34, U35: a tracker key is a secret)."""

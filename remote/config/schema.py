@@ -294,6 +294,7 @@ def threshold_ranges() -> dict[str, NumberRange]:
         "spike_repeat": NumberRange(1, 16, integer=True), "diverge_k": _K,
         "diverge_critical_k": _K, "diverge_min_rel": _FACTOR_0,
         "diverge_sustain_points": NumberRange(1, 10**6, integer=True), "plateau_k": _K,
+        "plateau_min_rel": _FACTOR_0, "plateau_rate_factor": _K,
         "plateau_span_ratio": _SHARE, "plateau_min_points": NumberRange(1, 10**9, integer=True),
         "plateau_min_s": _DURATION_S, "overfit_min_evals": NumberRange(2, 1000, integer=True),
         "overfit_evals": NumberRange(1, 1000, integer=True), "overfit_min_rel": _FACTOR_0,

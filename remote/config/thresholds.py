@@ -78,7 +78,7 @@ class Thresholds:
     # The curves' findings (findings/run_curves.py; docs/findings.md gives each a source).
     curve_window: int = 20
     """Points in the rolling band (median ± MAD) a curve's new point is judged against."""
-    spike_k: float = 8.0
+    spike_k: float = 6.0
     """run.loss_spike: a point this many noise units (1.4826 MAD) above the band's median…"""
     spike_min_rel: float = 0.25
     """…and at least this share of the median above it (a flat curve's MAD is near 0)."""
@@ -90,15 +90,20 @@ class Thresholds:
     """run.diverging: the level (rolling median) this many noise units above its best…"""
     diverge_critical_k: float = 10.0
     """…critical from this many."""
-    diverge_min_rel: float = 0.1
+    diverge_min_rel: float = 0.2
     """…and at least this share of the best level above it."""
     diverge_sustain_points: int = 5
     """…for this many points in a row."""
     plateau_k: float = 2.0
-    """run.plateau: an improvement is the level falling more than this many noise units."""
+    """run.plateau: an improvement is the level falling more than this many noise units of
+    the level…"""
+    plateau_min_rel: float = 0.01
+    """…and by at least this share of it."""
+    plateau_rate_factor: float = 10.0
+    """No improvement for this many times the run's own steps between improvements…"""
     plateau_span_ratio: float = 0.5
-    """No improvement over this share of the run's steps so far…"""
-    plateau_min_points: int = 100
+    """…or over this share of the run's steps so far…"""
+    plateau_min_points: int = 50
     """…with at least this many points logged…"""
     plateau_min_s: float = 3600.0
     """…and for at least this long where the points have wall times."""
@@ -108,7 +113,7 @@ class Thresholds:
     """…the last this many above the eval minimum…"""
     overfit_min_rel: float = 0.05
     """…their median at least this share above it…"""
-    overfit_k: float = 3.0
+    overfit_k: float = 4.0
     """…and this many of the evaluations' own noise units, while the train loss kept falling."""
     hung_factor: float = 10.0
     """run.hung: no new step for this many of the run's own intervals between steps…"""

@@ -53,7 +53,10 @@ def pick(tags: Mapping[str, Any], wanted: str | None, names: tuple[str, ...],
 
 _LOSSY = re.compile(r"loss", re.I)
 _TRAIN_FALLBACK = re.compile(r"^(?!.*(eval|val|valid|test|dev)).*loss", re.I)
-_EVAL_FALLBACK = re.compile(r"(eval|val|valid).*loss|loss.*(eval|val|valid)", re.I)
+_EVAL_FALLBACK = re.compile(r"^(?!.*_step$).*((eval|val|valid).*loss|loss.*(eval|val|valid))",
+                            re.I)
+"""An evaluation's loss by its name; never Lightning's `val_loss_step`, a validation batch's
+loss (logged with on_step), which is no evaluation's result."""
 
 
 def tags_of(run: RunSeries, configured: tuple[str | None, str | None],

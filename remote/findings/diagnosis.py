@@ -51,6 +51,7 @@ from ..model.death import (
 from ..model.history import Departure
 from ..model.processes import dies_with_session
 from ..model.snapshot import HostSnapshot, KernelEvent, same_gpu_ids
+from . import nccl
 
 __all__ = ["CAUSES", "DEAD_GPU_XIDS", "EXCEPTION_PATTERNS", "TAIL_LINES",
            "TRACEBACK", "Diagnosis", "crash_line", "diagnose", "diagnose_departure",
@@ -188,7 +189,7 @@ def diagnose(before: HostSnapshot, now: HostSnapshot, pids: Sequence[int], *,
     # 5. the log says how it ended
     crash = crash_line(tail)
     if crash is not None and log_changed is not False:
-        return verdict("exception", kind=crash[0], line=crash[1])
+        return verdict("exception", kind=crash[0], line=crash[1], **_nccl(crash[0], tail))
     if tail is None and log_changed is not False:  # unchanged since alive: nothing new in it
         unchecked.append("log tail")
 
@@ -214,11 +215,19 @@ def diagnose(before: HostSnapshot, now: HostSnapshot, pids: Sequence[int], *,
 
     # 7./8. nothing else to go on
     if crash is not None:  # an error line from before the last poll: a weak hint only
-        return verdict("exception", kind=crash[0], line=crash[1], stale=True)
+        return verdict("exception", kind=crash[0], line=crash[1], stale=True,
+                       **_nccl(crash[0], tail))
     if unchecked:
         return verdict("unknown", unchecked=unchecked)
     return verdict("killed", checked=["boot id", "cgroup oom_kill", "kernel OOM lines", "Xid",
                                       "log tail", "controlling tty"])
+
+
+def _nccl(kind: str, tail: str | None) -> dict[str, Any]:
+    """An NCCL timeout's operation, sequence number, timeout and ranks (nccl.read), as the
+    verdict's `nccl` evidence; nothing for another crash."""
+    found = nccl.read({"log": tail}) if kind == "nccl_timeout" and tail else None
+    return {"nccl": found} if found else {}
 
 
 def signal_name(number: int) -> str:

@@ -14,10 +14,7 @@ When both would fire, only run.hung does (`one_alarm`): one silence, one alarm.
 
 from __future__ import annotations
 
-import itertools
 import math
-import os
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -32,10 +29,11 @@ from .base import rule
 from .base import run_procs as _run_procs
 from .curve_tags import MAX_WATCHED, tags_of
 from .curves import CurveParams, CurveTracker, band, median
+from .rewind import Anomaly, checkpoint_before, latest_anomaly, written_after
 
 if TYPE_CHECKING:
     from ..model.series import RunSeries, TagSeries
-    from ..model.snapshot import HostSnapshot, RunSample
+    from ..model.snapshot import Checkpoint, HostSnapshot, RunSample
 
 MAX_MARKS = 32
 MAX_FEED = 5_000
@@ -48,7 +46,9 @@ def params(th: Thresholds) -> CurveParams:
                        spike_min_rel=th.spike_min_rel, diverge_k=th.diverge_k,
                        diverge_critical_k=th.diverge_critical_k,
                        diverge_min_rel=th.diverge_min_rel,
-                       diverge_sustain=th.diverge_sustain_points, plateau_k=th.plateau_k)
+                       diverge_sustain=th.diverge_sustain_points, plateau_k=th.plateau_k,
+                       plateau_min_rel=th.plateau_min_rel, overfit_evals=th.overfit_evals,
+                       overfit_min_rel=th.overfit_min_rel, overfit_k=th.overfit_k)
 
 
 class RunCurves:
@@ -65,7 +65,9 @@ class RunCurves:
         brought is reported even where a cron poll brought more than the recent span."""
 
     def feed(self, run: RunSeries, tags: Mapping[str, TagSeries], watch: list[str],
-             now: float | None) -> None:
+             now: float | None, evals: Iterable[str] = ()) -> None:
+        """Feed each watched tag's new points; `evals`: the tags judged as evaluations."""
+        evals = set(evals)
         marker = _marker(run.restarts[-1]) if run.restarts else None
         restarted = marker is not None and marker != self.restart  # a resume re-feeds them
         self.restart = marker
@@ -75,8 +77,9 @@ class RunCurves:
             t = self.trackers.get(name)
             last = series.last_step
             if t is None or restarted or (last is not None and t.last_step is not None
-                                          and last < t.last_step):
-                t = self.trackers[name] = CurveTracker(self.p)  # a resume: judged anew
+                                          and last < t.last_step) \
+                    or t.rises_judged != (name in evals):  # a resume, or another eval tag
+                t = self.trackers[name] = CurveTracker(self.p, rises=name in evals)
                 self.before[name] = (0, 0)
                 t.feed(_after(series, None))
             elif last is not None and (t.last_step is None or last > t.last_step):
@@ -173,20 +176,6 @@ def _secs(s: float) -> str:
     return f"{s:.3g} s" if s < 60 else _dur(s)
 
 
-def checkpoint_before(run: RunSeries, step: int, wall: float) -> str | None:
-    """The newest checkpoint written before `step`: by the step in its name, else by mtime."""
-    best: tuple[int, str] | None = None
-    for c in run.checkpoints:
-        digits = re.findall(r"\d+", os.path.basename(c.path.rstrip("/")))
-        named = int(digits[-1]) if digits else None
-        if named is not None and named < step and (best is None or named > best[0]):
-            best = (named, c.path)
-    if best is not None:
-        return best[1]
-    older = [c for c in run.checkpoints if math.isfinite(wall) and c.mtime <= wall]
-    return max(older, key=lambda c: c.mtime).path if older else None
-
-
 @rule({"run.loss_nan": (), "run.diverging": (), "run.loss_spike": (), "run.plateau": (),
        "run.overfitting": (), "run.hung": ("U43", "seed 002"), "run.slowed": ("U23", "U40")})
 def run_curves(history: HostHistory) -> Iterable[Finding]:
@@ -198,7 +187,7 @@ def run_curves(history: HostHistory) -> Iterable[Finding]:
     for name, run in history.runs.items():
         tags, loss, ev, watch = tags_of(run, history.curve_tags.get(name, (None, None)))
         curves = curves_of(history, run)
-        curves.feed(run, tags, watch, now.taken_at)
+        curves.feed(run, tags, watch, now.taken_at, evals=(ev,) if ev else ())
         run.pace_s = _pace(curves, loss)
         sample = live.get(name)
         if sample is None or name in history.left_behind:
@@ -209,6 +198,48 @@ def run_curves(history: HostHistory) -> Iterable[Finding]:
             yield from _slowed(history, now, sample, run, curves, loss)
 
 
+def anomaly_of(history: HostHistory, run: RunSeries) -> Anomaly | None:
+    """The run's latest curve anomaly (rewind.latest_anomaly) from its trackers as the store
+    or the last judge left them."""
+    th = history.thresholds
+    curves = curves_of(history, run)
+    _, loss, _, _ = tags_of(run, history.curve_tags.get(run.name, (None, None)))
+    return latest_anomaly(run, curves.trackers, loss, th.spike_recent_points, th.spike_repeat)
+
+
+def checkpoint_before_anomaly(history: HostHistory, run: RunSeries
+                              ) -> tuple[Checkpoint | None, Anomaly | None]:
+    """(The checkpoint to go back to, the anomaly it is before): the newest checkpoint
+    written before the run's latest anomaly; with no anomaly, its latest checkpoint."""
+    anomaly = anomaly_of(history, run)
+    if anomaly is None:
+        return run.latest_checkpoint, None
+    return checkpoint_before(run.checkpoints, anomaly.step, anomaly.wall), anomaly
+
+
+def latest_after_nan(history: HostHistory, run: RunSeries
+                     ) -> tuple[Anomaly, Checkpoint, Checkpoint | None] | None:
+    """(The NaN, the run's latest checkpoint, the newest one before the NaN) when its latest
+    checkpoint was written after its loss went NaN: a resume from it resumes the garbage."""
+    anomaly = anomaly_of(history, run)
+    latest = run.latest_checkpoint
+    if anomaly is None or anomaly.kind != "nan" or latest is None \
+            or not written_after(latest, anomaly.step, anomaly.wall):
+        return None
+    return anomaly, latest, checkpoint_before(run.checkpoints, anomaly.step, anomaly.wall)
+
+
+def _way_back(run: RunSeries, step: int, wall: float) -> tuple[str | None, str]:
+    """(The checkpoint before `step`, the words that end a finding's remedy with it)."""
+    ckpt = checkpoint_before(run.checkpoints, step, wall)
+    if ckpt is None:
+        return None, "a checkpoint saved before it"
+    latest = run.latest_checkpoint
+    newer = latest is not None and latest.path != ckpt.path
+    return ckpt.path, (f"{visible(ckpt.path)}, the newest checkpoint written before it"
+                       + (" (not the latest, which may hold the bad state)" if newer else ""))
+
+
 def _curve_findings(history: HostHistory, run: RunSeries, curves: RunCurves,
                     loss: str | None, ev: str | None) -> Iterator[Finding]:
     th, name = history.thresholds, run.name
@@ -217,18 +248,16 @@ def _curve_findings(history: HostHistory, run: RunSeries, curves: RunCurves,
         if t.bad_step is None or (t.since_bad >= th.curve_window and not brought):
             continue
         before = t.before_bad
-        ckpt = checkpoint_before(run, t.bad_step, t.bad_wall)
+        ckpt, back = _way_back(run, t.bad_step, before[2] if before else math.nan)
         what = "NaN" if math.isnan(t.bad_value) else "infinite"
         tail = (f"; the last finite value was {_g(before[1])} at step {before[0]}"
                 if before else "; it never had a finite value")
-        tail += f"; the latest checkpoint before it is {visible(ckpt)}" if ckpt else ""
         recovered = f" (finite again for {t.since_bad} points)" if t.since_bad else ""
         yield Finding(
             "run.loss_nan", Severity.CRITICAL,
             f"run {name}'s {visible(tag)} became {what} at step {t.bad_step}{recovered}{tail} "
             "— the weights after it are likely garbage: stop it, lower the learning rate or "
-            "check the data and mixed precision, and relaunch from "
-            + ("that checkpoint" if ckpt else "a checkpoint saved before it"),
+            f"check the data and mixed precision, and relaunch from {back}",
             run=name, subject=tag,
             evidence={"step": t.bad_step, "tag": tag, "value": _num(t.bad_value),
                       "last_finite_step": before[0] if before else None,
@@ -236,97 +265,188 @@ def _curve_findings(history: HostHistory, run: RunSeries, curves: RunCurves,
                       "checkpoint_before": ckpt, "finite_since": t.since_bad})
     lt = curves.trackers.get(loss) if loss else None
     if lt is not None and loss is not None:
-        yield from _loss_findings(th, name, loss, lt, curves.before.get(loss, (0, 0))[1])
+        yield from _loss_findings(th, run, loss, lt, curves.before.get(loss, (0, 0))[1])
+        yield from _plateau(th, name, loss, lt, curves.trackers)
     e = curves.trackers.get(ev) if ev else None
     if e is not None and ev is not None:
-        yield from _overfitting(th, name, ev, e, curves.trackers.get(loss) if loss else None,
-                                loss)
+        yield from _eval_rise(th, run, ev, e, lt, loss, curves.before.get(ev, (0, 0))[1])
 
 
-def _loss_findings(th: Thresholds, name: str, tag: str, t: CurveTracker,
+def _loss_findings(th: Thresholds, run: RunSeries, tag: str, t: CurveTracker,
                    finite_before: int) -> Iterator[Finding]:
-    if t.diverging and t.last_step is not None:
-        k = t.rise_k()
-        severe = k >= th.diverge_critical_k
+    name = run.name
+    episode = t.diverged
+    # diverging now, or an episode that this poll's points held (a coarse poll that brought
+    # the whole rise and its end says it as a fine one does)
+    if episode is not None and (t.diverging or episode[3] > finite_before):
+        began, until, peak, _, earliest = episode
+        now = t.diverging
+        k = t.rise_k() if now else peak
+        ratio = t.level_value() / t.best_value() if t.log and now else None
+        severe = k >= th.diverge_critical_k and (
+            ratio >= 2 if ratio is not None else t.level - t.best_level >= abs(t.best_level))
+        ckpt, back = _way_back(run, earliest, math.nan)
+        level = (f"its level (the median of the last {th.curve_window} points) is "
+                 f"{_g(t.level_value())} at step {t.last_step}, up from its best "
+                 f"{_g(t.best_value())} at step {t.best_step}"
+                 + (f" ({ratio:.2g}×)" if ratio is not None else "")
+                 if now else f"its level rose from step {began} to step {until}, up to "
+                 f"{k:.0f} noise units above its best, then came down")
         yield Finding(
             "run.diverging", Severity.CRITICAL if severe else Severity.WARNING,
-            f"run {name}'s {visible(tag)} is diverging: its level (the median of the last "
-            f"{th.curve_window} points) is {_g(t.level)} at step {t.last_step}, up from its "
-            f"best {_g(t.best_level)} at step {t.best_step} — {k:.0f}× the noise there, "
-            f"rising since step {t.above_since}: lower the learning rate (or enable gradient "
-            "clipping) and resume from a checkpoint before it",
+            f"run {name}'s {visible(tag)} is diverging: {level} — {k:.0f}× the noise of its "
+            f"level, rising since step {began}: lower the learning rate (or enable gradient "
+            f"clipping) and resume from {back}",
             run=name,
-            evidence={"step": t.above_since, "tag": tag, "level": t.level,
-                      "best": t.best_level, "best_step": t.best_step, "noise": t.level_noise(),
-                      "rise_noise": round(k, 2), "last_step": t.last_step})
-    spikes = [s for s in t.spikes if t.finite - s[4] <= th.spike_recent_points
-              or s[4] >= finite_before]  # recent, or brought by this poll
-    if spikes:
-        step, value, med, noise, _ = spikes[-1]
-        many = len(spikes) >= th.spike_repeat
-        yield Finding(
-            "run.loss_spike", Severity.WARNING if many else Severity.INFO,
-            f"run {name}'s {visible(tag)} spiked to {_g(value)} at step {step}, against a "
-            f"recent median of {_g(med)} (±{_g(noise)})"
-            + (f"; {len(spikes)} spikes in its last {th.spike_recent_points} points: "
-               "the learning rate may be too high or a batch of the data bad"
-               if many else ": one bad batch is harmless, several are not"),
-            run=name,
-            evidence={"step": step, "tag": tag, "value": value, "median": med,
-                      "noise": noise, "spikes": [s[0] for s in spikes]})
-    yield from _plateau(th, name, tag, t)
+            evidence={"step": began, "tag": tag, "level": t.level_value(),
+                      "best": t.best_value(), "best_step": t.best_step,
+                      "noise": t.level_noise(), "rise_noise": round(k, 2),
+                      "last_step": t.last_step, "until_step": until, "ongoing": now,
+                      "checkpoint_before": ckpt})
+    yield from _spikes(th, run, tag, t, finite_before)
 
 
-def _plateau(th: Thresholds, name: str, tag: str, t: CurveTracker) -> Iterator[Finding]:
-    if t.improved_step is None or t.first_step is None or t.last_step is None \
+def _spikes(th: Thresholds, run: RunSeries, tag: str, t: CurveTracker,
+            finite_before: int) -> Iterator[Finding]:
+    """Spikes among the newest spike_recent_points points, or brought by this poll; a burst
+    (spike_repeat of them within spike_recent_points points of each other, counted by their
+    own places in the curve, wherever the polls cut it) makes it a warning."""
+    spikes = list(t.spikes)
+    shown = [s for s in spikes if t.finite - s[4] <= th.spike_recent_points
+             or s[4] >= finite_before]
+    if not shown:
+        return
+    bursts = [[s for s in spikes if last[4] - th.spike_recent_points <= s[4] <= last[4]]
+              for last in shown]
+    burst = max(bursts, key=len)
+    many = len(burst) >= th.spike_repeat
+    step, value, med, k, _ = burst[-1] if many else shown[-1]
+    ckpt, back = _way_back(run, burst[0][0], math.nan) if many else (None, "")
+    yield Finding(
+        "run.loss_spike", Severity.WARNING if many else Severity.INFO,
+        f"run {run.name}'s {visible(tag)} spiked to {_g(value)} at step {step}, against a "
+        f"recent median of {_g(med)} ({value / med:.2g}×, {k:.0f} noise units)"
+        + (f"; {len(burst)} spikes within {th.spike_recent_points} points, from step "
+           f"{burst[0][0]}: the learning rate may be too high or a batch of the data bad — "
+           f"if it does not settle, resume from {back} and skip the batches in between"
+           if many else ": one bad batch is harmless, several are not"),
+        run=run.name,
+        evidence={"step": burst[0][0] if many else step, "tag": tag, "value": value,
+                  "median": med, "noise_units": k, "spikes": [s[0] for s in burst],
+                  "checkpoint_before": ckpt})
+
+
+def _plateau(th: Thresholds, name: str, tag: str, t: CurveTracker,
+             trackers: Mapping[str, CurveTracker]) -> Iterator[Finding]:
+    """No improvement beyond its noise for long compared with the run's own progress rate
+    (plateau_rate_factor × the median steps between its improvements), or for
+    plateau_span_ratio of the run; never while another tracked loss (the eval loss) still
+    reaches new lows after it."""
+    gap = t.progress_gap()
+    if t.improved_step is None or t.first_step is None or t.last_step is None or gap is None \
             or t.finite < th.plateau_min_points or t.diverging:
         return
     span, total = t.last_step - t.improved_step, t.last_step - t.first_step
-    if total <= 0 or span < th.plateau_span_ratio * total:
+    points = t.finite_since_improved
+    if total <= 0 or points < 2 * th.curve_window or (
+            span < th.plateau_rate_factor * gap and span < th.plateau_span_ratio * total):
         return
     timed = math.isfinite(t.improved_wall) and math.isfinite(t.last_wall)
     if timed and t.last_wall - t.improved_wall < th.plateau_min_s:
         return
+    learning = [other for other, o in trackers.items() if o is not t and (
+        (o.improved_step is not None and o.improved_step > t.improved_step)
+        or (o.min_step is not None and o.min_step > t.improved_step and o.finite >= 2))]
+    if learning:
+        return  # the eval loss (or another loss) still improves: not a plateau
     took = f" ({_dur(t.last_wall - t.improved_wall)})" if timed else ""
     yield Finding(
         "run.plateau", Severity.INFO,
-        f"run {name}'s {visible(tag)} has not improved beyond its noise since step "
-        f"{t.improved_step}: {span} of its {total} steps{took}, level {_g(t.level)} — "
-        "if that is not the end of training, try another learning rate schedule or stop "
-        "it early",
+        f"run {name}'s {visible(tag)} has not learned since step {t.improved_step}: its level "
+        f"{_g(t.level_value())} has not fallen beyond its noise for {span} steps{took}, "
+        f"{span / gap:.0f}× the {gap} steps it used to take to improve — if that is not the "
+        "end of training, try another learning rate schedule or stop it early",
         run=name,
-        evidence={"step": t.improved_step, "tag": tag, "level": t.level, "span_steps": span,
+        evidence={"step": t.improved_step, "tag": tag, "level": t.level_value(),
+                  "span_steps": span, "progress_gap_steps": gap,
                   "span_s": t.last_wall - t.improved_wall if timed else None})
 
 
-def _overfitting(th: Thresholds, name: str, tag: str, e: CurveTracker, t: CurveTracker | None,
-                 loss: str | None) -> Iterator[Finding]:
-    if e.finite < th.overfit_min_evals or e.since_min < th.overfit_evals \
-            or e.min_step is None or t is None or t.best_step is None or t.diverging:
+def _train_falls(t: CurveTracker | None, since_step: int) -> bool | None:
+    """Did the train loss fall after `since_step`? Its level improved beyond its noise after
+    it (not merely its first level, taken then); with too few points for a level, its newest
+    half below its first values. None without a train loss."""
+    if t is None:
+        return None
+    if math.isnan(t.level):
+        return t.falling()
+    return t.improved_step is not None and t.improved_step > since_step \
+        and bool(t.improvements)
+
+
+def _eval_rise(th: Thresholds, run: RunSeries, tag: str, e: CurveTracker,
+               t: CurveTracker | None, loss: str | None,
+               finite_before: int) -> Iterator[Finding]:
+    """The eval loss rising above its minimum (curves.CurveTracker._eval_rise): overfitting
+    while the train loss falls or holds; the run getting worse when the eval has risen since
+    its very first evaluation and the train loss does not fall (a failed fine-tune)."""
+    rose = e.rose
+    if rose is None or e.min_step is None or not (rose[3] == e.finite or rose[3] > finite_before):
         return
-    values = list(e.window)
-    last = values[-th.overfit_evals:]
-    rise = median(last) - e.min_value
-    # an evaluation's own noise: the spread of the steps from one to the next about their
-    # median (a steady trend is no noise), / √2 (a difference holds two draws of it)
-    _, spread = band(b - a for a, b in itertools.pairwise(values))
-    noise = spread / math.sqrt(2)
-    if rise <= th.overfit_min_rel * abs(e.min_value) or rise <= th.overfit_k * noise \
-            or min(last) <= e.min_value:
+    if t is not None and t.diverging:
+        return  # the train loss rises too: run.diverging says it
+    began, until, rise, at, how, since = rose
+    if how == "smoothed" and e.finite < th.overfit_min_evals:
         return
-    if t.best_step <= e.min_step:
-        return  # the train loss stopped improving too: not overfitting
+    pct = 100 * (math.expm1(rise) if e.log else rise / abs(e.min_value or 1.0))
+    falls = _train_falls(t, began)
+    ended = "" if at == e.finite else f" until step {until}, then it came back down"
+    if how == "each":
+        vals = list(e.window)[-(since + 1):] if at == e.finite else []
+        shown = f" ({' → '.join(_g(v) for v in vals)})" if 0 < len(vals) <= 6 else ""
+        said = (f"{visible(tag)} has risen at each of its {since + 1} evaluations{shown}, "
+                f"{pct:.0f}% above the first{ended}")
+    else:
+        said = (f"{visible(tag)} has stood {pct:.0f}% above its lowest trend (the median of "
+                f"3 evaluations, at step {began}) over the {since} evaluations since, beyond "
+                f"their own noise{ended}")
+    if e.finite <= 5:
+        said += f" — only {e.finite} evaluations so far, but each one worse"
+    ckpt, _ = _way_back(run, began + 1, math.nan)
+    from_first = how == "each"
+    train = visible(loss or "the train loss")
+    if falls is not True and not from_first and t is not None and since < 2 * th.curve_window:
+        return  # a rise while the train loss does not fall: more evaluations must say it
+    if falls is not True and (from_first or t is None):
+        words = ("and there is no train loss to tell" if t is None
+                 else f"while {train} is not falling" if falls is False
+                 else f"and {train} has too few points yet to say it falls")
+        yield Finding(
+            "run.diverging", Severity.WARNING,
+            f"run {run.name} is getting worse, not learning: {said}, {words} — a failed "
+            "fine-tune (learning rate, data or labels): stop it and check its setup",
+            run=run.name,
+            evidence={"step": began, "tag": tag, "eval_min": e.min_value,
+                      "eval_last": e.last_value, "evals_since_min": since, "how": how,
+                      "rise_pct": round(pct, 1), "train_tag": loss, "train_falling": falls})
+        return
+    if falls and t is not None:
+        now = t.level_value() if math.isfinite(t.level) else t.last_value
+        train_words = f"while {train} kept falling (to {_g(now or math.nan)})"
+    else:
+        train_words = f"while {train} held its level"
     yield Finding(
         "run.overfitting", Severity.WARNING,
-        f"run {name} is overfitting: {visible(tag)} rose from its minimum {_g(e.min_value)} "
-        f"at step {e.min_step} to {_g(e.last_value or math.nan)} over {e.since_min} "
-        f"evaluations while {visible(loss or 'the train loss')} kept falling (to "
-        f"{_g(t.best_level)} at step {t.best_step}) — keep the checkpoint nearest step "
-        f"{e.min_step}, and stop early or regularise",
-        run=name,
-        evidence={"step": e.min_step, "tag": tag, "eval_min": e.min_value, "noise": noise,
-                  "eval_last": e.last_value, "evals_since_min": e.since_min,
-                  "train_tag": loss, "train_best_step": t.best_step})
+        f"run {run.name} is overfitting: {said}, {train_words} — keep "
+        + (f"{visible(ckpt)} (the newest written by step {began}, its lowest)" if ckpt
+           else f"the checkpoint nearest step {began}, its lowest")
+        + ", and stop early or regularise",
+        run=run.name,
+        evidence={"step": began, "tag": tag, "eval_min": e.min_value, "noise": None,
+                  "eval_last": e.last_value, "evals_since_min": since, "how": how,
+                  "rise_pct": round(pct, 1), "train_tag": loss,
+                  "train_best_step": t.best_step if t is not None else None,
+                  "train_falling": falls, "checkpoint_before": ckpt})
 
 
 def _interval(curves: RunCurves, loss: str | None) -> float | None:

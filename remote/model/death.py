@@ -87,6 +87,9 @@ class Diagnosis:
             return (f"its GPU was lost or the driver stopped answering in the same poll "
                     f"({ev.get('gpu_error') or ev.get('message')}); the box needs a reboot")
         if self.cause == "exception":
+            nccl = ev.get("nccl")  # findings/nccl.py: a watchdog timeout in words
+            if isinstance(nccl, Mapping) and isinstance(nccl.get("said"), str):
+                return f"it crashed: {nccl['said']}"
             return f"it crashed: {ev.get('line')!r}"
         if self.cause == "sighup":
             return "it died with its SSH session (tty-bound, not under tmux/nohup/setsid)"

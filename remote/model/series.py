@@ -51,6 +51,9 @@ the series also asks whether a file grew by more than one poll's worth."""
 MAX_METRIC_TAGS = 1_000
 """Tags kept per metrics source: a file that names a new key on every line stays bounded."""
 CADENCE_CHECKPOINTS = 6
+SILENT_FACTOR = 2.0
+"""A run that has written no progress for more than this many of its usual intervals between
+writes is silent: its ETA is unknown, not a countdown to 0 s."""
 """The checkpoints whose gaps give a run's cadence (the median of the last five gaps)."""
 STATUSES = ("running", "finished", "dead", "unknown")
 
@@ -367,12 +370,15 @@ class RunSeries(RunState):
                 "epoch": json_value(self._last_epoch()),
                 "max_epochs": json_value(float(max_epochs)) if max_epochs else None,
                 "eta_s": self.eta_s(now),
-                "steps_per_s": round(1 / self.pace_s, 6) if self.pace_s else None}
+                "steps_per_s": round(1 / self.pace_s, 6) if self.pace_s else None,
+                "silent_s": self.silent_s(now) if self.pids else None}
 
     def eta_s(self, now: float | None = None) -> float | None:
         """Seconds to max_steps at the pace between the oldest and newest marks, less the time
         since the newest (the box's clock); else at the run's own pace between its logged
-        steps (pace_s); None unless running with a known limit and pace."""
+        steps (pace_s); None unless running with a known limit and pace, and None while the
+        run has been silent for longer than it ever usually is (silent_s): a countdown that
+        reached 0 s would read "about to finish" of a run that stalled."""
         limit = self.progress.get("max_steps")
         now = self.box_time if now is None else now
         if not self.pids or not limit or now is None:
@@ -384,8 +390,22 @@ class RunSeries(RunState):
             if not self.pace_s or step is None:
                 return None
             return round(max(0.0, (limit - step) * self.pace_s), 1)
+        if self.silent_s(now) is not None:
+            return None
         left = (limit - s1) * (t1 - t0) / (s1 - s0) - max(0.0, now - t1)
         return round(max(0.0, left), 1)
+
+    def silent_s(self, now: float | None = None) -> float | None:
+        """Seconds since the run last wrote its progress, where that is more than
+        SILENT_FACTOR times its usual interval between writes (the median of its marks'
+        gaps); None while it writes as usual (or no interval is known yet)."""
+        now = self.box_time if now is None else now
+        gaps = [b[0] - a[0] for a, b in itertools.pairwise(self.step_marks) if b[0] > a[0]]
+        if now is None or not gaps:
+            return None
+        usual = sorted(gaps)[len(gaps) // 2]
+        quiet = now - self.step_marks[-1][0]
+        return round(quiet, 1) if quiet > SILENT_FACTOR * usual else None
 
     @property
     def series(self) -> dict[str, TagSeries]:
@@ -488,7 +508,7 @@ class RunSeries(RunState):
 
 __all__ = [
     "CADENCE_CHECKPOINTS", "COMPACT_WORK", "FLEET_POINTS", "MAX_METRIC_TAGS", "MAX_POINTS",
-    "MAX_RESTARTS", "MIN_POINTS", "STATUSES", "Point", "RunSeries", "TagSeries", "apply_budget",
-    "completion_line", "decimate", "decimate_indices", "file_generation", "json_value",
-    "points_share", "run_request", "run_status", "tag_names",
+    "MAX_RESTARTS", "MIN_POINTS", "SILENT_FACTOR", "STATUSES", "Point", "RunSeries",
+    "TagSeries", "apply_budget", "completion_line", "decimate", "decimate_indices",
+    "file_generation", "json_value", "points_share", "run_request", "run_status", "tag_names",
 ]

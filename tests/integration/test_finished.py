@@ -155,7 +155,7 @@ def test_hf_run_that_reaches_max_steps_is_finished_and_a_killed_one_dead(tmp_pat
     assert code == 0 and runs["done_run"]["status"] == "running"
     assert runs["done_run"]["progress"] == {"step": 100, "max_steps": 300, "epoch": 1.0,
                                             "max_epochs": 3.0, "eta_s": None,
-                                            "steps_per_s": None}  # no pace yet
+                                            "steps_per_s": None, "silent_s": None}  # no pace yet
 
     for work in works.values():  # the next checkpoint, 100 s later: a pace of 1 step/s
         trainer_state(work / "out" / "checkpoint-200" / "trainer_state.json", 200, 300,

@@ -117,6 +117,28 @@ def test_eta_from_the_runs_own_pace(tmp_path: Path) -> None:
     assert progress["eta_s"] == 200.0 and progress["max_steps"] == 1000
 
 
+def test_the_eta_of_a_silent_run_is_unknown_not_zero(tmp_path: Path) -> None:
+    """trainer_state.json saved every 10 minutes (100 steps each, of 1,000): while the saves
+    come, the ETA counts down between them; once none came for more than twice that, the ETA
+    is unknown and the silence is said (not "0 s left" of a run 600 steps from its end)."""
+    state = tmp_path / "run" / "out" / "trainer_state.json"
+    state.parent.mkdir(parents=True)
+    _box, _replay, w = setup(tmp_path, f'metrics = ["{state}"]\n')
+    t0 = time.time() - 3 * 600 - 7200
+    for i, step in enumerate((100, 200, 300, 400)):
+        state.write_text(f'{{"global_step": {step}, "max_steps": 1000, "log_history": '
+                         f'[{{"step": {step}, "loss": 0.1}}]}}')
+        touch(state, t0 + 600 * i)
+        w.poll(at=t0 + 600 * i + 300)
+    progress = w.history.runs["llama"].progress_json(t0 + 1800 + 300)
+    assert progress is not None and progress["silent_s"] is None
+    assert progress["eta_s"] == 600 * 6 - 300  # 600 steps at 1 step / 6 s, 5 min since
+    w.poll(at=t0 + 1800 + 1300)  # 1,300 s since the last save: more than twice 600 s
+    progress = w.history.runs["llama"].progress_json(t0 + 1800 + 1300)
+    assert progress is not None and progress["eta_s"] is None
+    assert progress["silent_s"] == 1300.0
+
+
 def test_a_run_that_paused_as_long_before_is_not_hung_yet(tmp_path: Path) -> None:
     """A 15-minute evaluation at step 300 (no log configured): a 20-minute silence later is
     within 1.5× that pause, a 25-minute one is not."""
@@ -167,7 +189,7 @@ def test_a_resume_from_before_the_nan_is_judged_anew(tmp_path: Path) -> None:
     f = w.one("run.loss_nan")
     assert f.evidence["step"] == 500 and f.evidence["last_finite_step"] == 499
     assert f.evidence["checkpoint_before"] == str(tmp_path / "run" / "ckpt" / "checkpoint-400")
-    assert "the latest checkpoint before it is" in f.message and "checkpoint-400" in f.message
+    assert "checkpoint-400, the newest checkpoint written before it (not the latest" in f.message
     time.sleep(1.1)  # the resumed writer's file gets a later name (epoch seconds)
     resumed = Replay("mlp_digits", tmp_path / "scratch")
     resumed.events = [e for e in resumed.events if e[0] > 400]
