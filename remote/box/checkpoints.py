@@ -4,7 +4,9 @@ the run files (bundle.RUN_FILES), sent with runs.py.
 Python 3.6+, stdlib only: runs on the box (see probe.py).
 """
 
+import errno
 import os
+import stat
 import sys
 
 base = sys.modules.get("gpuwatch_base") or __import__(__package__ + ".base", fromlist=["_"])
@@ -115,19 +117,68 @@ def collect_done(path):
 EXIT_RECORD_BYTES = 512
 
 
+def _owner(uid):
+    try:
+        import pwd
+        return "user %s (uid %d)" % (pwd.getpwuid(uid).pw_name, uid)
+    except (ImportError, KeyError):
+        return "uid %d" % uid
+
+
 def collect_exit(path):
     """The exit record gpuwatch's launch wrapper writes when a run it relaunched ends
-    (actions_box.launch_script): {"v", "run", "code"} with the command's exit status (128+N:
-    killed by signal N). Read bounded, as data; "code" only when it is a status (0-255)."""
+    (act_launch.launch_script): {"v", "run", "code"} with the command's exit status (128+N:
+    killed by signal N). Read bounded, as data; "code" only when it is a status (0-255).
+
+    Trusted only as the wrapper leaves it: in the run's .gpuwatch folder, a real folder (not a
+    link) owned by this login that no other user may write, as a regular file (not a link)
+    owned by this login with one link. The workdir may be shared: a record another user forged
+    or linked would turn a death into a finish. One that fails a check is this source's error
+    (ignored, and said with the run), never read. Both are opened with O_NOFOLLOW, the file
+    relative to the folder's descriptor, so what is checked is what is read."""
+    folder, name = os.path.split(path)
+    me = os.geteuid()
     try:
-        st = os.stat(path)
+        dir_fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_NOFOLLOW)
     except (FileNotFoundError, NotADirectoryError):
         return {"path": path, "exists": False}
-    out = {"path": path, "exists": True, "mtime": round(st.st_mtime, 3)}
-    if (st.st_mode & 0o170000) != 0o100000:
-        raise base.ProbeFailure("%s is not a regular file" % path)
-    with open(path, "rb") as f:
-        data = f.read(EXIT_RECORD_BYTES + 1)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise base.ProbeFailure("%s is ignored: its folder is a symbolic link" % path)
+        raise
+    try:
+        st = os.fstat(dir_fd)
+        if st.st_uid != me:
+            raise base.ProbeFailure("%s is ignored: its folder belongs to %s, not to %s who runs "
+                                    "gpuwatch's launches" % (path, _owner(st.st_uid), _owner(me)))
+        if st.st_mode & 0o022:
+            raise base.ProbeFailure("%s is ignored: other users may write in its folder (mode "
+                                    "%04o)" % (path, st.st_mode & 0o7777))
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return {"path": path, "exists": False}
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise base.ProbeFailure("%s is ignored: it is a symbolic link" % path)
+            raise
+        try:
+            fst = os.fstat(fd)
+            out = {"path": path, "exists": True, "mtime": round(fst.st_mtime, 3)}
+            if not stat.S_ISREG(fst.st_mode):
+                raise base.ProbeFailure("%s is not a regular file" % path)
+            if fst.st_uid != me:
+                raise base.ProbeFailure("%s is ignored: it belongs to %s, not to %s who runs "
+                                        "gpuwatch's launches" % (path, _owner(fst.st_uid),
+                                                                 _owner(me)))
+            if fst.st_nlink != 1:
+                raise base.ProbeFailure("%s is ignored: it has %d links (a hard link to it was "
+                                        "made elsewhere)" % (path, fst.st_nlink))
+            data = os.read(fd, EXIT_RECORD_BYTES + 1)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dir_fd)
     if len(data) > EXIT_RECORD_BYTES:
         raise base.ProbeFailure("%s is over %d bytes: not an exit record"
                                 % (path, EXIT_RECORD_BYTES))
@@ -136,5 +187,3 @@ def collect_exit(path):
     if isinstance(code, int) and not isinstance(code, bool) and 0 <= code <= 255:
         out["code"] = code
     return out
-
-
