@@ -382,7 +382,7 @@ class Watchdog:
             if r.outcome != "sent":
                 continue
             if series.status in ("running", "finished") or (key is not None and key != r.death):
-                events += self._verified(host, run, history, r)
+                events += await self._verified(host, run, history, r)
                 continue
             if self._age(r, now) < self.verify_s:
                 continue  # give the poll a chance to see it first: no call to the box
@@ -395,8 +395,8 @@ class Watchdog:
         sent = self._sent.get(r.id)
         return self.monotonic() - sent if sent is not None else now - r.at
 
-    def _verified(self, host: HostConfig, run: RunConfig, history: HostHistory,
-                  r: RestartRecord) -> list[WatchEvent]:
+    async def _verified(self, host: HostConfig, run: RunConfig, history: HostHistory,
+                        r: RestartRecord) -> list[WatchEvent]:
         series = history.runs[run.name]
         plan = self._plans.get(r.id)
         verdict = None
@@ -413,6 +413,13 @@ class Watchdog:
             msg = f"ran again and died again after {r.message}"
         if not self.store.settle_restart(r.id, "verified", msg, pids=pids):
             return []  # another watcher settled it
+        if r.launch is None and r.token:
+            # sent by a watcher that stopped before it heard what started: the box's marker
+            with contextlib.suppress(ActionError):
+                state = await launch_state(host, run.name, run.workdir or "", token=r.token,
+                                           launch=None, accept_new_host_keys=self.accept_new)
+                if state.mine and state.marker is not None:
+                    self.store.record_launch(r.id, launch=state.marker)
         self._plans.pop(r.id, None)
         if plan is not None:
             self.store.record_action(
