@@ -162,7 +162,7 @@ async def test_two_watchers_and_a_relaunch_call_longer_than_the_lease_make_one_l
     second = asyncio.create_task(keep_rounding(b, stop))
     try:
         await killed_and_seen_dead(pid)
-        await rounds_until([a], lambda: "verified" in a.kinds() + b.kinds()
+        await rounds_until([a], lambda: {"verified", "failed"} & {*a.kinds(), *b.kinds()}
                            or len(launches(work)) > 2, limit_s=120, what="running again")
         for _ in range(3):
             await a.round()
@@ -226,10 +226,10 @@ async def test_a_watcher_killed_mid_restart_is_adopted_not_repeated(rig: Rig,
             killed.wait()
             said_before = killed.stdout.read()  # type: ignore[union-attr]
             if when == "mid-start":
-                await wait_async(lambda: "starting" in b.kinds() or "restart" in b.kinds(),
+                await wait_async(lambda: {"starting", "failed", "restart"} & {*b.kinds()},
                                  what="the survivor finding the launch still starting")
                 (work / "gate").write_text("open")
-            await wait_async(lambda: "verified" in b.kinds() or "restart" in b.kinds()
+            await wait_async(lambda: {"verified", "failed", "restart"} & {*b.kinds()}
                              or len(launches(work)) > 2, what="running again")
             await asyncio.sleep(1.0)  # a few more of the survivor's rounds
         finally:
