@@ -21,10 +21,8 @@ def test_a_clock_stepped_back_does_not_keep_a_dead_watchers_lease(tmp_path: Path
     a, b = stores(tmp_path)
     assert a.take_lease("h", "r", "A", 60, now=T)  # then A dies
     assert not b.take_lease("h", "r", "B", 60, now=T + 30)
-    assert b.lease_holder("h", "r", now=T + 30) == "A"
     # The clock steps back an hour: A's renewal now lies an hour ahead and says nothing; an
     # expiry read as wall time would have kept A's lease for an hour and a minute more.
-    assert b.lease_holder("h", "r", now=T - 3600) is None
     assert b.take_lease("h", "r", "B", 60, now=T - 3600)
     assert a.lease_holder("h", "r", now=T - 3600) == "B"
     a.close()
