@@ -237,8 +237,9 @@ def private_dir(workdir: bytes, create: bool) -> int:
     try:
         fd = os.open(path, _nofollow_dir_flags())
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise Untrusted(f"{shown} is a symbolic link or not a folder") from None
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.lexists(path):
+            kind = "a symbolic link" if os.path.islink(path) else "not a folder"
+            raise Untrusted(f"{shown} is {kind}") from None
         raise
     try:
         st = os.fstat(fd)

@@ -140,12 +140,15 @@ def collect_exit(path):
     me = os.geteuid()
     try:
         dir_fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_NOFOLLOW)
-    except (FileNotFoundError, NotADirectoryError):
-        return {"path": path, "exists": False}
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise base.ProbeFailure("%s is ignored: its folder is a symbolic link" % path)
-        raise
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            raise
+        try:  # O_DIRECTORY | O_NOFOLLOW on a link says ENOTDIR (ELOOP on some kernels)
+            if stat.S_ISLNK(os.lstat(folder).st_mode):
+                raise base.ProbeFailure("%s is ignored: its folder is a symbolic link" % path)
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        return {"path": path, "exists": False}
     try:
         st = os.fstat(dir_fd)
         if st.st_uid != me:
