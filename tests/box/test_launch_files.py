@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from gpuwatch.remote.actions.execute import execute, launch_state
+from gpuwatch.remote.actions.execute import execute
 from gpuwatch.remote.actions.types import ActionPlan, LaunchSpec
 from gpuwatch.remote.box import act_launch, checkpoints
 from gpuwatch.remote.box.base import ProbeFailure
@@ -122,6 +122,8 @@ def test_the_launch_ops_run_on_the_oldest_python(tmp_path: Path) -> None:
     """relaunch and launched, through the action script on the box's python (3.6 here): a
     launch still in its setup step is found alive and refuses a second; once it ends, nothing
     lives and its exit status is read back from the record its wrapper wrote."""
+    from gpuwatch.remote.actions.execute import launch_state
+
     python = python_for_the_box()
     work = tmp_path / "w"
     work.mkdir()

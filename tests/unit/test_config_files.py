@@ -14,11 +14,12 @@ import threading
 from pathlib import Path
 
 import pytest
-from gpuwatch.remote.actions.pin import pin_run, pin_run_async
-from gpuwatch.remote.config.load import CONFIG_MAX_BYTES, load_config, load_file
+from gpuwatch.remote.actions.pin import pin_run
+from gpuwatch.remote.config.load import load_config, load_file
 from gpuwatch.remote.config.schema import ConfigError
 from gpuwatch.remote.model.discovered import Discovery
 
+CONFIG_MAX_BYTES = 1 << 20  # the documented cap (docs/config.md)
 CONFIG = '# my fleet\n[hosts.gpu1]\nssh = "gpu1"  # the big box\n'
 
 
@@ -122,6 +123,8 @@ def test_pin_refuses_a_config_it_cannot_read_as_a_config(tmp_path: Path) -> None
 def test_pin_from_an_event_loop_runs_off_it(tmp_path: Path) -> None:
     """pin_run_async: the TUI's call. The loop keeps turning while the pin runs in a thread:
     a task of the loop's own finishes before the pin's result is awaited."""
+    from gpuwatch.remote.actions.pin import pin_run_async
+
     path = tmp_path / "config.toml"
     path.write_text(CONFIG)
 
