@@ -314,10 +314,13 @@ def remove_private(dir_fd: int, name: str) -> None:
         pass
 
 
-def lock_private(dir_fd: int, name: str, wait_s: float) -> "int | None":
+def lock_private(dir_fd: int, name: str, wait_s: float, create: bool = True) -> "int | None":
     """An exclusive lock on the run's lock file (flock: released when this process ends, even
-    by SIGKILL), or None when another process held it for wait_s."""
-    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
+    by SIGKILL), or None when another process held it for wait_s. create False: a missing
+    lock file is a free lock (a question about the launch writes nothing); raises
+    FileNotFoundError then."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
+    fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -668,9 +671,12 @@ def op_launched(req: dict, out: dict) -> dict:
             out["running"] = still_running(req, workdir)
         out["locked"] = False
         if dir_fd is not None:
-            lock = lock_private(dir_fd, f"lock-{safe_name(run)}", 0.0)
+            try:
+                lock = lock_private(dir_fd, f"lock-{safe_name(run)}", 0.0, create=False)
+            except FileNotFoundError:
+                lock = -1  # no launch ever took it
             out["locked"] = lock is None
-            if lock is not None:
+            if lock is not None and lock >= 0:
                 os.close(lock)
             if out["mine"]:
                 try:

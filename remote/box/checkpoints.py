@@ -4,7 +4,6 @@ the run files (bundle.RUN_FILES), sent with runs.py.
 Python 3.6+, stdlib only: runs on the box (see probe.py).
 """
 
-import errno
 import os
 import stat
 import sys
@@ -125,6 +124,13 @@ def _owner(uid):
         return "uid %d" % uid
 
 
+def _distrust(st, me):
+    """Why a file or folder another user made is not believed, or None."""
+    if st.st_uid != me:
+        return "belongs to %s, not to %s" % (_owner(st.st_uid), _owner(me))
+    return None
+
+
 def collect_exit(path):
     """The exit record gpuwatch's launch wrapper writes when a run it relaunched ends
     (act_launch.launch_script): {"v", "run", "code"} with the command's exit status (128+N:
@@ -138,50 +144,40 @@ def collect_exit(path):
     relative to the folder's descriptor, so what is checked is what is read."""
     folder, name = os.path.split(path)
     me = os.geteuid()
+    nofollow = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        dir_fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_NOFOLLOW)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-            raise
-        try:  # O_DIRECTORY | O_NOFOLLOW on a link says ENOTDIR (ELOOP on some kernels)
-            if stat.S_ISLNK(os.lstat(folder).st_mode):
-                raise base.ProbeFailure("%s is ignored: its folder is a symbolic link" % path)
-        except (FileNotFoundError, NotADirectoryError):
-            pass
+        dir_fd = os.open(folder, nofollow | os.O_DIRECTORY)
+    except OSError:
+        if os.path.islink(folder):
+            raise base.ProbeFailure("%s is ignored: its folder is a symbolic link" % path)
         return {"path": path, "exists": False}
     try:
         st = os.fstat(dir_fd)
-        if st.st_uid != me:
-            raise base.ProbeFailure("%s is ignored: its folder belongs to %s, not to %s who runs "
-                                    "gpuwatch's launches" % (path, _owner(st.st_uid), _owner(me)))
-        if st.st_mode & 0o022:
-            raise base.ProbeFailure("%s is ignored: other users may write in its folder (mode "
-                                    "%04o)" % (path, st.st_mode & 0o7777))
+        why = _distrust(st, me) or (st.st_mode & 0o22 and "may be written by others (mode "
+                                    "%04o)" % (st.st_mode & 0o7777))
+        if why:
+            raise base.ProbeFailure("%s is ignored: its folder %s" % (path, why))
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+            fd = os.open(name, nofollow, dir_fd=dir_fd)
         except FileNotFoundError:
             return {"path": path, "exists": False}
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
+        except OSError:
+            if os.path.islink(path):
                 raise base.ProbeFailure("%s is ignored: it is a symbolic link" % path)
             raise
-        try:
-            fst = os.fstat(fd)
-            out = {"path": path, "exists": True, "mtime": round(fst.st_mtime, 3)}
-            if not stat.S_ISREG(fst.st_mode):
-                raise base.ProbeFailure("%s is not a regular file" % path)
-            if fst.st_uid != me:
-                raise base.ProbeFailure("%s is ignored: it belongs to %s, not to %s who runs "
-                                        "gpuwatch's launches" % (path, _owner(fst.st_uid),
-                                                                 _owner(me)))
-            if fst.st_nlink != 1:
-                raise base.ProbeFailure("%s is ignored: it has %d links (a hard link to it was "
-                                        "made elsewhere)" % (path, fst.st_nlink))
-            data = os.read(fd, EXIT_RECORD_BYTES + 1)
-        finally:
-            os.close(fd)
     finally:
         os.close(dir_fd)
+    try:
+        st = os.fstat(fd)
+        out = {"path": path, "exists": True, "mtime": round(st.st_mtime, 3)}
+        if not stat.S_ISREG(st.st_mode):
+            raise base.ProbeFailure("%s is not a regular file" % path)
+        why = _distrust(st, me) or (st.st_nlink > 1 and "has %d links" % st.st_nlink)
+        if why:
+            raise base.ProbeFailure("%s is ignored: it %s" % (path, why))
+        data = os.read(fd, EXIT_RECORD_BYTES + 1)
+    finally:
+        os.close(fd)
     if len(data) > EXIT_RECORD_BYTES:
         raise base.ProbeFailure("%s is over %d bytes: not an exit record"
                                 % (path, EXIT_RECORD_BYTES))

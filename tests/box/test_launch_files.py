@@ -109,12 +109,11 @@ def test_a_folder_of_another_user_or_a_link_is_refused_never_entered(tmp_path: P
 
 
 def python_for_the_box() -> str:
-    """Python 3.6 (the oldest box) where installed, else this one."""
+    """Python 3.6 (the oldest box) where installed, else this one (vermin checks the box code's
+    syntax for 3.6 either way)."""
     try:
         return python36()
     except pytest.skip.Exception:
-        if os.environ.get("CI", "").lower() == "true":
-            raise
         return sys.executable
 
 
