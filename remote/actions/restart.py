@@ -4,14 +4,17 @@ A run with `restart = "on-failure"` is relaunched exactly as the `r` key does it
 plan_relaunch, execute, verify: identity checks, detached, from the latest checkpoint, audited)
 when its death is confirmed and its cause is in `restart_on`, at most `max_restarts` times per
 `restart_window_s`, each after `restart_delay_s` doubled per restart already in the window.
-Never while a process of the run lives (plan_relaunch refuses, U2, U4), never on a finished run
-(its status is not `dead`), never while the disk its checkpoints live on is full (U6).
+Never while a process of the run lives (plan_relaunch refuses, U2, U4), nor while gpuwatch's
+last launch of it is still starting (the box refuses: its launch marker), never on a finished
+run (its status is not `dead`), never while the disk its checkpoints live on is full (U6).
 
 One actor: a watcher acts on a run only while it holds the run's lease in the store (taken in
-one IMMEDIATE transaction, renewed each poll, expiring when its holder stops renewing). Each
-restart is written to the store *before* it is sent, keyed by the death it answers (the pids
-that died), so no death is ever answered twice, whichever watcher comes next. Every watcher —
-actor or not — reads the same rows, so the TUI shows what the actor did. Nothing here prints.
+one IMMEDIATE transaction, renewed each poll and by a heartbeat while it acts, expiring when its
+holder stops renewing). Each restart is written to the store *before* it is sent, keyed by the
+death it answers (the pids that died) and carrying the token of its launch, so no death is ever
+answered twice, whichever watcher comes next, and a watcher that stopped mid-restart leaves a
+row the next one settles from the box's evidence instead of repeating it. Every watcher — actor
+or not — reads the same rows, so the TUI shows what the actor did. Nothing here prints.
 """
 
 from __future__ import annotations
@@ -454,8 +457,8 @@ class Watchdog:
             ended = (f"its launch (shell pid {launch.get('pid') if launch else '?'}) ended"
                      + (f" with status {code}" if code is not None else ""))
         else:
-            ended = ("its launch left no trace on the box (the watcher that sent it stopped "
-                     "before the box started anything)")
+            ended = ("its launch left no trace on the box (the call that sent it never "
+                     "started anything there)")
         tail = (series.tail or "").strip().splitlines()[-2:]
         said = f"; its log ends: {' | '.join(tail)}" if tail else ""
         ignored = f"; {state.ignored}" if state.ignored else ""
@@ -464,7 +467,6 @@ class Watchdog:
             return []
         self._plans.pop(r.id, None)
         return [WatchEvent(host.name, run.name, "failed", msg, Severity.CRITICAL)]
-
 
 
 def _starting(state: LaunchState, launch: Mapping[str, Any] | None) -> str:

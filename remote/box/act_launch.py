@@ -1,6 +1,8 @@
-"""The relaunch op of the action script (act.py says what it is asked and answers): refuse
-while a copy of the run is alive, else start the command detached (tmux, or setsid + nohup)
-through a private launch script that records how the run ended.
+"""The relaunch and launched ops of the action script (act.py says what they are asked and
+answer): refuse while a copy of the run is alive or gpuwatch's last launch of it is still
+starting, else start the command detached (tmux, or setsid + nohup) through a private launch
+script that records how the run ended; say how the last launch stands. What they keep on the box
+lives in the run's private folder (<workdir>/.gpuwatch), trusted only as this login's own.
 
 Stdlib only, Python 3.6+, as act.py. Sent to the box after act_proc.py and before act.py, as one
 script (actions/types.py BOX_SCRIPTS): there is no package on the box, and the names imported
