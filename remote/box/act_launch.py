@@ -376,6 +376,8 @@ def launch_alive(launch: "dict | None", stats: dict, family: "set") -> "list":
         pid, ticks = int(launch["pid"]), int(launch["start_ticks"])
     except (KeyError, TypeError, ValueError):
         return []
+    if pid <= 1:
+        return []  # init (or no pid at all) is never a launch of gpuwatch's
     leader = stats.get(pid)
     if leader is not None and leader["start_ticks"] != ticks:
         return []  # the pid was handed out again: the launch's session had ended

@@ -7,6 +7,7 @@ code supports), on this machine's real processes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shlex
 import sys
@@ -16,9 +17,11 @@ from pathlib import Path
 import pytest
 from gpuwatch.remote.actions.execute import execute
 from gpuwatch.remote.actions.types import ActionPlan, LaunchSpec
-from gpuwatch.remote.box import act_launch, checkpoints
+from gpuwatch.remote.box import act_launch, act_proc, checkpoints
 from gpuwatch.remote.box.base import ProbeFailure
 from gpuwatch.remote.config.schema import HostConfig
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_probe import python36
 
 OTHER_UID = 4242
@@ -159,3 +162,34 @@ def test_the_launch_ops_run_on_the_oldest_python(tmp_path: Path) -> None:
     record = work / ".gpuwatch" / "exit-w.json"
     assert checkpoints.collect_exit(str(record))["code"] == 3
     assert (work / ".gpuwatch").stat().st_mode & 0o777 == 0o700
+
+
+MARKER_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner,
+                                                                 max_size=4), max_leaves=12)
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.binary(max_size=300) | st.builds(
+    lambda d: json.dumps(d).encode(), st.dictionaries(st.sampled_from(
+        ["v", "pid", "start_ticks", "boot_id", "session", "token", "at"]), MARKER_VALUES)))
+def test_a_marker_of_any_bytes_is_read_or_ignored_never_a_crash(tmp_path: Path,
+                                                                  raw: bytes) -> None:
+    """The launch marker is box data: whatever its bytes, reading it gives a marker or says
+    why it was ignored, and asking whether its launch lives gives pids or nothing."""
+    folder = tmp_path / ".gpuwatch"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    (folder / "launch-w.json").write_bytes(raw)
+    fd = act_launch.private_dir(os.fsencode(tmp_path), create=False)
+    try:
+        marker, ignored = act_launch.read_marker(fd, "w")
+    finally:
+        os.close(fd)
+    assert (marker is None) or isinstance(marker, dict)
+    assert ignored is None or "ignored" in ignored
+    if marker is not None:  # as if of this boot: its pid and start time are what decide
+        marker = dict(marker, boot_id=act_proc.boot_id())
+    live = act_launch.launch_alive(marker, act_proc.all_stats(), act_proc.own_family())
+    assert all(isinstance(pid, int) for pid in live)
