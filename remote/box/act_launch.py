@@ -591,6 +591,19 @@ def _relaunch_locked(req: dict, out: dict, workdir: bytes, run: str,
     log = expand(fs_bytes(str(req.get("log") or "gpuwatch-relaunch.log")), workdir)
     out["log"] = fs_text(log)
     try:
+        seen = os.lstat(log)
+    except OSError:
+        seen = None
+    if seen is not None and seen.st_uid != os.geteuid():
+        # a shared workdir: a log (or a link in its place) another user made is not written
+        # through, or the run's output would land in whatever file it names
+        what = "a symbolic link" if stat.S_ISLNK(seen.st_mode) else "a file"
+        out["refused"] = (f"the log {fs_text(log)} is {what} of {describe_owner(seen.st_uid)}, "
+                          f"not of {describe_owner(os.geteuid())}: gpuwatch does not write "
+                          "through a file another user may have put there; remove it or name "
+                          "another `log`")
+        return out
+    try:
         fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     except OSError as exc:
         out["refused"] = f"cannot append to the log {fs_text(log)}: {exc.strerror or exc}"

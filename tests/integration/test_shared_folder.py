@@ -60,18 +60,20 @@ def other() -> tuple[int, int]:
     return other_user()
 
 
-def shared_run(rig: Rig, other: tuple[int, int], name: str) -> tuple[RunConfig, Path]:
+def shared_run(rig: Rig, other: tuple[int, int], name: str,
+               plant_private: bool = True) -> tuple[RunConfig, Path]:
     """A run in a folder every user may write (a team folder), whose .gpuwatch folder the other
-    user made first, writable by all."""
+    user made first, writable by all (unless plant_private is False)."""
     work = rig.root / name
     work.mkdir()
     work.chmod(0o777)
     script = f"{name}_{uuid.uuid4().hex[:8]}.py"
     (work / script).write_text(WORKER)
-    planted = work / ".gpuwatch"
-    planted.mkdir()
-    planted.chmod(0o777)
-    os.chown(planted, *other)
+    if plant_private:
+        planted = work / ".gpuwatch"
+        planted.mkdir()
+        planted.chmod(0o777)
+        os.chown(planted, *other)
     run = RunConfig(name, process=script, workdir=str(work), log="train.log",
                     relaunch=f"{shlex.quote(PY)} {script}", detach="setsid")
     return run, work
@@ -173,3 +175,25 @@ async def test_a_private_folder_others_could_write_is_made_private_first(rig: Ri
     wait_for(lambda: (work / ".gpuwatch" / "exit-w.json").exists(), what="the exit record")
     await poll(host, history)
     assert history.runs["w"].exit_code() == 3 and "exit" not in history.runs["w"].errors
+
+
+async def test_a_log_another_user_put_in_the_run_folder_is_not_written_through(
+        rig: Rig, other: tuple[int, int]) -> None:
+    """The run's log in a shared folder is a link the other user planted to a private file of
+    the run's user: the relaunch refuses (naming whose it is) rather than append the run's
+    output to whatever it names."""
+    run, work = shared_run(rig, other, "w", plant_private=False)
+    secret = rig.root / "secret"
+    secret.write_text("the run user's own\n")
+    secret.chmod(0o600)
+    (work / "train.log").symlink_to(secret)
+    os.lchown(work / "train.log", *other)
+    host = rig.host(run)
+    history = HostHistory(host.name)
+    await poll(host, history)
+    outcome = await actions.execute(actions.plan_relaunch(host, "w", history), host,
+                                    store=rig.store, readonly=False)
+    if outcome.ok is None:
+        wait_for(lambda: (work / "started").exists(), what="the run")
+    assert outcome.ok is False and f"symbolic link of user {OTHER}" in outcome.message
+    assert secret.read_text() == "the run user's own\n" and not (work / "started").exists()
