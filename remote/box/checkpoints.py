@@ -116,71 +116,37 @@ def collect_done(path):
 EXIT_RECORD_BYTES = 512
 
 
-def _owner(uid):
-    try:
-        import pwd
-        return "user %s (uid %d)" % (pwd.getpwuid(uid).pw_name, uid)
-    except (ImportError, KeyError):
-        return "uid %d" % uid
-
-
-def _distrust(st, me):
-    """Why a file or folder another user made is not believed, or None."""
-    if st.st_uid != me:
-        return "belongs to %s, not to %s" % (_owner(st.st_uid), _owner(me))
-    return None
-
-
 def collect_exit(path):
     """The exit record gpuwatch's launch wrapper writes when a run it relaunched ends
     (act_launch.launch_script): {"v", "run", "code"} with the command's exit status (128+N:
     killed by signal N). Read bounded, as data; "code" only when it is a status (0-255).
 
-    Trusted only as the wrapper leaves it: in the run's .gpuwatch folder, a real folder (not a
-    link) owned by this login that no other user may write, as a regular file (not a link)
-    owned by this login with one link. The workdir may be shared: a record another user forged
-    or linked would turn a death into a finish. One that fails a check is this source's error
-    (ignored, and said with the run), never read. Both are opened with O_NOFOLLOW, the file
-    relative to the folder's descriptor, so what is checked is what is read."""
-    folder, name = os.path.split(path)
-    me = os.geteuid()
-    nofollow = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+    Believed only as the wrapper leaves it: a regular file owned by this login with one link,
+    opened without following a link (O_NOFOLLOW) and checked on what was opened (fstat), in a
+    real folder of this login's that no other user may write. The workdir may be shared: a
+    record another user forged or linked would turn a death into a finish. One that fails is
+    this source's error (ignored, and said with the run's death), never read as a status."""
     try:
-        dir_fd = os.open(folder, nofollow | os.O_DIRECTORY)
-    except OSError:
-        if os.path.islink(folder):
-            raise base.ProbeFailure("%s is ignored: its folder is a symbolic link" % path)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except (FileNotFoundError, NotADirectoryError):
         return {"path": path, "exists": False}
-    try:
-        st = os.fstat(dir_fd)
-        why = _distrust(st, me) or (st.st_mode & 0o22 and "may be written by others (mode "
-                                    "%04o)" % (st.st_mode & 0o7777))
-        if why:
-            raise base.ProbeFailure("%s is ignored: its folder %s" % (path, why))
-        try:
-            fd = os.open(name, nofollow, dir_fd=dir_fd)
-        except FileNotFoundError:
-            return {"path": path, "exists": False}
-        except OSError:
-            if os.path.islink(path):
-                raise base.ProbeFailure("%s is ignored: it is a symbolic link" % path)
-            raise
-    finally:
-        os.close(dir_fd)
-    try:
-        st = os.fstat(fd)
-        out = {"path": path, "exists": True, "mtime": round(st.st_mtime, 3)}
-        if not stat.S_ISREG(st.st_mode):
-            raise base.ProbeFailure("%s is not a regular file" % path)
-        why = _distrust(st, me) or (st.st_nlink > 1 and "has %d links" % st.st_nlink)
-        if why:
-            raise base.ProbeFailure("%s is ignored: it %s" % (path, why))
+    except OSError:
+        if os.path.islink(path):
+            raise base.ProbeFailure("%s is ignored: it is a symbolic link" % path)
+        raise
+    try:  # the file's checks are on what was opened; its folder's, a second line of defence
+        st, up = os.fstat(fd), os.lstat(os.path.dirname(path))
         data = os.read(fd, EXIT_RECORD_BYTES + 1)
     finally:
         os.close(fd)
-    if len(data) > EXIT_RECORD_BYTES:
-        raise base.ProbeFailure("%s is over %d bytes: not an exit record"
-                                % (path, EXIT_RECORD_BYTES))
+    me = os.geteuid()
+    if (st.st_uid, up.st_uid, st.st_nlink, up.st_mode & 0o170022) != (me, me, 1, 0o40000):
+        raise base.ProbeFailure("%s is ignored: not as gpuwatch (uid %d) leaves it: it is uid "
+                                "%d's with %d links, its folder uid %d's with mode %o"
+                                % (path, me, st.st_uid, st.st_nlink, up.st_uid, up.st_mode))
+    if not stat.S_ISREG(st.st_mode) or len(data) > EXIT_RECORD_BYTES:
+        raise base.ProbeFailure("%s is not an exit record" % path)
+    out = {"path": path, "exists": True, "mtime": round(st.st_mtime, 3)}
     record = base.json_loads(data.decode("utf-8", "replace"))
     code = record.get("code") if isinstance(record, dict) else None
     if isinstance(code, int) and not isinstance(code, bool) and 0 <= code <= 255:

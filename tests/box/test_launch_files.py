@@ -56,9 +56,9 @@ def test_a_record_another_user_could_have_made_is_ignored_saying_why(tmp_path: P
     record = folder / "exit-w.json"
     real = tmp_path / "real.json"
     real.write_text(RECORD)
-    said = {"link": "symbolic link", "other_owner": "uid 4242", "hard_link": "2 links",
-            "group_writable_folder": "mode 0770", "folder_link": "folder is a symbolic link",
-            "other_folder": "its folder belongs to"}[plant]
+    said = {"link": "it is a symbolic link", "other_owner": "it is uid 4242's",
+            "hard_link": "with 2 links", "group_writable_folder": "with mode 40770",
+            "folder_link": "with mode 120777", "other_folder": "its folder uid 4242's"}[plant]
     if plant == "link":
         record.symlink_to(real)
     elif plant == "other_owner":
