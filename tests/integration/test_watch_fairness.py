@@ -32,7 +32,7 @@ from gpuwatch.remote.store import Store
 
 GOOD, BAD = 100, 100
 INTERVAL_S = 15.0
-RUN_S = 75.0
+RUN_S = 60.0
 FAKES = Path(__file__).with_name("fleet_fakes.py")
 
 
