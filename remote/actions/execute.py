@@ -10,8 +10,10 @@ import os
 import shlex
 import socket
 import time
+import uuid
 import zlib
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..config.schema import HostConfig
@@ -183,9 +185,16 @@ def mark_reaped(plan: ActionPlan, history: HostHistory) -> None:
 
 
 async def execute(plan: ActionPlan, host: HostConfig, *, store: Store | None, readonly: bool,
-                  accept_new_host_keys: bool = False, grace_s: float = 10.0) -> ActionOutcome:
+                  accept_new_host_keys: bool = False, grace_s: float = 10.0,
+                  token: str | None = None,
+                  guard: Sequence[Mapping[str, Any]] = ()) -> ActionOutcome:
     """Carry a confirmed plan out; every call (refused ones too) lands in the audit log.
-    ok None: sent — the next poll verifies (`verify`); False: refused or failed."""
+    ok None: sent — the next poll verifies (`verify`); False: refused or failed.
+
+    A relaunch: `token` names the launch in the box's launch marker (a new one when None);
+    `guard` lists earlier launches ({pid, start_ticks, boot_id}) the box refuses to launch
+    beside while any process of theirs lives. The outcome's `launch` is what the box started,
+    or the launch still starting that refused it."""
     if readonly:
         outcome = ActionOutcome(False, f"refused: gpuwatch is read-only (--readonly or "
                                        f"`readonly = true`); nothing was sent to {plan.host}")
@@ -201,7 +210,8 @@ async def execute(plan: ActionPlan, host: HostConfig, *, store: Store | None, re
         return outcome
     try:
         if plan.kind == "relaunch":
-            outcome, label = await _relaunch(plan, host, accept_new_host_keys)
+            outcome, label = await _relaunch(plan, host, accept_new_host_keys,
+                                             token or new_token(), guard)
         else:
             outcome, label = await _signal(plan, host, accept_new_host_keys, grace_s)
     except _Unsent as exc:
@@ -347,22 +357,30 @@ def _result_line(row: Mapping[str, Any], signal: str) -> str:
     return f"pid {pid}{who_}{child}: {_STATUS_TEXT.get(status, status)}"
 
 
-async def _relaunch(plan: ActionPlan, host: HostConfig,
-                    accept_new: bool) -> tuple[ActionOutcome, str]:
+def new_token() -> str:
+    """A launch's name in the box's launch marker: which call started it."""
+    return uuid.uuid4().hex[:16]
+
+
+async def _relaunch(plan: ActionPlan, host: HostConfig, accept_new: bool, token: str,
+                    guard: Sequence[Mapping[str, Any]]) -> tuple[ActionOutcome, str]:
     spec = plan.launch
     assert spec is not None and plan.command is not None
     request = {"v": 1, "op": "relaunch", "run": spec.run, "process": spec.process,
                "in_workdir": spec.in_workdir,
                "scripts": list(spec.scripts), "workdir": spec.workdir, "log": spec.log,
                "command": plan.command, "env": dict(spec.env), "detach": spec.detach,
-               "session": f"gpuwatch-{spec.run}", "settle_s": SETTLE_S}
+               "session": f"gpuwatch-{spec.run}", "settle_s": SETTLE_S, "token": token,
+               "guard": [_identity(g) for g in guard]}
     try:
         doc = await _call(host, request, accept_new_host_keys=accept_new)
     except _Lost as exc:
         return ActionOutcome(None, f"the connection dropped while starting run {spec.run} "
                                    f"({exc}); the next poll shows whether it runs"), "sent"
     if doc.get("refused"):
-        return ActionOutcome(False, f"refused on {plan.host}: {doc['refused']}"), "refused"
+        starting = doc.get("starting") if isinstance(doc.get("starting"), dict) else None
+        return ActionOutcome(False, f"refused on {plan.host}: {doc['refused']}",
+                             launch=starting), "refused"
     if doc.get("failed"):
         return _failed_on_box(plan, doc), "failed"
     note = f" ({doc['note']})" if doc.get("note") else ""
@@ -377,7 +395,67 @@ async def _relaunch(plan: ActionPlan, host: HostConfig,
         raise ActionError(f"the action script on {plan.host} gave an unexpected answer")
     where = (f"tmux session {doc.get('session')} (`tmux attach -t {doc.get('session')}`)"
              if doc.get("detach") == "tmux" else "its own session (setsid nohup)")
+    launch = doc.get("launch") if isinstance(doc.get("launch"), dict) else None
     return ActionOutcome(None, (
         f"started run {spec.run} (launcher pid {doc.get('pid')}: the run's own processes are "
         f"its children) in {where}{note}, output appended to "
-        f"{doc.get('log', spec.log)}; the next poll verifies it runs")), "sent"
+        f"{doc.get('log', spec.log)}; the next poll verifies it runs"), launch=launch), "sent"
+
+
+def _identity(launch: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: launch.get(k) for k in ("pid", "start_ticks", "boot_id")}
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchState:
+    """How a run's last launch stands on the box (the action script's `launched` op)."""
+
+    marker: Mapping[str, Any] | None
+    """The box's launch marker of the run's last launch by gpuwatch (None: none, or ignored)."""
+    mine: bool
+    """The marker is the launch the asked token names."""
+    alive: tuple[int, ...]
+    """Live processes of the marker's launch (its shell and its session)."""
+    alive_named: tuple[int, ...]
+    """Live processes of the launch the caller named."""
+    locked: bool
+    """A relaunch of the run holds its lock on the box right now."""
+    exit_code: int | None
+    """The status its wrapper recorded (when the marker is the asked launch and it ended)."""
+    ignored: str | None
+    """A file of the run's private folder that failed the ownership checks, and why."""
+    running: str | None = None
+    """Why a process of the run is alive (its `process` pattern matched in its workdir)."""
+
+    @property
+    def live(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.alive) | set(self.alive_named)))
+
+
+async def launch_state(host: HostConfig, run: str, workdir: str, *, token: str | None,
+                       launch: Mapping[str, Any] | None, process: str | None = None,
+                       accept_new_host_keys: bool = False) -> LaunchState:
+    """Ask the box how the launch `token` (or the one named by `launch`) of a run stands, and
+    whether a process of the run (`process` in `workdir`) lives. One bounded call. Raises
+    ActionError when it could not be asked or answered."""
+    request = {"v": 1, "op": "launched", "run": run, "workdir": workdir, "token": token or "",
+               "launch": _identity(launch) if launch else None, "process": process or ""}
+    try:
+        doc = await _call(host, request, accept_new_host_keys=accept_new_host_keys)
+    except (_Unsent, _Lost) as exc:
+        raise ActionError(f"{host.name} could not be asked how the launch of run {run} stands "
+                          f"({exc})") from None
+    if doc.get("refused") or doc.get("failed"):
+        raise ActionError(str(doc.get("refused") or doc.get("failed")))
+    marker = doc.get("marker") if isinstance(doc.get("marker"), dict) else None
+    code = doc.get("exit_code")
+
+    def pids(key: str) -> tuple[int, ...]:
+        value = doc.get(key)
+        return tuple(p for p in value if isinstance(p, int)) if isinstance(value, list) else ()
+
+    return LaunchState(marker, bool(doc.get("mine")), pids("alive"), pids("alive_named"),
+                       bool(doc.get("locked")),
+                       code if isinstance(code, int) and not isinstance(code, bool) else None,
+                       str(doc["ignored"]) if doc.get("ignored") else None,
+                       str(doc["running"]) if doc.get("running") else None)

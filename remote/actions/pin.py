@@ -5,12 +5,21 @@ tomli-w cannot keep comments, so the new table is APPENDED as text to the file, 
 byte for byte as it was above it. Only when appending cannot give valid TOML (the host or its
 `runs` written as an inline table, `hosts = { gpu1 = { ... } }`) is the whole file rewritten
 with tomli-w, and then its comments and formatting are lost; the message says so.
+
+The config is written where it really is: a symlinked config (dotfiles) is written through the
+link, to the file it names, by the same atomic replace (a new file beside it, renamed over it),
+and the link stays. A file without write permission for its owner is never rewritten (someone
+made it read-only on purpose); a config gpuwatch cannot write is refused with the reason. The
+file is read as `--config` reads it (a regular file, at most 1 MiB): pin_run blocks on files,
+so the TUI calls pin_run_async, which runs it in a thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shlex
+import stat
 import tempfile
 import tomllib
 from pathlib import Path
@@ -18,7 +27,7 @@ from typing import Any
 
 import tomli_w
 
-from ..config.load import parse_config
+from ..config.load import parse_config, read_config_text
 from ..config.schema import ConfigError
 from ..model.discovered import Discovery
 from ..model.resume import resume_argv
@@ -72,18 +81,61 @@ def run_table(d: Discovery) -> dict[str, Any]:
     return table
 
 
+def _target(path: Path) -> Path:
+    """The file a config path names: through every symlink (a dangling one names the file it
+    would create)."""
+    return Path(os.path.realpath(path))
+
+
+def _writable(shown: Path, target: Path) -> None:
+    """ValueError, saying why, when the config at target must not or cannot be replaced."""
+    try:
+        st = target.stat()
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{shown} is not a regular file; nothing was pinned")
+        if not st.st_mode & stat.S_IWUSR:
+            raise ValueError(f"{shown} is read-only (mode {st.st_mode & 0o7777:04o}): gpuwatch "
+                             "does not rewrite a file made read-only; make it writable "
+                             f"(chmod u+w {shlex.quote(str(target))}) to pin into it")
+        if not os.access(target, os.W_OK):
+            raise ValueError(f"{shown} cannot be written by you; nothing was pinned")
+    folder = target.parent
+    if folder.exists() and not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{shown} cannot be replaced: its folder {folder} is not writable by "
+                         "you (the new config is written beside it, then renamed over it)")
+
+
 def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o600
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    """Replace the file path names (through links) with text, atomically, keeping its mode
+    (and its owner, where this process may set it)."""
+    target = _target(path)
+    _writable(path, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    old = target.stat() if target.exists() else None
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        os.chmod(tmp, old.st_mode & 0o777 if old is not None else 0o600)
+        if old is not None and os.geteuid() == 0:
+            os.chown(tmp, old.st_uid, old.st_gid)  # root pinning into a user's config
+        os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _read(path: Path) -> str:
+    """The config's text ('' when there is none yet); ValueError when it cannot be used."""
+    if not path.exists():
+        return ""  # none yet (or a dangling link: the file it names is created)
+    try:
+        return read_config_text(path)
+    except ConfigError as exc:
+        raise ValueError(f"{exc}; nothing was pinned") from None
 
 
 def _valid(text: str, path: Path) -> str | None:
@@ -103,7 +155,8 @@ def pin_run(config_path: str | os.PathLike[str], host_name: str, discovered: Dis
     TOML."""
     path = Path(config_path).expanduser()
     name = discovered.name
-    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    old = _read(path)
+    _writable(path, _target(path))  # before any work: a config that cannot be written
     try:
         data = tomllib.loads(old)
     except tomllib.TOMLDecodeError as exc:
@@ -127,9 +180,10 @@ def pin_run(config_path: str | os.PathLike[str], host_name: str, discovered: Dis
         problem = _valid(appended, path)
     except tomllib.TOMLDecodeError as exc:
         problem = f"appending is not valid TOML here ({exc})"
+    shown = f"{path} (a link to {_target(path)})" if path.is_symlink() else str(path)
     if problem is None:
         _write(path, appended)
-        return (f"pinned run {name} of {host_name}: appended {where} to {path} (the rest of "
+        return (f"pinned run {name} of {host_name}: appended {where} to {shown} (the rest of "
                 "the file is unchanged)")
     merged = dict(data)
     merged_hosts = dict(hosts)
@@ -143,5 +197,11 @@ def pin_run(config_path: str | os.PathLike[str], host_name: str, discovered: Dis
     if still is not None:
         raise ValueError(f"cannot pin run {name} into {path}: {still}")
     _write(path, rewritten)
-    return (f"pinned run {name} of {host_name}: rewrote {path} with {where} added; the table "
+    return (f"pinned run {name} of {host_name}: rewrote {shown} with {where} added; the table "
             f"could not be appended ({problem}), so its comments and formatting are lost")
+
+
+async def pin_run_async(config_path: str | os.PathLike[str], host_name: str,
+                        discovered: Discovery, ssh: str | None = None) -> str:
+    """pin_run in a worker thread, for an event loop (the TUI): it reads and writes files."""
+    return await asyncio.to_thread(pin_run, config_path, host_name, discovered, ssh)

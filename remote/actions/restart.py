@@ -4,32 +4,41 @@ A run with `restart = "on-failure"` is relaunched exactly as the `r` key does it
 plan_relaunch, execute, verify: identity checks, detached, from the latest checkpoint, audited)
 when its death is confirmed and its cause is in `restart_on`, at most `max_restarts` times per
 `restart_window_s`, each after `restart_delay_s` doubled per restart already in the window.
-Never while a process of the run lives (plan_relaunch refuses, U2, U4), never on a finished run
-(its status is not `dead`), never while the disk its checkpoints live on is full (U6).
+Never while a process of the run lives (plan_relaunch refuses, U2, U4), nor while gpuwatch's
+last launch of it is still starting (the box refuses: its launch marker), never on a finished
+run (its status is not `dead`), never while the disk its checkpoints live on is full (U6).
 
 One actor: a watcher acts on a run only while it holds the run's lease in the store (taken in
-one IMMEDIATE transaction, renewed each poll, expiring when its holder stops renewing). Each
-restart is written to the store *before* it is sent, keyed by the death it answers (the pids
-that died), so no death is ever answered twice, whichever watcher comes next. Every watcher —
-actor or not — reads the same rows, so the TUI shows what the actor did. Nothing here prints.
+one IMMEDIATE transaction, renewed each poll and by a heartbeat while it acts, expiring when its
+holder stops renewing). Each restart is written to the store *before* it is sent, keyed by the
+death it answers (the pids that died) and carrying the token of its launch, so no death is ever
+answered twice, whichever watcher comes next, and a watcher that stopped mid-restart leaves a
+row the next one settles from the box's evidence instead of repeating it. Every watcher — actor
+or not — reads the same rows, so the TUI shows what the actor did. Nothing here prints.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import socket
+import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..config.schema import HostConfig, RunConfig
 from ..findings.diagnosis import DEAD_GPU_XIDS, Diagnosis
 from ..findings.rules import Finding, HostHistory, Severity
 from ..findings.run_curves import latest_after_nan
+from ..model.series import RunSeries
 from ..store import RestartRecord, Store
 from . import plan as actions
-from .execute import who
+from .execute import LaunchState, launch_state, new_token, who
+from .types import ActionError
 from .verify import _verdict
 
 COUNTED = ("sent", "verified", "failed")
@@ -115,13 +124,12 @@ def status(store: Store, host: str, run: RunConfig, *, now: float | None = None,
     now = time.time() if now is None else now
     records = _window(store, host, run, now)
     used = sum(r.outcome in COUNTED for r in records)
-    lease = store.lease(host, run.name)
+    holder = store.lease_holder(host, run.name, now)
     gave_up = bool(records) and records[-1].outcome == "gave_up"
     nxt = (next_allowed(run, records, died_at) if died_at is not None and not gave_up
            and run.restart == "on-failure" and used < run.max_restarts else None)
     return RestartStatus(describe_policy(run), used, run.max_restarts, nxt, gave_up,
-                         records[-1] if records else None,
-                         lease[0] if lease and lease[1] > now else None)
+                         records[-1] if records else None, holder)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,28 +171,45 @@ def limit_findings(store: Store, host: HostConfig, history: HostHistory,
 
 
 class Watchdog:
-    """Applies the restart policies of a watcher's hosts, poll after poll."""
+    """Applies the restart policies of a watcher's hosts, poll after poll.
+
+    `act(host, history)` is called once per judged and remembered poll of a host. For each run
+    with a policy it takes the run's lease, holds it (renewed every lease_s / 3 by a heartbeat)
+    for as long as it acts, and: settles the restarts that were sent (by it or by a watcher that
+    stopped), restarts a death that no restart answers, or kills a hung run.
+
+    A sent restart is settled by evidence, never by a timer alone: verified when a poll shows
+    the run running; while not, after verify_s (this process's monotonic clock for its own
+    restarts, the store's wall clock for another's), the box is asked how its launch stands
+    (execute.launch_state): still starting while the launch shell or any process of its session
+    lives, a relaunch of the run holds the box's lock, or a process of the run lives; failed
+    only when none of these holds."""
 
     def __init__(self, store: Store, holder: str, *, lease_s: float, readonly: bool = False,
                  accept_new_host_keys: bool = False, verify_s: float = 60.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.store, self.holder, self.lease_s = store, holder, lease_s
         self.readonly, self.accept_new, self.verify_s = readonly, accept_new_host_keys, verify_s
-        self.clock = clock
+        self.clock, self.monotonic = clock, monotonic
+        self.beat_s = max(lease_s / 3.0, 0.05)
+        """How often a lease is renewed while an action runs."""
         self._said: set[tuple[str, str, str, str]] = set()
         self._plans: dict[int, actions.ActionPlan] = {}
+        self._sent: dict[int, float] = {}
+        """Restarts this process sent: when, on its monotonic clock."""
 
     def release(self) -> None:
         self.store.release_leases(self.holder)
 
     def _once(self, host: str, run: str, death: str, why: str, message: str,
-              severity: Severity = Severity.INFO) -> list[WatchEvent]:
+              severity: Severity = Severity.INFO, kind: str | None = None) -> list[WatchEvent]:
         key = (host, run, death, why)
         if key in self._said:
             return []
         self._said.add(key)
-        return [WatchEvent(host, run, "held" if why != "refused" else "refused", message,
-                           severity)]
+        return [WatchEvent(host, run, kind or ("held" if why != "refused" else "refused"),
+                           message, severity)]
 
     async def act(self, host: HostConfig, history: HostHistory) -> list[WatchEvent]:
         """Decide and act for each run of `host` with a policy; after the poll was judged and
@@ -196,8 +221,33 @@ class Watchdog:
             if not self.store.take_lease(host.name, run.name, self.holder, self.lease_s,
                                          self.clock()):
                 continue  # another watcher acts on this run; the store shows what it did
-            events += await self._act_on(host, run, history)
+            async with self._holding(host.name, run.name):
+                events += await self._act_on(host, run, history)
         return events
+
+    @contextlib.asynccontextmanager
+    async def _holding(self, host: str, run: str) -> AsyncIterator[None]:
+        """The lease renewed every beat_s while the action inside runs: a relaunch may take
+        connect_timeout + command_timeout, a check of the box as long; a lease taken once per
+        round would lapse under it and let a second watcher act on the same death."""
+        stop = asyncio.Event()
+
+        async def beat() -> None:
+            while True:
+                try:
+                    await asyncio.wait_for(stop.wait(), self.beat_s)
+                    return
+                except TimeoutError:
+                    pass
+                with contextlib.suppress(sqlite3.Error):
+                    self.store.take_lease(host, run, self.holder, self.lease_s, self.clock())
+
+        task = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            stop.set()
+            await task
 
     async def _act_on(self, host: HostConfig, run: RunConfig,
                       history: HostHistory) -> list[WatchEvent]:
@@ -208,7 +258,7 @@ class Watchdog:
         records = _window(self.store, host.name, run, now)
         death = history.deaths.get(run.name) if series.status == "dead" else None
         key = death_key(death) if death is not None else None
-        events = self._settle(host, run, history, records, key, now)
+        events = await self._settle(host, run, history, records, key, now)
         if series.status == "running" and "run.hung" in run.restart_on:
             return events + await self._kill_hung(host, run, history, records)
         if death is None or key is None:
@@ -217,6 +267,8 @@ class Watchdog:
         if any(r.death == key and r.outcome in ("sent", "verified", "gave_up")
                for r in records):
             return events  # this death is answered (by us or another watcher)
+        if any(r.outcome == "sent" for r in records):
+            return events  # a restart of an earlier death is still starting: never a second
         if not allowed(run, death) and not any(r.death == f"hung:{key}" for r in records):
             return events + self._once(
                 host.name, run.name, key, "cause",
@@ -237,7 +289,7 @@ class Watchdog:
         due = next_allowed(run, records, died_at)
         if now < due:
             return events
-        return events + await self._restart(host, run, history, key, len(used), now)
+        return events + await self._restart(host, run, history, key, records, now)
 
     async def _kill_hung(self, host: HostConfig, run: RunConfig, history: HostHistory,
                          records: Sequence[RestartRecord]) -> list[WatchEvent]:
@@ -281,7 +333,7 @@ class Watchdog:
         return now
 
     async def _restart(self, host: HostConfig, run: RunConfig, history: HostHistory, key: str,
-                       used: int, now: float) -> list[WatchEvent]:
+                       records: Sequence[RestartRecord], now: float) -> list[WatchEvent]:
         plan = actions.plan_relaunch(host, run.name, history)
         if plan.refusal is not None:
             return self._once(host.name, run.name, key, "refused",
@@ -293,56 +345,144 @@ class Watchdog:
         if self.readonly:
             return self._once(host.name, run.name, key, "readonly",
                               "would be restarted, but gpuwatch is read-only")
+        used = sum(r.outcome in COUNTED for r in records)
         attempt = f"restart {used + 1} of {run.max_restarts} in {_span(run.restart_window_s)}"
+        token = new_token()
+        # Written before it is sent, with the token its launch will carry on the box: whoever
+        # comes next (this watcher killed mid-call) finds the row and asks the box about it.
         rid = self.store.record_restart(host.name, run.name, death=key, holder=self.holder,
-                                        outcome="sent", message=attempt, at=now)
+                                        outcome="sent", message=attempt, at=now, token=token)
+        self._sent[rid] = self.monotonic()
+        guard = [r.launch for r in records if r.launch]
         outcome = await actions.execute(plan, host, store=self.store, readonly=False,
-                                        accept_new_host_keys=self.accept_new)
-        latest = next((n for n in plan.notes if n.startswith("resumes from")), "from scratch")
+                                        accept_new_host_keys=self.accept_new, token=token,
+                                        guard=guard)
+        died = history.deaths[run.name].summary
+        if outcome.ok is False and isinstance(outcome.launch, dict):
+            # A launch of the run is under way on the box (a person's `r`, a watcher's that
+            # left no row): it answers this death; this restart watches it, starts nothing.
+            launch = {k: v for k, v in outcome.launch.items() if k != "alive"}
+            if launch.get("pid") is not None:
+                self.store.record_launch(rid, launch=launch)
+            return [WatchEvent(host.name, run.name, "starting",
+                               f"died ({died}); not started again: {outcome.message}; "
+                               f"{attempt} watches that launch instead", Severity.WARNING)]
         if outcome.ok is False:
             msg = f"{attempt} failed: {outcome.message}"
             self.store.settle_restart(rid, "failed", msg)
             return [WatchEvent(host.name, run.name, "failed", msg, Severity.CRITICAL)]
+        if isinstance(outcome.launch, dict):
+            self.store.record_launch(rid, launch=outcome.launch)
         self._plans[rid] = plan
+        latest = next((n for n in plan.notes if n.startswith("resumes from")), "from scratch")
         return [WatchEvent(host.name, run.name, "restart",
-                           f"died ({history.deaths[run.name].summary}); {attempt}, "
-                           f"{latest}", Severity.WARNING)]
+                           f"died ({died}); {attempt}, {latest}", Severity.WARNING)]
 
-    def _settle(self, host: HostConfig, run: RunConfig, history: HostHistory,
-                records: Sequence[RestartRecord], key: str | None,
-                now: float) -> list[WatchEvent]:
-        """Verify sent restarts by this poll: running again (a new process) is verified; still
-        the same death after verify_s is a failure."""
-        events = []
+    async def _settle(self, host: HostConfig, run: RunConfig, history: HostHistory,
+                      records: Sequence[RestartRecord], key: str | None,
+                      now: float) -> list[WatchEvent]:
+        """Settle the sent restarts by this poll and, where it cannot tell, by the box: running
+        again (a process of the run) is verified; a launch that ended with no process of the
+        run alive is a failure; anything else is still starting (said once), however long."""
+        events: list[WatchEvent] = []
         series = history.runs[run.name]
         for r in records:
             if r.outcome != "sent":
                 continue
-            plan = self._plans.pop(r.id, None)
-            if series.status == "running" or (key is not None and key != r.death):
-                if plan is not None:
-                    verdict = _verdict_now(plan, history)
-                    if verdict is not None and verdict.ok is False:
-                        self._plans[r.id] = plan
-                        continue
-                    self.store.record_action(
-                        who=who(), host=host.name, action="relaunch", phase="verify",
-                        targets=[{"run": run.name}], command=plan.command, outcome="verified",
-                        ok=True, message=verdict.message if verdict else "running again")
-                pids = ", ".join(map(str, series.pids)) or "?"
-                msg = f"running again (pid {pids}) after {r.message}"
-                self.store.settle_restart(r.id, "verified", msg)
-                events.append(WatchEvent(host.name, run.name, "verified", msg, Severity.INFO))
-            elif now - r.at > self.verify_s:
-                tail = (series.tail or "").strip().splitlines()[-2:]
-                said = f"; its log ends: {' | '.join(tail)}" if tail else ""
-                msg = (f"{r.message} did not come up within "
-                       f"{_span(self.verify_s)}{said}")
-                self.store.settle_restart(r.id, "failed", msg[:2000])
-                events.append(WatchEvent(host.name, run.name, "failed", msg, Severity.CRITICAL))
-            elif plan is not None:
-                self._plans[r.id] = plan
+            if series.status in ("running", "finished") or (key is not None and key != r.death):
+                events += await self._verified(host, run, history, r)
+                continue
+            if self._age(r, now) < self.verify_s:
+                continue  # give the poll a chance to see it first: no call to the box
+            events += await self._ask_box(host, run, series, r)
         return events
+
+    def _age(self, r: RestartRecord, now: float) -> float:
+        """How long ago a restart was sent: this process's monotonic clock for its own (a step
+        of the wall clock changes nothing), the store's wall clock for another watcher's."""
+        sent = self._sent.get(r.id)
+        return self.monotonic() - sent if sent is not None else now - r.at
+
+    async def _verified(self, host: HostConfig, run: RunConfig, history: HostHistory,
+                        r: RestartRecord) -> list[WatchEvent]:
+        series = history.runs[run.name]
+        plan = self._plans.get(r.id)
+        verdict = None
+        if plan is not None and series.status == "running":
+            verdict = _verdict_now(plan, history)
+            if verdict is not None and verdict.ok is False:
+                return []  # running, but not what the plan asked for yet: the next poll
+        pids = tuple(series.pids)
+        if series.status == "running":
+            msg = f"running again (pid {', '.join(map(str, pids)) or '?'}) after {r.message}"
+        elif series.status == "finished":
+            msg = f"ran again and finished ({series.finished_by()}) after {r.message}"
+        else:
+            msg = f"ran again and died again after {r.message}"
+        if not self.store.settle_restart(r.id, "verified", msg, pids=pids):
+            return []  # another watcher settled it
+        if r.launch is None and r.token:
+            # sent by a watcher that stopped before it heard what started: the box's marker
+            with contextlib.suppress(ActionError):
+                state = await launch_state(host, run.name, run.workdir or "", token=r.token,
+                                           launch=None, accept_new_host_keys=self.accept_new)
+                if state.mine and state.marker is not None:
+                    self.store.record_launch(r.id, launch=state.marker)
+        self._plans.pop(r.id, None)
+        if plan is not None:
+            self.store.record_action(
+                who=who(), host=host.name, action="relaunch", phase="verify",
+                targets=[{"run": run.name}], command=plan.command, outcome="verified",
+                ok=True, message=verdict.message if verdict else msg)
+        return [WatchEvent(host.name, run.name, "verified", msg, Severity.INFO)]
+
+    async def _ask_box(self, host: HostConfig, run: RunConfig, series: RunSeries,
+                       r: RestartRecord) -> list[WatchEvent]:
+        """A sent restart whose run no poll has seen yet: how its launch stands on the box."""
+        mark = f"restart:{r.id}"
+        try:
+            state = await launch_state(host, run.name, run.workdir or "", token=r.token,
+                                       launch=r.launch, process=run.process,
+                                       accept_new_host_keys=self.accept_new)
+        except ActionError as exc:
+            return self._once(host.name, run.name, mark, "unasked",
+                              f"{r.message}: not running yet, and the box could not be asked "
+                              f"how its launch stands ({exc}); asked again next round",
+                              Severity.WARNING)
+        launch = r.launch
+        if launch is None and state.mine and state.marker is not None:
+            launch = state.marker  # a watcher stopped before it recorded what it started
+            self.store.record_launch(r.id, launch=launch)
+        if state.live or state.locked or state.running:
+            return self._once(host.name, run.name, mark, "starting",
+                              f"{r.message}: still starting: {_starting(state, launch)}",
+                              Severity.INFO, kind="starting")
+        if launch is not None or state.mine:
+            code = state.exit_code
+            ended = (f"its launch (shell pid {launch.get('pid') if launch else '?'}) ended"
+                     + (f" with status {code}" if code is not None else ""))
+        else:
+            ended = ("its launch left no trace on the box (the call that sent it never "
+                     "started anything there)")
+        tail = (series.tail or "").strip().splitlines()[-2:]
+        said = f"; its log ends: {' | '.join(tail)}" if tail else ""
+        ignored = f"; {state.ignored}" if state.ignored else ""
+        msg = f"{r.message} failed: {ended} and no process of the run lives{said}{ignored}"
+        if not self.store.settle_restart(r.id, "failed", msg[:2000]):
+            return []
+        self._plans.pop(r.id, None)
+        return [WatchEvent(host.name, run.name, "failed", msg, Severity.CRITICAL)]
+
+
+def _starting(state: LaunchState, launch: Mapping[str, Any] | None) -> str:
+    if state.running:
+        return f"a process of the run lives on the box ({state.running}); the next poll sees it"
+    if state.live:
+        shell = launch.get("pid") if launch else None
+        return (f"its launch{f' (shell pid {shell})' if shell else ''} has not ended: pid "
+                f"{', '.join(map(str, state.live))} of its session live and the run's own "
+                "process has not appeared yet (a setup step before it)")
+    return "a relaunch of the run is under way on the box right now"
 
 
 def _verdict_now(plan: actions.ActionPlan, history: HostHistory) -> actions.ActionOutcome | None:

@@ -147,6 +147,10 @@ class ActionOutcome:
     detail: str = ""
     """How it was done (through a pidfd or kill(2), and why): for the audit log, which keeps
     message and detail together; a toast of it read as a wall of text over the Processes."""
+    launch: Any = None
+    """A relaunch: the launch the box started (its marker: the launch shell's pid, start_ticks,
+    boot_id, session, token), or, refused as still starting, the launch in progress with its
+    live pids ("alive"); None otherwise."""
 
     def __post_init__(self) -> None:
         # Box paths may hold bytes that are not UTF-8 (lone surrogates): shown escaped, so the

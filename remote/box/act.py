@@ -39,6 +39,28 @@ Requests (unknown keys are ignored):
         /dev/null, stdout and stderr appended to the log (U18). The env never appears in any
         process's argv (U34). The script is written whole or not at all.
 
+        One launch at a time, and never a second while the first lives: the run's private
+        folder <workdir>/.gpuwatch (a real folder of this login's, mode 0700; another user's,
+        or a link, refuses the relaunch) holds a lock taken for the whole op, and the launch
+        marker launch-RUN.json: the launch shell's pid, start time, boot id and session, and
+        the request's `token`. While that shell or any process of the session it leads lives
+        (a setup step such as `sleep 45; exec python train.py`, or the run), or one of the
+        launches the request lists in `guard` ([{pid, start_ticks, boot_id}]) lives, the
+        relaunch is refused with "starting": that launch and its live pids. The answer's
+        "launch" is the new marker. The wrapper writes the exit record exit-RUN.json there at
+        the end through the box's python (O_EXCL | O_NOFOLLOW in the checked folder).
+
+    {"v": 1, "op": "launched", "run": str, "workdir": str, "token": str,
+     "launch": {"pid", "start_ticks", "boot_id"} | null, "process": str, "in_workdir": bool}
+
+        How the run's last launch stands: "marker" (the box's, or null), "mine" (its token is
+        the request's), "alive" (the live pids of the marker's launch), "alive_named" (of the
+        launch the request names), "locked" (a relaunch holds the run's lock now),
+        "exit_code" (its wrapper's record, when the marker is the request's launch),
+        "running" (why a process of the run is alive, as a relaunch would refuse: `process`
+        matched in the workdir) and "ignored" (a file that failed the ownership checks, and
+        why).
+
         Paths and the command are bytes on the box: a file name that is not UTF-8 reaches the
         client from the probe with its bytes as lone surrogates (Python's surrogateescape),
         and comes back here the same way; fs_bytes turns it into the very same bytes.
@@ -56,7 +78,6 @@ there is no package, and their sources, sent ahead, have defined those names alr
 import errno
 import json
 import os
-import pwd
 import signal
 import sys
 import time
@@ -79,6 +100,7 @@ if __package__:  # imported on the client; on the box these files came ahead in 
         is_binary,
         launch_script,
         log_tail,
+        op_launched,
         op_relaunch,
         open_fds_to,
         read_cwd,
@@ -91,38 +113,19 @@ if __package__:  # imported on the client; on the box these files came ahead in 
         within,
         write_script,
     )
-    from .act_proc import PROCFS, all_stats, own_family, proc_stat, read_text
+    from .act_proc import (
+        all_stats,
+        boot_id,
+        own_family,
+        proc_stat,
+        proc_uid,
+        user_name,
+    )
 
 SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 # Looked up by name: both are new in Python 3.9, and a 3.6 box has neither.
 PIDFD_OPEN = getattr(os, "pidfd_open", None)
 PIDFD_SEND = getattr(signal, "pidfd_send_signal", None)
-
-
-def boot_id() -> str:
-    try:
-        return read_text(os.path.join(PROCFS, "sys/kernel/random/boot_id")).strip()
-    except OSError:
-        return ""
-
-
-def proc_uid(pid: int) -> "int | None":
-    try:
-        for line in read_text(os.path.join(PROCFS, str(pid), "status")).splitlines():
-            if line.startswith("Uid:"):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def user_name(uid: "int | None") -> str:
-    if uid is None:
-        return "?"
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 def gone(pid: int, start_ticks: int) -> bool:
@@ -339,6 +342,8 @@ def run_op(req: dict, out: dict) -> None:
             op_signal(req, out)
         elif op == "relaunch":
             op_relaunch(req, out)
+        elif op == "launched":
+            op_launched(req, out)
         else:
             out["refused"] = f"unknown op {op!r}"
     except Exception as exc:  # reported to the client, which audits it

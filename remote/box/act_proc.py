@@ -4,6 +4,7 @@ Stdlib only, Python 3.6+, as act.py. The first of the three files sent to the bo
 (actions/types.py BOX_SCRIPTS): it imports nothing of them, they import from it on the client."""
 
 import os
+import pwd
 
 PROCFS = "/proc"
 """Always the real /proc: a signal goes to a real pid, never to a fixture tree's."""
@@ -28,6 +29,32 @@ def proc_stat(pid: int) -> "dict | None":
                 "start_ticks": int(rest[19])}
     except (ValueError, IndexError):
         return None
+
+
+def boot_id() -> str:
+    try:
+        return read_text(os.path.join(PROCFS, "sys/kernel/random/boot_id")).strip()
+    except OSError:
+        return ""
+
+
+def proc_uid(pid: int) -> "int | None":
+    try:
+        for line in read_text(os.path.join(PROCFS, str(pid), "status")).splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def user_name(uid: "int | None") -> str:
+    if uid is None:
+        return "?"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def all_stats() -> "dict":

@@ -5,6 +5,7 @@ Python 3.6+, stdlib only: runs on the box (see probe.py).
 """
 
 import os
+import stat
 import sys
 
 base = sys.modules.get("gpuwatch_base") or __import__(__package__ + ".base", fromlist=["_"])
@@ -117,24 +118,37 @@ EXIT_RECORD_BYTES = 512
 
 def collect_exit(path):
     """The exit record gpuwatch's launch wrapper writes when a run it relaunched ends
-    (actions_box.launch_script): {"v", "run", "code"} with the command's exit status (128+N:
-    killed by signal N). Read bounded, as data; "code" only when it is a status (0-255)."""
+    (act_launch.launch_script): {"v", "run", "code"} with the command's exit status (128+N:
+    killed by signal N). Read bounded, as data; "code" only when it is a status (0-255).
+
+    Believed only as the wrapper leaves it: a regular file owned by this login with one link,
+    opened without following a link (O_NOFOLLOW) and checked on what was opened (fstat), in a
+    real folder of this login's that no other user may write. The workdir may be shared: a
+    record another user forged or linked would turn a death into a finish. One that fails is
+    this source's error (ignored, and said with the run's death), never read as a status."""
     try:
-        st = os.stat(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except (FileNotFoundError, NotADirectoryError):
         return {"path": path, "exists": False}
+    except OSError:
+        if os.path.islink(path):
+            raise base.ProbeFailure("%s is ignored: it is a symbolic link" % path)
+        raise
+    try:  # the file's checks are on what was opened; its folder's, a second line of defence
+        st, up = os.fstat(fd), os.lstat(os.path.dirname(path))
+        data = os.read(fd, EXIT_RECORD_BYTES + 1)
+    finally:
+        os.close(fd)
+    me = os.geteuid()
+    if (st.st_uid, up.st_uid, st.st_nlink, up.st_mode & 0o170022) != (me, me, 1, 0o40000):
+        raise base.ProbeFailure("%s is ignored: not as gpuwatch (uid %d) leaves it: it is uid "
+                                "%d's with %d links, its folder uid %d's with mode %o"
+                                % (path, me, st.st_uid, st.st_nlink, up.st_uid, up.st_mode))
+    if not stat.S_ISREG(st.st_mode) or len(data) > EXIT_RECORD_BYTES:
+        raise base.ProbeFailure("%s is not an exit record" % path)
     out = {"path": path, "exists": True, "mtime": round(st.st_mtime, 3)}
-    if (st.st_mode & 0o170000) != 0o100000:
-        raise base.ProbeFailure("%s is not a regular file" % path)
-    with open(path, "rb") as f:
-        data = f.read(EXIT_RECORD_BYTES + 1)
-    if len(data) > EXIT_RECORD_BYTES:
-        raise base.ProbeFailure("%s is over %d bytes: not an exit record"
-                                % (path, EXIT_RECORD_BYTES))
     record = base.json_loads(data.decode("utf-8", "replace"))
     code = record.get("code") if isinstance(record, dict) else None
     if isinstance(code, int) and not isinstance(code, bool) and 0 <= code <= 255:
         out["code"] = code
     return out
-
-

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -52,6 +53,9 @@ def find_config(explicit: str | None, env: Mapping[str, str] | None = None) -> t
     A named config that is missing is an error; the XDG default may simply not exist yet.
     """
     env = os.environ if env is None else env
+    if explicit == "":
+        raise ConfigError("an empty path names no config file (leave --config out for the "
+                          "default one)")
     if explicit:
         return Path(explicit).expanduser(), True
     if env.get("GPUWATCH_CONFIG"):
@@ -70,11 +74,53 @@ def load_config(explicit: str | None = None, env: Mapping[str, str] | None = Non
 
 
 def load_file(path: Path) -> Config:
+    return parse_config(read_config_text(path), path)
+
+
+CONFIG_MAX_BYTES = 1 << 20
+"""A config is a few kilobytes; one over a mebibyte is not one (a log named by mistake)."""
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO: reading it would wait for a "
+          "writer"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def read_config_text(path: Path) -> str:
+    """The text of a config file, as read_text gives it (UTF-8, universal newlines), or a
+    ConfigError naming the file: only a regular file (a link to one is followed), and only
+    up to CONFIG_MAX_BYTES, both checked on the opened file before a byte is read. Opened
+    without blocking, so a FIFO is refused rather than waited on; /dev/zero is refused rather
+    than read until memory runs out."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", path=path) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((what for test, what in _KINDS if test(st.st_mode)), "not a file")
+            raise ConfigError(f"not a regular file ({kind}); a config is a TOML file", path=path)
+        if st.st_size > CONFIG_MAX_BYTES:
+            raise ConfigError(f"{st.st_size} bytes, over the {CONFIG_MAX_BYTES} bytes a config "
+                              "may have: is this the config file?", path=path)
+        chunks, size = [], 0
+        while size <= CONFIG_MAX_BYTES:
+            chunk = os.read(fd, CONFIG_MAX_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", path=path) from None
+    finally:
+        os.close(fd)
+    if size > CONFIG_MAX_BYTES:
+        raise ConfigError(f"over the {CONFIG_MAX_BYTES} bytes a config may have (it grew while "
+                          "being read)", path=path)
+    try:
+        text = b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise ConfigError(f"cannot read: {exc}", path=path) from None
-    return parse_config(text, path)
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def parse_config(text: str, path: Path | None = None) -> Config:

@@ -48,6 +48,9 @@ def run_dead(history: HostHistory) -> Iterable[Finding]:
                     "pids": list(d.pids) if d else [], "new": new,
                     "latest_checkpoint": series.latest_checkpoint.path
                     if series.latest_checkpoint else None, "work_lost_s": risk}
+        ignored = series.errors.get("exit")
+        if ignored:  # an exit record another user could have written says nothing (U3)
+            evidence["exit_record_ignored"] = ignored
         if ack is not None:
             evidence.update(acknowledged_by=ack.who, acknowledged_at=ack.at, ack=ack.reason)
             said = ("stopped on request by " if ack.reason == STOPPED

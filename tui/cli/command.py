@@ -22,6 +22,7 @@ from .common import (  # re-exported: the exit codes are the command's contract
     EXIT_UNPOLLED,
     EXIT_USAGE,
     closed_pipe,
+    config_path,
     internal_error,
     started,
 )
@@ -107,7 +108,7 @@ def _common(parser: argparse.ArgumentParser, verb: str | None = None) -> None:
     def say(dest: str, text: str) -> str:
         return text if shown is None or dest in shown else argparse.SUPPRESS
 
-    group.add_argument("--config", metavar="PATH",
+    group.add_argument("--config", metavar="PATH", type=config_path,
                        help=say("config", "config file (default: $GPUWATCH_CONFIG, else "
                                           "$XDG_CONFIG_HOME/gpuwatch/config.toml)"))
     group.add_argument("--interval", metavar="S", type=_interval,

@@ -59,6 +59,16 @@ def closed_pipe() -> int:
     return EXIT_CLOSED_PIPE
 
 
+def config_path(text: str) -> str:
+    """--config: a path; an empty one is a usage error (64), never the default config in
+    disguise (`--config "$UNSET_VARIABLE"`)."""
+    if not text:
+        raise argparse.ArgumentTypeError(
+            "an empty path names no config file (leave --config out for the default: "
+            "$GPUWATCH_CONFIG, else $XDG_CONFIG_HOME/gpuwatch/config.toml)")
+    return text
+
+
 def load(args: argparse.Namespace) -> Config:
     """The config with the command line applied: hosts named, --interval, --readonly."""
     from gpuwatch.remote.config.load import load_config

@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
-from gpuwatch.remote.actions.pin import pin_run
+from gpuwatch.remote.actions.pin import pin_run_async
 from gpuwatch.remote.config.load import find_config
 from gpuwatch.remote.config.schema import RunConfig
 from gpuwatch.remote.model.discovered import Discovery
@@ -485,14 +485,15 @@ class HostScreen(KeptScreen):
         index = names.index(self.selected_run) if self.selected_run in names else 0
         self.query_one(Tabs).active = f"run-{(index + delta) % len(names)}"
 
-    def action_pin(self) -> None:
-        """Write the selected discovered run into the config as a configured run."""
+    async def action_pin(self) -> None:
+        """Write the selected discovered run into the config as a configured run (in a thread:
+        it reads and writes files, never on the event loop)."""
         d = self.data.discovery(self.selected_run)
         if d is None or self.view.readonly:
             return
         path = self.view.config_path or find_config(None)[0]
         try:
-            said = pin_run(path, self.host, d, ssh=self.data.config.ssh)
+            said = await pin_run_async(path, self.host, d, ssh=self.data.config.ssh)
         except (ValueError, OSError) as exc:
             self.notify(str(exc), title="Not pinned", severity="error", timeout=10)
             return
