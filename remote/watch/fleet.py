@@ -35,7 +35,7 @@ from ..report import HostReport
 from ..store import Store
 from ..verdict import verdict_of
 from ..wire.collect import Collector, PollOutcome, ssh_config_file
-from .landing import judge, remember, restore, resume, save_runs_of
+from .landing import judge, remember, restore, resume, save_runs_of, store_policy
 
 if TYPE_CHECKING:
     import asyncio
@@ -96,6 +96,7 @@ class FleetWatch:
                  verify_s: float | None = None) -> None:
         self.config, self.store, self.clock = config, store, clock
         self.role = ROLES[role]
+        self.store_policy = store_policy(config, role)
         self.hosts_config: list[HostConfig] = list(config.hosts if hosts is None else hosts)
         self.accept_new_host_keys = accept_new_host_keys
         self._by_name = {h.name: h for h in self.hosts_config}
@@ -214,7 +215,7 @@ class FleetWatch:
             return
         try:
             remember(self.store, report.outcome, watched.history, self.collector,
-                     save_runs=save_runs)
+                     save_runs=save_runs, policy=self.store_policy)
         except sqlite3.OperationalError as exc:  # locked, busy, disk full, read-only
             self.unsaved[name] = (f"{exc} (another gpuwatch or an sqlite3 shell may hold its "
                                   f"write lock)" if "lock" in str(exc) else str(exc))
