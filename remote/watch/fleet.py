@@ -32,6 +32,7 @@ from ..model.ack import ACKNOWLEDGED, STOPPED, Ack, acks_from_rows
 from ..model.finding import Finding
 from ..model.history import HostHistory
 from ..report import HostReport
+from ..runreport import with_usage
 from ..store import Store
 from ..verdict import verdict_of
 from ..wire.collect import Collector, PollOutcome, ssh_config_file
@@ -185,8 +186,11 @@ class FleetWatch:
             report.findings, "ok" if out.ok else "unreachable",
             failure=(out.error_kind, out.error_message)))
         watched.failures = 0 if out.ok else watched.failures + 1
-        watched.report = report
         self._remember(watched, report)
+        if self.role.name == "once":  # the runs' GPU-hours, energy, cost in --once --json
+            with contextlib.suppress(sqlite3.Error):
+                report = with_usage(report, self.store, watched.config)
+        watched.report = report
         for listener in list(self._listeners):
             listener(report)
         return report
