@@ -193,7 +193,7 @@ def report_of(store: Store, host: HostConfig, run: str, *, since: float | None =
         known = sorted({s.run for s in store.run_spans(host.name)} | set(store.runs(host.name)))
         raise NoSuchRun(f"the store has no run {run!r} on {host.name} (runs: "
                         f"{', '.join(known) or 'none seen yet'})")
-    status = series.status if series is not None else "unknown"
+    status = _status(store, host.name, spans, series)
     start = max(since, spans[0].start) if since is not None and spans else (
         spans[0].start if spans else (since if since is not None else now))
     until = spans[-1].end if status == "finished" and spans else now
@@ -266,6 +266,19 @@ def _series(store: Store, host: HostConfig, run: str) -> RunSeries | None:
     if points:
         series.restore_points(points)
     return series
+
+
+def _status(store: Store, host: str, spans: Sequence[RunSpan],
+            series: RunSeries | None) -> str:
+    """As the store last saw it: running when the host's last good poll saw its processes;
+    else finished where its series says so (a done marker, its framework's end), else dead."""
+    state = store.host_state(host)
+    if spans and state is not None and state.last_ok_at is not None \
+            and spans[-1].end >= state.last_ok_at:
+        return "running"
+    if series is not None and series.status == "finished":
+        return "finished"
+    return "dead" if spans or (series is not None and series.seen_running) else "unknown"
 
 
 def _union(intervals: Iterable[Interval]) -> list[Interval]:

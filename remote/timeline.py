@@ -116,7 +116,8 @@ def clock(at: float, *, date: bool = True) -> str:
 
 def line(e: Entry, *, host_width: int = 0) -> str:
     """One entry in one line: time, host, severity, kind, what (box text made visible)."""
-    sev = (e.severity or "").upper()
+    # what got better reads "ok", whatever the severity it had (the JSON keeps that)
+    sev = "OK" if e.kind in ("cleared", "reachable") else (e.severity or "").upper()
     message = e.message
     if e.kind == "death":
         cause = e.detail.get("cause")

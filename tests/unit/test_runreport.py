@@ -160,7 +160,7 @@ def test_gpuwatch_report_prints_it_or_says_what_runs_there_are(
                               config=str(config))
     assert report_verb.run_verb(args, store_path=path, now=T0 + 3600) == 0
     out = capsys.readouterr().out
-    assert out.startswith("run llama on h: unknown") and "GPU-hours: 2.00" in out
+    assert out.startswith("run llama on h: running") and "GPU-hours: 2.00" in out
     assert "cost: 6.00 (3 per GPU-hour)" in out
     args.json, args.since = True, 1800.0
     assert report_verb.run_verb(args, store_path=path, now=T0 + 3600) == 0
