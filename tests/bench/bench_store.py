@@ -68,11 +68,21 @@ def document(rng: random.Random) -> bytes:
                        "processes": procs}).encode()
 
 
+def readings(rng: random.Random, n: int = 4096) -> list[tuple[float, ...]]:
+    """GPU readings as a busy H100 gives them (util, SM clock, power to 0.01 W, temperature,
+    VRAM), drawn once: the polls cycle through them, so the values' variety (and how SQLite
+    stores them) is a real poll's without paying for random numbers on every row."""
+    return [(float(rng.randint(90, 100)), float(rng.choice((1965, 1980, 1950))),
+             round(rng.uniform(550.0, 700.0), 2), float(rng.randint(55, 75)),
+             float(61_000 + rng.randint(0, 400))) for _ in range(n)]
+
+
 def write_month(path: Path, hosts: int, days: int, full: bool) -> dict[str, float]:
     rng = random.Random(0)
     times = schedule(days, full)
     names = [f"node-{i:03d}" for i in range(hosts)]
-    polls, t0 = 0, time.perf_counter()
+    pool = readings(rng)
+    polls, t0, k = 0, time.perf_counter(), 0
     with Store.open(path) as store:
         policy = FleetWatch(Config(), store, role="watch").store_policy
         doc = document(rng)
@@ -80,13 +90,13 @@ def write_month(path: Path, hosts: int, days: int, full: bool) -> dict[str, floa
             day = int((t - START) // DAY)
             hour = int((t - START) // 3600)
             for h, name in enumerate(names):
-                rows = [GpuRow(t=t, gpu=g, util_pct=float(rng.randint(90, 100)),
-                               sm_clock_mhz=float(rng.choice((1965, 1980, 1950))),
-                               sm_clock_max_mhz=1980.0,
-                               power_w=round(rng.uniform(550.0, 700.0), 2),
-                               power_limit_w=700.0, temp_c=float(rng.randint(55, 75)),
-                               mem_used_mib=float(61_000 + rng.randint(0, 400)))
-                        for g in range(8)]
+                rows = []
+                for g in range(8):
+                    util, sm, watts, temp, mem = pool[k % len(pool)]
+                    k += 7
+                    rows.append(GpuRow(t=t, gpu=g, util_pct=util, sm_clock_mhz=sm,
+                                       sm_clock_max_mhz=1980.0, power_w=watts,
+                                       power_limit_w=700.0, temp_c=temp, mem_used_mib=mem))
                 pids = tuple(10_000 * (day + 1) + h * 10 + r for r in range(8))
                 store.record_poll(name, taken_at=t, ok=True, boot_id="boot-1", doc=doc,
                                   counters={"collector": {"reasons": "x" * 40}},
