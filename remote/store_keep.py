@@ -119,19 +119,30 @@ class KeepTables:
 
     def enforce_cap(self, now: float, policy: StorePolicy) -> int:
         """Over the cap: drop the oldest GPU rows, a day at a time, whatever their tier (the
-        last hour's raw rows are kept whatever the cap). Returns the days dropped."""
+        last hour's raw rows are kept whatever the cap). Every read and delete goes by the
+        tables' keys, host by host (a scan of a month's rows would take seconds). Returns the
+        days dropped."""
         dropped = 0
+        hosts = [h for (h,) in self._conn.execute(
+            "SELECT DISTINCT host FROM host_state")]
         while self.data_bytes()[0] > policy.max_bytes:
-            oldest = [t for (t,) in (
-                self._conn.execute("SELECT MIN(t) FROM gpu_rollups").fetchone(),
-                self._conn.execute("SELECT MIN(t) FROM gpu_samples").fetchone())
-                if t is not None]
+            oldest = [t for h in hosts for (t,) in (
+                self._conn.execute("SELECT MIN(t) FROM gpu_rollups WHERE host = ? AND span = ?",
+                                   (h, HOUR)).fetchone(),
+                self._conn.execute("SELECT MIN(t) FROM gpu_rollups WHERE host = ? AND span = ?",
+                                   (h, MINUTE)).fetchone(),
+                self._conn.execute("SELECT MIN(t) FROM gpu_samples WHERE host = ?",
+                                   (h,)).fetchone()) if t is not None]
             if not oldest or min(oldest) >= now - HOUR:
                 break
             until = min(min(oldest) + DAY, now - HOUR)
             with self._conn:
-                self._conn.execute("DELETE FROM gpu_rollups WHERE t < ?", (until,))
-                self._conn.execute("DELETE FROM gpu_samples WHERE t < ?", (until,))
+                for h in hosts:
+                    for span in (HOUR, MINUTE):
+                        self._conn.execute("DELETE FROM gpu_rollups WHERE host = ? AND span = ? "
+                                           "AND t < ?", (h, span, until))
+                    self._conn.execute("DELETE FROM gpu_samples WHERE host = ? AND t < ?",
+                                       (h, until))
             dropped += 1
         return dropped
 

@@ -153,3 +153,22 @@ def test_the_pipeline_takes_the_store_policy_from_the_config(tmp_path: Path) -> 
     assert (tui.raw_s, tui.minute_s, tui.keep_s, tui.max_bytes, tui.vacuum_s) == (
         7200, 86_400, 30 * 86_400, 64 << 20, 2 * 86_400)
     assert tui.gap_s == 60 and not tui.vacuum and watch.vacuum
+
+
+def test_every_store_key_has_a_range_that_holds_its_default() -> None:
+    from dataclasses import fields
+
+    from gpuwatch.remote.config.schema import PRICE_RANGE, STORE_RANGES, StoreConfig
+
+    d = StoreConfig()
+    assert {f.name for f in fields(StoreConfig)} == set(STORE_RANGES)
+    assert all(STORE_RANGES[k].holds(getattr(d, k)) for k in STORE_RANGES)
+    assert d.minute_days * 24 >= d.raw_hours and d.keep_days >= d.minute_days
+    assert PRICE_RANGE.holds(0) and not PRICE_RANGE.holds(-0.01)
+    # the policy the pipeline builds from the defaults is the store's own default
+    config = parse_config("")
+    with Store.open(":memory:") as store:
+        policy = FleetWatch(config, store, role="once").store_policy
+    assert (policy.raw_s, policy.minute_s, policy.keep_s, policy.max_bytes, policy.vacuum_s) == (
+        StorePolicy().raw_s, StorePolicy().minute_s, StorePolicy().keep_s,
+        StorePolicy().max_bytes, StorePolicy().vacuum_s)
