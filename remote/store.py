@@ -449,6 +449,21 @@ class Store(WatchdogTables, TimelineTables, KeepTables):
                        throttle=tuple(filter(None, (r[9] or "").split(","))))
                 for r in rows]
 
+    def gpu_poll_before(self, host: str, at: float) -> list[GpuRow]:
+        """The raw GPU rows of the host's last poll at or before `at` (none kept: [])."""
+        (t,) = self._conn.execute("SELECT MAX(t) FROM gpu_samples WHERE host = ? AND t <= ?",
+                                  (host, at)).fetchone()
+        if t is None:
+            return []
+        rows = self._conn.execute(
+            "SELECT t, gpu, util_pct, sm_clock_mhz, sm_clock_max_mhz, power_w, power_limit_w, "
+            "temp_c, mem_used_mib, throttle FROM gpu_samples WHERE host = ? AND t = ? "
+            "ORDER BY gpu", (host, t)).fetchall()
+        return [GpuRow(t=r[0], gpu=r[1], util_pct=r[2], sm_clock_mhz=r[3], sm_clock_max_mhz=r[4],
+                       power_w=r[5], power_limit_w=r[6], temp_c=r[7], mem_used_mib=r[8],
+                       throttle=tuple(filter(None, (r[9] or "").split(","))))
+                for r in rows]
+
     def gpu_history(self, host: str, *, since: float = 0.0,
                     limit: int = GPU_SAMPLES_PER_HOST) -> list[GpuRow]:
         """GPU samples of a host, oldest first."""

@@ -13,9 +13,10 @@ host, one run on two GPUs, eight hours:
     05:30  it answers again; /data was cleaned meanwhile
     06:00  the morning
 
-and the test asserts the timeline the store holds (`gpuwatch events`) and the run's report
-(`gpuwatch report`): times alive, dead, stalled; the death, its cause and the work it lost; the
-restart and who made it; GPU-hours, energy (the unreachable hour a gap) and cost."""
+and the test asserts the timeline the store holds (`gpuwatch events`), the fleet replayed at
+chosen times (remote/replay.py, the TUI's replay; its screen: tests/tui/test_replay.py), and the
+run's report (`gpuwatch report`): times alive, dead, stalled; the death, its cause and the work
+it lost; the restart and who made it; GPU-hours, energy (the unreachable hour a gap) and cost."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from gpuwatch.remote.model.snapshot import (
     RunSample,
     Scalars,
 )
+from gpuwatch.remote.replay import host_at
 from gpuwatch.remote.runreport import STALL_CODES, report_of, text
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.timeline import text as timeline_text
@@ -185,8 +187,9 @@ class FakeCollector:
         return None
 
 
-@pytest.fixture(scope="module")
-def night() -> Any:
+def run_night() -> tuple[Store, HostConfig]:
+    """The night, landed through the pipeline into a store of its own (the TUI's replay test
+    borrows it)."""
     config = parse_config(CONFIG)
     host = config.hosts[0]
     clock = [T0]
@@ -205,6 +208,12 @@ def night() -> Any:
                                 outcome="sent", ok=True, message="started in tmux",
                                 at=clock[0] + 31)
         asyncio.run(fleet.round())
+    return store, host
+
+
+@pytest.fixture(scope="module")
+def night() -> Any:
+    store, host = run_night()
     yield store, host
     store.close()
 
@@ -299,3 +308,26 @@ def test_the_runs_report(night: Any) -> None:
     out = text(r)
     assert "deaths: 1" in out and "after oom_cgroup, by the watchdog" in out
     assert "2.03 GPU-hours not measured (1 gap)" in out
+
+
+def test_the_night_replayed_at_chosen_times(night: Any) -> None:
+    store, _ = night
+    hung = host_at(store, "gpu1", at(STALL[0] + 20))  # 23:20: hung, running, answering
+    assert hung.reachable and [f.code for f in hung.findings] == ["run.hung"]
+    assert [(r.name, r.status, r.pids, r.gpus) for r in hung.runs] == [
+        ("llama", "running", (100, 101), (0, 1))]
+    assert hung.gpus_span == 0 and hung.gpus_at == at(STALL[0] + 20)
+    assert [g.power_w for g in hung.gpus] == list(WATTS)
+    dead = host_at(store, "gpu1", at(DEATH + 2))  # 01:02: dead, critical, its GPUs idle
+    assert dead.worst is not None and dead.worst.code == "run.dead"
+    assert dead.worst.severity == "critical" and dead.worst.since == at(DEATH)
+    assert [r.status for r in dead.runs] == ["dead"] and [g.power_w for g in dead.gpus] == [
+        70.0, 70.0]
+    assert [e.kind for e in dead.events if e.run == "llama"] == [
+        "death", "restart", "action", "cleared", "started"]  # the half hour around
+    away = host_at(store, "gpu1", at(DOWN[0] + 30))  # 05:00: not answering; disk findings
+    assert away.reachable is False  # held as they were (a failed poll clears nothing)
+    assert {f.code for f in away.findings} >= {"disk.low", "disk.full_soon"}
+    assert [r.status for r in away.runs] == ["running"]  # the same processes after the hour
+    morning = host_at(store, "gpu1", at(END))
+    assert morning.reachable and not morning.findings and morning.gpus_at == at(END)
