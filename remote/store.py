@@ -108,6 +108,8 @@ class Store(WatchdogTables, TimelineTables, KeepTables):
                  warning: str | None = None) -> None:
         self._conn = conn
         self._maintained: dict[str, float] = {}
+        self._spans: dict[tuple[str, str], tuple[float, float, list[int], list[int]]] = {}
+        self._powers: dict[str, tuple[float, dict[int, float | None]]] = {}
         self.path = path
         self.warning = warning
         """Said once to the person when the file had to be rebuilt or could not be used."""

@@ -79,6 +79,10 @@ class TimelineTables:
     """The events and run spans methods of Store (a mixin: Store owns the connection)."""
 
     _conn: sqlite3.Connection
+    _spans: dict[tuple[str, str], tuple[float, float, list[int], list[int]]]
+    """Each run's last span (start, end, pids, gpus), as this process last wrote or read it."""
+    _powers: dict[str, tuple[float, dict[int, float | None]]]
+    """Each host's last poll's time and GPUs' power, as this process wrote it."""
 
     def add_event(self, host: str, at: float, kind: str, *, code: str = "", run: str = "",
                   gpu: int | None = None, subject: str = "", severity: str = "",
@@ -160,52 +164,69 @@ class TimelineTables:
                     gap_s: float | None) -> None:
         """Extend each live run's span (same processes, same GPUs, same boot) with this poll,
         integrating its GPUs' power since the span's last poll; else start a new span (and
-        say so where its processes are new)."""
-        before: dict[float, dict[int, float | None]] = {}
+        say so where its processes are new). The last span of each run and the last poll's
+        power are kept in memory between polls (one UPDATE a run a poll); the UPDATE names the
+        span's end it read, so a span another gpuwatch moved on is read again, never lost."""
         for name, hold in runs.items():
             pids = sorted(set(hold.pids))
             gpus = sorted(set(hold.gpus))
-            last = self._conn.execute(
+            for fresh in (False, True):
+                if self._extend_span(host, name, at, pids, gpus, power, same_boot=same_boot,
+                                     gap_s=gap_s, fresh=fresh):
+                    break
+        self._powers[host] = (at, dict(power))
+
+    def _extend_span(self, host: str, name: str, at: float, pids: list[int], gpus: list[int],
+                     power: Mapping[int, float | None], *, same_boot: bool,
+                     gap_s: float | None, fresh: bool) -> bool:
+        """One run's part of _note_spans; False when the kept span was stale (read again)."""
+        key = (host, name)
+        last = None if fresh else self._spans.get(key)
+        if last is None:
+            row = self._conn.execute(
                 "SELECT start, end, pids, gpus FROM run_spans WHERE host = ? AND run = ? "
                 "ORDER BY start DESC LIMIT 1", (host, name)).fetchone()
-            last_pids = _ints(last[2]) if last is not None else None
-            if last is not None and same_boot and last_pids == pids \
-                    and _ints(last[3]) == gpus:
-                step = at - last[1]
-                if step <= 0:  # this poll's time again (or the clock went back): nothing new
-                    continue
-                if last[1] not in before:
-                    before[last[1]] = dict(self._conn.execute(
-                        "SELECT gpu, power_w FROM gpu_samples WHERE host = ? AND t = ?",
-                        (host, last[1])).fetchall())
-                then = before[last[1]]
-                watts = [(then.get(g), power.get(g)) for g in gpus]
-                known = bool(gpus) and all(a is not None and b is not None for a, b in watts)
-                if known and (gap_s is None or step <= gap_s):
-                    joules = sum((a + b) / 2 * step for a, b in watts
-                                 if a is not None and b is not None)
-                    self._conn.execute(
-                        "UPDATE run_spans SET end = ?, polls = polls + 1, "
-                        "energy_j = energy_j + ?, measured_s = measured_s + ?, "
-                        "segments = segments + 1 WHERE host = ? AND run = ? AND start = ?",
-                        (at, joules, step, host, name, last[0]))
-                else:
-                    self._conn.execute(
-                        "UPDATE run_spans SET end = ?, polls = polls + 1, gaps = gaps + "
-                        "? WHERE host = ? AND run = ? AND start = ?",
-                        (at, 1 if gpus else 0, host, name, last[0]))
-                continue
-            self._conn.execute(
-                "INSERT OR REPLACE INTO run_spans (host, run, start, end, pids, gpus) "
-                "VALUES (?, ?, ?, ?, ?, ?)", (host, name, at, at, json.dumps(pids),
-                                              json.dumps(gpus)))
-            if last_pids != pids or not same_boot:
-                on = f" on GPU{'s' * (len(gpus) != 1)} {_list(gpus)}" if gpus else ""
-                self.add_event(host, at, "started", run=name, severity="info",
-                               message=f"run {name} running: pid{'s' * (len(pids) != 1)} "
-                                       f"{_list(pids)}{on}",
-                               detail={"pids": pids, "gpus": gpus,
-                                       "pids_before": last_pids})
+            last = (row[0], row[1], _ints(row[2]), _ints(row[3])) if row is not None else None
+        start, end, last_pids, last_gpus = last if last is not None else (None, None, None, None)
+        if last is not None and same_boot and last_pids == pids and last_gpus == gpus:
+            assert start is not None and end is not None
+            step = at - end
+            if step <= 0:  # this poll's time again (or the clock went back): nothing new
+                return True
+            kept = self._powers.get(host)
+            then = kept[1] if kept is not None and kept[0] == end else dict(
+                self._conn.execute("SELECT gpu, power_w FROM gpu_samples WHERE host = ? AND "
+                                   "t = ?", (host, end)).fetchall())
+            watts = [(then.get(g), power.get(g)) for g in gpus]
+            known = bool(gpus) and all(a is not None and b is not None for a, b in watts)
+            if known and (gap_s is None or step <= gap_s):
+                joules = sum((a + b) / 2 * step for a, b in watts
+                             if a is not None and b is not None)
+                cur = self._conn.execute(
+                    "UPDATE run_spans SET end = ?, polls = polls + 1, energy_j = energy_j + ?, "
+                    "measured_s = measured_s + ?, segments = segments + 1 WHERE host = ? AND "
+                    "run = ? AND start = ? AND end = ?", (at, joules, step, host, name, start, end))
+            else:
+                cur = self._conn.execute(
+                    "UPDATE run_spans SET end = ?, polls = polls + 1, gaps = gaps + ? WHERE "
+                    "host = ? AND run = ? AND start = ? AND end = ?",
+                    (at, 1 if gpus else 0, host, name, start, end))
+            if cur.rowcount != 1:
+                self._spans.pop(key, None)
+                return fresh  # read it again (once)
+            self._spans[key] = (start, at, pids, gpus)
+            return True
+        self._conn.execute(
+            "INSERT OR REPLACE INTO run_spans (host, run, start, end, pids, gpus) "
+            "VALUES (?, ?, ?, ?, ?, ?)", (host, name, at, at, json.dumps(pids), json.dumps(gpus)))
+        self._spans[key] = (at, at, pids, gpus)
+        if last_pids != pids or not same_boot:
+            on = f" on GPU{'s' * (len(gpus) != 1)} {_list(gpus)}" if gpus else ""
+            self.add_event(host, at, "started", run=name, severity="info",
+                           message=f"run {name} running: pid{'s' * (len(pids) != 1)} "
+                                   f"{_list(pids)}{on}",
+                           detail={"pids": pids, "gpus": gpus, "pids_before": last_pids})
+        return True
 
     def run_spans(self, host: str, run: str | None = None, *, since: float = float("-inf"),
                   until: float = float("inf")) -> list[RunSpan]:

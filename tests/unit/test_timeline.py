@@ -210,3 +210,18 @@ def test_any_text_is_a_duration_or_a_value_error(text: str) -> None:
     except ValueError:
         return
     assert 0 < seconds <= MAX_S
+
+
+def test_two_gpuwatch_writing_one_host_share_its_spans(tmp_path: Path) -> None:
+    """The TUI and a cron `--once` both poll a host into one store: each keeps the run's span
+    in memory, and one that the other moved on is read again, never forked or lost."""
+    path = tmp_path / "s.sqlite3"
+    with Store.open(path) as tui, Store.open(path) as cron:
+        for i, store in enumerate((tui, cron, tui, tui, cron)):
+            t = T + 10 * i
+            store.record_poll("h", taken_at=t, ok=True, boot_id="b", gpu_rows=rows(t, 300.0),
+                              runs={"llama": RunHold((10, 11), (0, 1))}, gap_s=30.0)
+        (span,) = tui.run_spans("h", "llama")
+        assert (span.start, span.end, span.polls, span.measured_s) == (T, T + 40, 5, 40)
+        assert span.energy_j == 2 * 300.0 * 40 and span.gaps == 0
+        assert kinds(tui) == ["started"]
