@@ -69,6 +69,8 @@ async def test_replay_steps_jumps_and_goes_back_to_live(night: Any) -> None:
         assert "run llama: running pids 100, 101 on GPUs 0, 1" in detail
         await pilot.press("g", *"25:99", "enter")  # no time: said, and nothing moves
         assert screen.at == at(STALL[0] + 10)
+        await pilot.press("R", "p")  # the live views' keys do nothing to the past
+        assert screen.at == at(STALL[0] + 10) and app.screen is screen
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, ReplayScreen)

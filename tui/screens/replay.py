@@ -119,6 +119,9 @@ class ReplayScreen(Screen[None]):
         Binding("right_square_bracket", "event(1)", "Next event"),
         Binding("g", "ask_time", "Go to a time"),
         Binding("escape,T", "leave", "Live"),
+        # the app's live keys, pressed here: they would act on the present, not on what is
+        # shown; a toast says so instead
+        Binding("R,p", "live_only", show=False),
     ]
 
     def __init__(self, view: FleetView, store: Store, at: float | None = None) -> None:
@@ -214,6 +217,10 @@ class ReplayScreen(Screen[None]):
             return
         self.at = moment
         self.show_moment()
+
+    def action_live_only(self) -> None:
+        self.notify("this is the past: polling acts on the live views (Esc returns to them)",
+                    timeout=3)
 
     def action_leave(self) -> None:
         field = self.query_one("#replay-when", Input)
