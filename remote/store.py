@@ -5,8 +5,10 @@ was alive and is now dead) and lets the TUI show what happened overnight. Every 
 transaction, so a writer killed mid-way leaves the previous state intact; a file that is not a
 database any more is moved aside and rebuilt, never fatal (DESIGN §5).
 
-The watchdog's tables (leases, restarts, notified) and their methods live in store_watch.py,
-which Store inherits; RestartRecord is re-exported here, so `from .store import ...` still works.
+The schema and its migrations (PRAGMA user_version) are store_schema.py's. The watchdog's tables
+(leases, restarts, notified) and their methods live in store_watch.py, the timeline's (events,
+run spans) in store_timeline.py, retention, rollups, the cap and VACUUM in store_keep.py; Store
+inherits them all, and their records are importable from here.
 """
 
 from __future__ import annotations
@@ -22,85 +24,25 @@ from pathlib import Path
 from typing import Any
 
 from .paths import state_dir
-from .store_watch import WATCH_SCHEMA, RestartRecord, WatchdogTables
+from .store_keep import KeepTables, StorePolicy
+from .store_schema import LATEST, StoreTooNew, migrate
+from .store_timeline import MESSAGE_MAX, EventRow, RunHold, RunSpan, TimelineTables
+from .store_watch import RestartRecord, WatchdogTables
 
-__all__ = ["GPU_SAMPLES_PER_HOST", "SCHEMA_VERSION", "AuditEntry", "FindingRecord", "GpuRow",
-           "HostState", "RestartRecord", "Store", "StoreTooNew", "default_store_path"]
+__all__ = ["GPU_SAMPLES_PER_HOST", "SCHEMA_VERSION", "AuditEntry", "EventRow", "FindingRecord",
+           "GpuRow", "HostState", "RestartRecord", "RunHold", "RunSpan", "Store", "StorePolicy",
+           "StoreTooNew", "default_store_path"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = LATEST
+"""The schema this gpuwatch writes (PRAGMA user_version; store_schema.py migrates to it)."""
 GPU_SAMPLES_PER_HOST = 20_000
-"""History bound: at one poll per 10 s and 8 GPUs, about 7 hours; pruned as it grows."""
+"""The most raw GPU rows one read returns (at one poll per 10 s and 8 GPUs, about 7 hours);
+what is kept, and for how long, is store_keep.py's."""
+QUICK_CHECK_MAX_BYTES = 16 << 20
+"""A file up to this size is checked whole on opening (quick_check reads every page: a
+second or more for a month's store); a bigger one is checked before each VACUUM, and a bad
+page met meanwhile is that write's error, never fatal."""
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS host_state (
-    host TEXT PRIMARY KEY,
-    taken_at REAL NOT NULL,      -- when the last poll ended (epoch s, this machine's clock)
-    ok INTEGER NOT NULL,
-    error TEXT,                  -- JSON {kind, message} of the last poll, if it failed
-    last_ok_at REAL,             -- when the last good poll ended
-    boot_id TEXT,                -- of the last good poll
-    doc BLOB,                    -- the probe's document of the last good poll, zlib-compressed
-    counters TEXT NOT NULL DEFAULT '{}'   -- JSON carried to the next poll: {"collector": ...}
-);
-CREATE TABLE IF NOT EXISTS gpu_samples (
-    host TEXT NOT NULL, t REAL NOT NULL, gpu INTEGER NOT NULL,
-    util_pct REAL, sm_clock_mhz REAL, sm_clock_max_mhz REAL, power_w REAL, power_limit_w REAL,
-    temp_c REAL, mem_used_mib REAL, throttle TEXT
-);
-CREATE INDEX IF NOT EXISTS gpu_samples_host_t ON gpu_samples (host, t);
-CREATE TABLE IF NOT EXISTS run_state (
-    host TEXT NOT NULL, run TEXT NOT NULL,
-    state TEXT NOT NULL,          -- JSON: event-file offsets, cursors, liveness memory
-    points BLOB,                  -- zlib JSON: the run's series, decimated to a bound per tag
-    PRIMARY KEY (host, run)
-);
-CREATE TABLE IF NOT EXISTS findings (   -- each finding's life: first seen, last seen, cleared
-    host TEXT NOT NULL, code TEXT NOT NULL,
-    gpu INTEGER NOT NULL DEFAULT -1,     -- -1: not about one GPU
-    run TEXT NOT NULL DEFAULT '',        -- '': not about one run
-    subject TEXT NOT NULL DEFAULT '',    -- what else tells them apart (a disk's mount)
-    severity TEXT NOT NULL, message TEXT NOT NULL,
-    evidence TEXT NOT NULL,              -- JSON, as of the last time it was seen
-    first_seen REAL NOT NULL, last_seen REAL NOT NULL,
-    cleared_at REAL,                     -- NULL while it holds
-    PRIMARY KEY (host, code, gpu, run, subject)
-);
-CREATE TABLE IF NOT EXISTS run_deaths (  -- U3: why a dead run died, kept while it stays dead
-    host TEXT NOT NULL, run TEXT NOT NULL,
-    kind TEXT NOT NULL,                  -- dead | rank_dead
-    diagnosis TEXT NOT NULL,             -- JSON {cause, evidence, at, pids}
-    PRIMARY KEY (host, run, kind)
-);
-CREATE TABLE IF NOT EXISTS audit (   -- append-only: every action asked for, and its outcome
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    at REAL NOT NULL,            -- epoch s, this machine's clock
-    who TEXT NOT NULL,           -- local user@host that asked
-    host TEXT NOT NULL,
-    action TEXT NOT NULL,        -- kill | reap | relaunch
-    phase TEXT NOT NULL,         -- execute | verify
-    targets TEXT NOT NULL,       -- JSON: [{pid, start_ticks, boot_id, user, cmd}] or [{run}]
-    command TEXT,                -- relaunch: the command that ran; kill/reap: the signals
-    outcome TEXT NOT NULL,       -- refused | failed | sent | verified | not_verified
-    ok INTEGER,                  -- 1, 0, or NULL (sent, for the next poll to verify)
-    message TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS audit_host_at ON audit (host, at);
-CREATE TABLE IF NOT EXISTS launches (   -- how a discovered run was started, to relaunch
-    host TEXT NOT NULL, run TEXT NOT NULL,
-    recorded_at REAL NOT NULL,           -- epoch s, this machine's clock
-    launch TEXT NOT NULL,                -- JSON: cwd, argv, env, dropped names (no secret, U34)
-    PRIMARY KEY (host, run)
-);
-CREATE TABLE IF NOT EXISTS acks (   -- deaths a person acknowledged, or asked for (a kill)
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    host TEXT NOT NULL, run TEXT NOT NULL,
-    pids TEXT NOT NULL,          -- JSON list: the dead pids it covers ([]: a death before `at`)
-    who TEXT NOT NULL, at REAL NOT NULL,
-    reason TEXT NOT NULL         -- acknowledged | stopped on request
-);
-CREATE INDEX IF NOT EXISTS acks_host ON acks (host, run);
-""" + WATCH_SCHEMA
 
 
 def default_store_path(env: Mapping[str, str] | None = None) -> Path:
@@ -156,13 +98,17 @@ class AuditEntry:
     message: str
 
 
-class Store(WatchdogTables):
+class Store(WatchdogTables, TimelineTables, KeepTables):
     """One SQLite file shared by the TUI and cron runs (WAL lets them read while one writes).
-    The watchdog's methods (take_lease, record_restart, notified, ...) come from WatchdogTables."""
+    The watchdog's methods (take_lease, record_restart, notified, ...) come from WatchdogTables,
+    the timeline's (events, run_spans) from TimelineTables, maintain from KeepTables."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path | None, *,
                  warning: str | None = None) -> None:
         self._conn = conn
+        self._maintained: dict[str, float] = {}
+        self._spans: dict[tuple[str, str], tuple[float, float, list[int], list[int]]] = {}
+        self._powers: dict[str, tuple[float, dict[int, float | None]]] = {}
         self.path = path
         self.warning = warning
         """Said once to the person when the file had to be rebuilt or could not be used."""
@@ -220,10 +166,18 @@ class Store(WatchdogTables):
     def record_poll(self, host: str, *, taken_at: float, ok: bool,
                     error: Mapping[str, str] | None = None, boot_id: str | None = None,
                     doc: bytes | None = None, counters: Mapping[str, Any] | None = None,
-                    gpu_rows: Iterable[GpuRow] = ()) -> None:
+                    gpu_rows: Iterable[GpuRow] = (), runs: Mapping[str, RunHold] | None = None,
+                    gap_s: float | None = None) -> None:
         """Remember one poll. A failed poll keeps the last good document, boot id and counters
-        (its data is stale, not gone); so does a good one given no counters."""
+        (its data is stale, not gone); so does a good one given no counters. The timeline gets
+        what changed (unreachable, answering again, rebooted), and each live run in `runs`
+        its span (store_timeline.py; `gap_s`: the longest step integrated)."""
+        rows = list(gpu_rows)
         with self._conn:  # one transaction: a killed writer leaves the previous state whole
+            prev = self._conn.execute(
+                "SELECT taken_at, ok, last_ok_at, boot_id FROM host_state WHERE host = ?",
+                (host,)).fetchone()
+            self._note_transitions(host, prev, at=taken_at, ok=ok, boot_id=boot_id, error=error)
             if ok:
                 self._conn.execute(
                     "INSERT INTO host_state (host, taken_at, ok, error, last_ok_at, boot_id, doc, "
@@ -242,13 +196,16 @@ class Store(WatchdogTables):
                     "ON CONFLICT(host) DO UPDATE SET taken_at = excluded.taken_at, ok = 0, "
                     "error = excluded.error",
                     (host, taken_at, json.dumps(dict(error or {}), sort_keys=True)))
-            rows = [(host, r.t, r.gpu, r.util_pct, r.sm_clock_mhz, r.sm_clock_max_mhz, r.power_w,
-                     r.power_limit_w, r.temp_c, r.mem_used_mib, ",".join(r.throttle))
-                    for r in gpu_rows]
             if rows:
                 self._conn.executemany(
-                    "INSERT INTO gpu_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-                self._prune_gpu_samples(host)
+                    "INSERT OR REPLACE INTO gpu_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(host, r.t, r.gpu, r.util_pct, r.sm_clock_mhz, r.sm_clock_max_mhz,
+                      r.power_w, r.power_limit_w, r.temp_c, r.mem_used_mib, ",".join(r.throttle))
+                     for r in rows])
+            if ok and runs:
+                same_boot = prev is None or not prev[3] or not boot_id or prev[3] == boot_id
+                self._note_spans(host, taken_at, runs, {r.gpu: r.power_w for r in rows},
+                                 same_boot=same_boot, gap_s=gap_s)
 
     def save_runs(self, host: str, runs: Mapping[str, tuple[Mapping[str, Any],
                                                              Mapping[str, Any] | None]]) -> None:
@@ -290,13 +247,22 @@ class Store(WatchdogTables):
                  None if ok is None else int(ok), message))
         return int(cur.lastrowid or 0)
 
-    def audit_log(self, host: str | None = None, *, limit: int = 1000) -> list[AuditEntry]:
-        """The newest `limit` audit rows (of one host, or all), oldest first."""
-        where, args = ("WHERE host = ?", (host,)) if host is not None else ("", ())
+    def audit_log(self, host: str | None = None, *, limit: int = 1000,
+                  since: float | None = None) -> list[AuditEntry]:
+        """The newest `limit` audit rows (of one host, or all; since: at or after it), oldest
+        first."""
+        where: list[str] = ["1 = 1"]
+        args: list[Any] = []
+        if host is not None:
+            where.append("host = ?")
+            args.append(host)
+        if since is not None:
+            where.append("at >= ?")
+            args.append(since)
         rows = self._conn.execute(
             "SELECT id, at, who, host, action, phase, targets, command, outcome, ok, message "
-            f"FROM (SELECT * FROM audit {where} ORDER BY id DESC LIMIT ?) ORDER BY id",
-            (*args, limit)).fetchall()
+            f"FROM (SELECT * FROM audit WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?) "
+            "ORDER BY id", (*args, limit)).fetchall()
         out = []
         for r in rows:
             try:
@@ -314,12 +280,18 @@ class Store(WatchdogTables):
         """Fold one poll's findings in: new ones start (first_seen = at), held ones get
         last_seen = at, ones not seen any more are cleared at `at` (not when clear=False: a
         failed poll's data is stale, not gone); one that comes back after clearing starts
-        anew. `findings` are remote.findings.Finding objects."""
+        anew. Each start, change of severity and clearing is an event of the timeline.
+        `findings` are remote.findings.Finding objects."""
         with self._conn:
+            holding = {tuple(r[:5]): r[5] for r in self._conn.execute(
+                "SELECT host, code, gpu, run, subject, severity FROM findings "
+                "WHERE host = ? AND cleared_at IS NULL", (host,))}
             seen = set()
             for f in findings:
                 key = (host, f.code, -1 if f.gpu is None else f.gpu, f.run or "",
                        getattr(f, "subject", None) or "")
+                if key in seen:
+                    continue
                 seen.add(key)
                 evidence = json.dumps(dict(f.evidence), sort_keys=True, default=str)
                 self._conn.execute(
@@ -332,14 +304,29 @@ class Store(WatchdogTables):
                     "first_seen = CASE WHEN findings.cleared_at IS NULL "
                     "THEN findings.first_seen ELSE excluded.first_seen END, cleared_at = NULL",
                     (*key, f.severity.label, f.message, evidence, at, at))
-            active = self._conn.execute(
-                "SELECT host, code, gpu, run, subject FROM findings "
-                "WHERE host = ? AND cleared_at IS NULL", (host,)).fetchall() if clear else []
-            for row in active:
-                if tuple(row) not in seen:
+                was = holding.get(key)
+                if was is None or was != f.severity.label:
+                    self._finding_event(key, at, "finding" if was is None else "changed",
+                                        f.severity.label, f.message, evidence)
+            for key in holding if clear else ():
+                if key not in seen:
                     self._conn.execute(
                         "UPDATE findings SET cleared_at = ? WHERE host = ? AND code = ? "
-                        "AND gpu = ? AND run = ? AND subject = ?", (at, *row))
+                        "AND gpu = ? AND run = ? AND subject = ?", (at, *key))
+                    self._finding_event(key, at, "cleared", holding[key], "", "{}")
+
+    def _finding_event(self, key: tuple[Any, ...], at: float, kind: str, severity: str,
+                       message: str, evidence: str) -> None:
+        host, code, gpu, run, subject = key
+        if kind == "cleared":
+            row = self._conn.execute(
+                "SELECT message FROM findings WHERE host = ? AND code = ? AND gpu = ? AND "
+                "run = ? AND subject = ?", key).fetchone()
+            message = f"cleared: {row[0]}" if row is not None else "cleared"
+        self._conn.execute(
+            "INSERT INTO events (host, at, kind, code, run, gpu, subject, severity, message, "
+            "detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (host, at, kind, code, run, gpu, subject, severity, message[:MESSAGE_MAX], evidence))
 
     def findings(self, host: str | None = None, *, active: bool | None = None,
                  since: float | None = None) -> list[FindingRecord]:
@@ -450,16 +437,33 @@ class Store(WatchdogTables):
                 out[run] = value
         return out
 
-    def _prune_gpu_samples(self, host: str) -> None:
-        # Keep the newest GPU_SAMPLES_PER_HOST rows; prune in slack-sized steps so the delete
-        # does not run on every poll.
-        (count,) = self._conn.execute(
-            "SELECT COUNT(*) FROM gpu_samples WHERE host = ?", (host,)).fetchone()
-        if count > GPU_SAMPLES_PER_HOST * 1.1:
-            self._conn.execute(
-                "DELETE FROM gpu_samples WHERE host = ? AND t < (SELECT t FROM gpu_samples "
-                "WHERE host = ? ORDER BY t DESC LIMIT 1 OFFSET ?)",
-                (host, host, GPU_SAMPLES_PER_HOST - 1))
+    def gpu_rollups(self, host: str, span: int, *, since: float = 0.0,
+                    until: float = float("inf")) -> list[GpuRow]:
+        """A host's rolled-up GPU rows (store_keep.py) of one span (60 or 3600 s), oldest
+        first; t is the bucket's start, the values its averages and maxima."""
+        rows = self._conn.execute(
+            "SELECT t, gpu, util_pct, sm_clock_mhz, sm_clock_max_mhz, power_w, power_limit_w, "
+            "temp_c, mem_used_mib, throttle FROM gpu_rollups WHERE host = ? AND span = ? AND "
+            "t >= ? AND t <= ? ORDER BY t, gpu", (host, span, since, until)).fetchall()
+        return [GpuRow(t=r[0], gpu=r[1], util_pct=r[2], sm_clock_mhz=r[3], sm_clock_max_mhz=r[4],
+                       power_w=r[5], power_limit_w=r[6], temp_c=r[7], mem_used_mib=r[8],
+                       throttle=tuple(filter(None, (r[9] or "").split(","))))
+                for r in rows]
+
+    def gpu_poll_before(self, host: str, at: float) -> list[GpuRow]:
+        """The raw GPU rows of the host's last poll at or before `at` (none kept: [])."""
+        (t,) = self._conn.execute("SELECT MAX(t) FROM gpu_samples WHERE host = ? AND t <= ?",
+                                  (host, at)).fetchone()
+        if t is None:
+            return []
+        rows = self._conn.execute(
+            "SELECT t, gpu, util_pct, sm_clock_mhz, sm_clock_max_mhz, power_w, power_limit_w, "
+            "temp_c, mem_used_mib, throttle FROM gpu_samples WHERE host = ? AND t = ? "
+            "ORDER BY gpu", (host, t)).fetchall()
+        return [GpuRow(t=r[0], gpu=r[1], util_pct=r[2], sm_clock_mhz=r[3], sm_clock_max_mhz=r[4],
+                       power_w=r[5], power_limit_w=r[6], temp_c=r[7], mem_used_mib=r[8],
+                       throttle=tuple(filter(None, (r[9] or "").split(","))))
+                for r in rows]
 
     def gpu_history(self, host: str, *, since: float = 0.0,
                     limit: int = GPU_SAMPLES_PER_HOST) -> list[GpuRow]:
@@ -496,10 +500,6 @@ class FindingRecord:
         return self.cleared_at is None
 
 
-class StoreTooNew(Exception):
-    """The store was written by a newer gpuwatch."""
-
-
 def _memory() -> sqlite3.Connection:
     conn = sqlite3.connect(":memory:")
     _init(conn)
@@ -515,9 +515,13 @@ def _connect(path: Path) -> sqlite3.Connection:
         conn.execute("PRAGMA busy_timeout = 5000")
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
-        (status,) = conn.execute("PRAGMA quick_check").fetchone()
-        if status != "ok":
-            raise sqlite3.DatabaseError(f"quick_check: {status}")
+        # Reading the header and schema finds a file that is no database; a whole check of
+        # a big file would cost seconds at every start (QUICK_CHECK_MAX_BYTES).
+        conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        if path.stat().st_size <= QUICK_CHECK_MAX_BYTES:
+            (status,) = conn.execute("PRAGMA quick_check").fetchone()
+            if status != "ok":
+                raise sqlite3.DatabaseError(f"quick_check: {status}")
         _init(conn)
     except (sqlite3.DatabaseError, StoreTooNew):
         conn.close()
@@ -526,10 +530,4 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 def _init(conn: sqlite3.Connection) -> None:
-    with conn:
-        conn.executescript(_SCHEMA)
-        row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
-        if row is None:
-            conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-        elif int(row[0]) > SCHEMA_VERSION:
-            raise StoreTooNew(f"store schema {row[0]} is newer than this gpuwatch knows")
+    migrate(conn)

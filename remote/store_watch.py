@@ -211,6 +211,16 @@ class WatchdogTables:
             (host, run, since)).fetchall()
         return [_restart(r) for r in rows]
 
+    def restarts_since(self, since: float, host: str | None = None) -> list[RestartRecord]:
+        """Every run's restarts by the watchdog since `since` (of one host, or all), oldest
+        first (the timeline's)."""
+        where, args = ("at >= ? AND host = ?", (since, host)) if host is not None else (
+            "at >= ?", (since,))
+        rows = self._conn.execute(
+            "SELECT id, host, run, death, at, holder, outcome, message FROM restarts WHERE "
+            f"{where} ORDER BY at, id", args).fetchall()
+        return [RestartRecord(*r) for r in rows]
+
     def notified(self, host: str) -> dict[str, tuple[str, float]]:
         """Each finding key of a host last notified: (severity, at)."""
         return {k: (sev, at) for k, sev, at in self._conn.execute(

@@ -22,11 +22,13 @@ from .schema import (
     DETACH_MODES,
     EXCEPTION_KINDS,
     NOTIFY_RANGES,
+    PRICE_RANGE,
     RESTART_CAUSES,
     RESTART_MODES,
     RESTART_RANGES,
     SEVERITIES,
     SSH_RANGES,
+    STORE_RANGES,
     TOP_RANGES,
     Config,
     ConfigError,
@@ -35,6 +37,7 @@ from .schema import (
     NumberRange,
     RunConfig,
     SshSettings,
+    StoreConfig,
     quiet_span,
     threshold_ranges,
 )
@@ -167,8 +170,8 @@ def _line_where(text: str, test: Callable[[str], Any], *, last: bool = False) ->
 # --- validation ------------------------------------------------------------------------------
 
 _SSH_KEYS = {f.name for f in fields(SshSettings)}
-_TOP_KEYS = {"interval", "readonly", "theme", "ssh", "hosts", "thresholds", "notify"}
-_HOST_KEYS = {"ssh", "python", "disks", "runs"} | _SSH_KEYS
+_TOP_KEYS = {"interval", "readonly", "theme", "ssh", "hosts", "thresholds", "notify", "store"}
+_HOST_KEYS = {"ssh", "python", "disks", "runs", "price_per_gpu_hour", "price_per_kwh"} | _SSH_KEYS
 _RUN_KEYS = {f.name for f in fields(RunConfig)} - {"name"}
 _RUN_STRINGS = ("process", "workdir", "log", "events", "checkpoints", "done", "relaunch",
                 "loss_tag", "eval_tag")
@@ -271,10 +274,30 @@ class _Validator:
                  for name, table in self.get(data, "hosts", (), self.table, {}).items()]
         thresholds = self.get(data, "thresholds", (), self.thresholds, None)
         notify = self.get(data, "notify", (), self.notify, NotifyConfig())
+        store = self.get(data, "store", (), self.store, StoreConfig())
         if self.errors:
             raise ConfigError.of(self.errors)
         return Config(path=self.path, interval=interval, readonly=readonly, theme=theme, ssh=ssh,
-                      hosts=tuple(hosts), thresholds=thresholds, notify=notify)
+                      hosts=tuple(hosts), thresholds=thresholds, notify=notify, store=store)
+
+    def store(self, value: Any, key: Key) -> StoreConfig:
+        """`[store]` (remote/store_keep.py): each number in its range, and the tiers in order
+        (raw rows, then per-minute ones, then per-hour ones)."""
+        table = self.table(value, key)
+        self.unknown(table, set(STORE_RANGES), key)
+        d = StoreConfig()
+        got = {name: self.get(table, name, key, self.number(rng), getattr(d, name))
+               for name, rng in STORE_RANGES.items()}
+        if got["minute_days"] * 24 < got["raw_hours"]:
+            self.note((*key, "minute_days" if "minute_days" in table else "raw_hours"),
+                      f"per-minute rows (minute_days = {got['minute_days']:g}) must be kept at "
+                      f"least as long as raw ones (raw_hours = {got['raw_hours']:g}, "
+                      f"{got['raw_hours'] / 24:g} days)")
+        elif got["keep_days"] < got["minute_days"]:
+            self.note((*key, "keep_days" if "keep_days" in table else "minute_days"),
+                      f"keep_days ({got['keep_days']:g}) must be at least minute_days "
+                      f"({got['minute_days']:g})")
+        return StoreConfig(**got)
 
     def ssh(self, table: Mapping[str, Any], where: Key, base: SshSettings) -> SshSettings:
         changes: dict[str, Any] = {}
@@ -327,8 +350,10 @@ class _Validator:
         disks = self.get(table, "disks", key, self.disks, ("/",))
         runs = [self.run(run_name, run_table, (*key, "runs", run_name))
                 for run_name, run_table in self.get(table, "runs", key, self.table, {}).items()]
+        prices = {p: self.get(table, p, key, self.number(PRICE_RANGE), None)
+                  for p in ("price_per_gpu_hour", "price_per_kwh")}
         return HostConfig(name=name, ssh=target, python=python, disks=disks, runs=tuple(runs),
-                          settings=self.ssh(table, key, ssh))
+                          settings=self.ssh(table, key, ssh), **prices)
 
     def disks(self, value: Any, key: Key) -> tuple[str, ...]:
         disks = self.strings(value, key)

@@ -149,6 +149,12 @@ class HostConfig:
     disks: tuple[str, ...] = ("/",)
     runs: tuple[RunConfig, ...] = ()
     settings: SshSettings = SshSettings()
+    price_per_gpu_hour: float | None = None
+    """What an hour of one of its GPUs costs (a rental's rate): a run's report multiplies its
+    GPU-hours by it."""
+    price_per_kwh: float | None = None
+    """What a kWh costs where it runs: a run's report multiplies its energy by it (with
+    price_per_gpu_hour too, the two are added)."""
 
     @property
     def is_local(self) -> bool:
@@ -183,6 +189,24 @@ class NotifyConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """`[store]`: what the local store keeps of GPU samples and for how long, its cap, its
+    VACUUM (remote/store_keep.py). Events, findings and the audit log are always kept."""
+
+    raw_hours: float = 24.0
+    """Every poll's GPU row is kept this long, then one row per GPU per minute."""
+    minute_days: float = 7.0
+    """Per-minute rows are kept until this age, then one row per GPU per hour."""
+    keep_days: float = 365.0
+    """Per-hour rows older than this are dropped."""
+    max_mb: float = 1024.0
+    """The store's cap, in MiB: over it, the oldest GPU rows go first, a day at a time."""
+    vacuum_days: float = 7.0
+    """The file gives its free pages back to the disk (VACUUM) at most this often, when a
+    quarter of it is free or it is over the cap."""
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole fleet, as loaded (or built from command-line hosts)."""
 
@@ -198,6 +222,7 @@ class Config:
     """The `[thresholds]` table: what the findings compare against (None: the defaults of
     remote.config.thresholds.Thresholds, where every key is documented)."""
     notify: NotifyConfig = NotifyConfig()
+    store: StoreConfig = StoreConfig()
 
     def host(self, name: str) -> HostConfig | None:
         return next((h for h in self.hosts if h.name == name), None)
@@ -255,6 +280,15 @@ RESTART_RANGES: Mapping[str, NumberRange] = {
     "restart_window_s": NumberRange(0, 30 * _DAY_S, above=True),
     "restart_delay_s": NumberRange(0, _DAY_S),
 }
+STORE_RANGES: Mapping[str, NumberRange] = {
+    "raw_hours": NumberRange(1, 30 * 24), "minute_days": NumberRange(0, 365),
+    "keep_days": NumberRange(0, 3650), "max_mb": NumberRange(16, 1 << 20),
+    "vacuum_days": NumberRange(0, 365, above=True),
+}
+"""`[store]`: minute_days at least raw_hours' days and keep_days at least minute_days (load.py
+says so where they are not); max_mb from 16 MiB to 1 TiB."""
+PRICE_RANGE = NumberRange(0, 1e6)
+"""price_per_gpu_hour and price_per_kwh, in whatever currency the person counts in."""
 NOTIFY_RANGES: Mapping[str, NumberRange] = {
     "batch_s": NumberRange(0, 3600), "timeout_s": NumberRange(0, 300, above=True),
     "retries": NumberRange(0, 20, integer=True),

@@ -32,10 +32,11 @@ from ..model.ack import ACKNOWLEDGED, STOPPED, Ack, acks_from_rows
 from ..model.finding import Finding
 from ..model.history import HostHistory
 from ..report import HostReport
+from ..runreport import with_usage
 from ..store import Store
 from ..verdict import verdict_of
 from ..wire.collect import Collector, PollOutcome, ssh_config_file
-from .landing import judge, remember, restore, resume, save_runs_of
+from .landing import judge, remember, restore, resume, save_runs_of, store_policy
 
 if TYPE_CHECKING:
     import asyncio
@@ -96,6 +97,7 @@ class FleetWatch:
                  verify_s: float | None = None) -> None:
         self.config, self.store, self.clock = config, store, clock
         self.role = ROLES[role]
+        self.store_policy = store_policy(config, role)
         self.hosts_config: list[HostConfig] = list(config.hosts if hosts is None else hosts)
         self.accept_new_host_keys = accept_new_host_keys
         self._by_name = {h.name: h for h in self.hosts_config}
@@ -184,8 +186,11 @@ class FleetWatch:
             report.findings, "ok" if out.ok else "unreachable",
             failure=(out.error_kind, out.error_message)))
         watched.failures = 0 if out.ok else watched.failures + 1
-        watched.report = report
         self._remember(watched, report)
+        if self.role.name == "once":  # the runs' GPU-hours, energy, cost in --once --json
+            with contextlib.suppress(sqlite3.Error):
+                report = with_usage(report, self.store, watched.config)
+        watched.report = report
         for listener in list(self._listeners):
             listener(report)
         return report
@@ -214,7 +219,7 @@ class FleetWatch:
             return
         try:
             remember(self.store, report.outcome, watched.history, self.collector,
-                     save_runs=save_runs)
+                     save_runs=save_runs, policy=self.store_policy)
         except sqlite3.OperationalError as exc:  # locked, busy, disk full, read-only
             self.unsaved[name] = (f"{exc} (another gpuwatch or an sqlite3 shell may hold its "
                                   f"write lock)" if "lock" in str(exc) else str(exc))

@@ -9,16 +9,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..config.schema import HostConfig
+from ..config.schema import Config, HostConfig
 from ..config.thresholds import Thresholds
 from ..findings.evaluate import evaluate
 from ..model.ack import acks_from_rows
 from ..model.discovered import discovered_names, is_discovered_state, record_launches
 from ..model.history import HostHistory, PollFailure
 from ..model.series import RunSeries
-from ..model.snapshot import ProbeError
+from ..model.snapshot import HostSnapshot, ProbeError
 from ..report import HostReport
-from ..store import GpuRow, Store
+from ..store import GpuRow, RunHold, Store, StorePolicy
 from ..wire.collect import Collector, PollOutcome, internal_failure
 from ..wire.document import parse_probe_output
 
@@ -106,10 +106,43 @@ def runs_json(history: HostHistory, host: HostConfig) -> list[dict[str, Any]]:
     return out
 
 
+GAP_INTERVALS = 3
+"""A step between two polls of a run longer than this many intervals is a gap in its energy:
+not integrated, and said (docs/history.md)."""
+
+
+def store_policy(config: Config, role: str) -> StorePolicy:
+    """What the store keeps and for how long (`[store]`), the energy's gap limit (from
+    `interval`), and whether this caller may VACUUM (not the TUI: it would freeze)."""
+    s = config.store
+    return StorePolicy(raw_s=s.raw_hours * 3600, minute_s=s.minute_days * 86_400,
+                       keep_s=s.keep_days * 86_400, max_bytes=int(s.max_mb * (1 << 20)),
+                       vacuum_s=s.vacuum_days * 86_400, vacuum=role != "tui",
+                       gap_s=GAP_INTERVALS * config.interval)
+
+
+def holds(snap: HostSnapshot) -> dict[str, RunHold]:
+    """Each live run's processes (the run's own, as its sample says) and the GPUs that they
+    and their descendants held (as the driver and the probe's process table say)."""
+    out = {}
+    for sample in snap.runs:
+        if not sample.pids:
+            continue
+        pids = set(sample.pids)
+        gpus = {p.gpu_index for p in snap.processes
+                if (p.pid in pids or p.run == sample.name) and p.gpu_index is not None}
+        gpus |= {g.gpu_index for g in snap.gpu_processes
+                 if g.pid in pids and g.gpu_index is not None}
+        out[sample.name] = RunHold(tuple(sorted(pids)), tuple(sorted(gpus)))
+    return out
+
+
 def remember(store: Store, outcome: PollOutcome, history: HostHistory | None = None,
-             collector: Collector | None = None, *, save_runs: bool = True) -> None:
+             collector: Collector | None = None, *, save_runs: bool = True,
+             policy: StorePolicy | None = None) -> None:
     """Save one judged outcome. `save_runs=False` leaves out what is costly to write (the runs'
-    series, findings, deaths: the TUI writes them at most once a minute)."""
+    series, findings, deaths: the TUI writes them at most once a minute). `policy`: the runs'
+    spans get their energy's gap limit from it, and the store's upkeep runs (store_keep.py)."""
     full = history if save_runs else None
     if full is not None and full.runs:
         save_runs_of(store, outcome.host.name, full)
@@ -123,6 +156,8 @@ def remember(store: Store, outcome: PollOutcome, history: HostHistory | None = N
     if snap is None:
         store.record_poll(outcome.host.name, taken_at=outcome.ended_at, ok=False,
                           error=outcome.error_json())
+        if policy is not None:
+            store.maintain(outcome.host.name, outcome.ended_at, policy)
         return
     rows = [GpuRow(t=outcome.ended_at, gpu=g.index, util_pct=g.util_pct,
                    sm_clock_mhz=g.sm_clock_mhz, sm_clock_max_mhz=g.sm_clock_max_mhz,
@@ -136,8 +171,11 @@ def remember(store: Store, outcome: PollOutcome, history: HostHistory | None = N
         carried["known_gpus"] = history.known_gpus
     store.record_poll(outcome.host.name, taken_at=outcome.ended_at, ok=True,
                       boot_id=snap.boot_id, doc=outcome.doc, gpu_rows=rows,
-                      counters=carried or None)
+                      counters=carried or None, runs=holds(snap),
+                      gap_s=policy.gap_s if policy is not None else None)
     record_launches(store, outcome.host.name, snap, outcome.ended_at)
+    if policy is not None:
+        store.maintain(outcome.host.name, outcome.ended_at, policy)
 
 
 def save_runs_of(store: Store, host: str, history: HostHistory) -> None:

@@ -12,7 +12,6 @@ import textwrap
 import time
 from pathlib import Path
 
-from gpuwatch.remote import store as store_mod
 from gpuwatch.remote.store import GpuRow, Store, default_store_path
 
 
@@ -53,14 +52,14 @@ def test_store_file_is_private(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
 
-def test_history_is_bounded(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(store_mod, "GPU_SAMPLES_PER_HOST", 50)
+def test_a_read_of_history_is_bounded(tmp_path: Path) -> None:
+    """What is kept is the retention's (test_store_keep.py); one read returns at most `limit`
+    rows, the newest."""
     with Store.open(tmp_path / "s.sqlite3") as store:
         for t in range(200):
             store.record_poll("h", taken_at=float(t), ok=True, gpu_rows=[row(float(t))])
-        history = store.gpu_history("h")
-        assert len(history) <= 55
-        assert history[-1].t == 199.0 and history[0].t >= 145.0
+        history = store.gpu_history("h", limit=50)
+        assert [r.t for r in history] == [float(t) for t in range(150, 200)]
 
 
 def test_corrupt_file_is_moved_aside_and_rebuilt(tmp_path: Path) -> None:

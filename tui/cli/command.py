@@ -31,7 +31,8 @@ __all__ = ["EXIT_CANTCREAT", "EXIT_CLOSED_PIPE", "EXIT_CONFIG", "EXIT_FINDING", 
            "EXIT_SOFTWARE", "EXIT_UNPOLLED", "EXIT_USAGE", "VERBS", "build_parser",
            "internal_error", "main", "run", "split_verb"]
 
-VERBS = ("init", "check", "kill", "reap", "relaunch", "ack", "scalars", "watch", "notify")
+VERBS = ("init", "check", "kill", "reap", "relaunch", "ack", "scalars", "watch", "notify",
+         "events", "report")
 # Common options that take a value, so the verb scan does not mistake the value for a verb.
 _VALUED = {"--config", "--interval", "--theme", "--fail-on"}
 
@@ -53,6 +54,10 @@ gpuwatch scalars PATH ... [--tag T] [--json]
 gpuwatch watch [--once] [--install-service]
                                       headless watcher: restart policies, notifications
 gpuwatch notify --test                send a test message to each [notify] target
+gpuwatch events [--since D] [HOST] [--json]
+                                      what happened: findings, deaths, restarts, reboots
+gpuwatch report HOST RUN [--since D] [--json]
+                                      a run's time alive and dead, restarts, GPU-hours, kWh, cost
 
 exit codes of --once: 0 healthy; 1 a finding at or above --fail-on; 2 a host could not be
 polled; 64 usage error; 70 internal error (traceback in the error log); 78 config error"""
@@ -90,7 +95,7 @@ class _Parser(argparse.ArgumentParser):
 
 COMMON_SHOWN: dict[str | None, frozenset[str]] = {
     "init": frozenset({"config"}), "notify": frozenset({"config"}), "scalars": frozenset(),
-    "ack": frozenset({"config"}),
+    "ack": frozenset({"config"}), "events": frozenset({"config"}), "report": frozenset({"config"}),
     "check": frozenset({"config", "accept_new_host_keys"}),
     **dict.fromkeys(("kill", "reap", "relaunch"),
                     frozenset({"config", "readonly", "accept_new_host_keys"})),
@@ -198,6 +203,14 @@ def build_parser(verb: str | None) -> argparse.ArgumentParser:
         from gpuwatch.tui.cli.ack import add_arguments as add_ack
 
         add_ack(parser)
+    elif verb == "events":
+        from gpuwatch.tui.cli.events import add_arguments as add_events
+
+        add_events(parser)
+    elif verb == "report":
+        from gpuwatch.tui.cli.report_verb import add_arguments as add_report
+
+        add_report(parser)
     elif verb in ("watch", "notify"):
         from gpuwatch.tui.cli.watch import add_arguments
 
@@ -285,6 +298,14 @@ def _dispatch(verb: str | None, args: argparse.Namespace) -> int:
         from . import ack
 
         return ack.run_verb(args)
+    if verb == "events":
+        from . import events
+
+        return events.run_verb(args)
+    if verb == "report":
+        from . import report_verb
+
+        return report_verb.run_verb(args)
     if verb in ("watch", "notify"):
         from . import watch
         from .common import load
