@@ -29,13 +29,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .config.schema import HostConfig
-from .findings.base import fmt_dur
 from .findings.curve_tags import tags_of
 from .model.series import RunSeries
 from .report import HostReport
 from .store import EventRow, RunSpan, Store
 from .textsafe import visible
 from .timeline import clock, finite
+from .units import duration as fmt_dur
 
 SCHEMA = "gpuwatch/1"
 STALL_CODES = ("run.stalled", "run.hung")

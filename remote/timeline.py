@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .findings.base import fmt_dur
 from .store import AuditEntry, EventRow, RestartRecord, Store
 from .textsafe import visible
+from .units import duration as fmt_dur
 
 SCHEMA = "gpuwatch/1"
 DEATH_CODES = ("run.dead", "run.rank_dead")
