@@ -134,6 +134,8 @@ class FleetScreen(KeptScreen):
         self.refresh_title()
 
     def refresh_host(self, name: str) -> None:
+        if not self.query(FleetTable):  # a poll landing while the screen is torn down (quit)
+            return
         self.table.update_host(self.view.hosts[name], self.view.now(), self.view.interval)
         self.refresh_title()
 
