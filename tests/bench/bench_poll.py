@@ -29,6 +29,7 @@ GPUWATCH_BENCH_SMOKE=1: a few samples of each, no verdict.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -91,6 +92,25 @@ def median(values: list[float]) -> float:
 
 # --------------------------------------------------------------------------------------------
 # Helpers
+
+
+@contextmanager
+def unkept() -> Iterator[None]:
+    """The client as it was before it kept readings for its polls: every poll resolved its
+    target and the limiter's keys in a thread, and parsed the known_hosts files again."""
+    from gpuwatch.remote.wire import ssh as ssh_call
+    from gpuwatch.remote.wire import ssh_hosts
+
+    resolve, keys, load = ssh_call._resolve, ssh_call.kept_endpoint_keys, ssh_call._load_known_hosts
+    ssh_call._resolve = lambda *a, kept_only=False, **k: (  # type: ignore[assignment]
+        None if kept_only else resolve(*a, **k))
+    ssh_call.kept_endpoint_keys = lambda *a, **k: None  # type: ignore[assignment]
+    ssh_call._load_known_hosts = ssh_hosts._parse_known_hosts  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        ssh_call._resolve, ssh_call.kept_endpoint_keys = resolve, keys  # type: ignore[assignment]
+        ssh_call._load_known_hosts = load  # type: ignore[assignment]
 
 
 def pipeline_collector(host: HostConfig) -> Collector:
@@ -376,15 +396,17 @@ def wall_and_client(host: HostConfig, sshd: SshdBox) -> tuple[list[Row], list[Po
             assert outcome.ok, outcome.error_message
             outcomes.append(outcome)
         command, stdin = probe_bundle.build_command(host.python), sent[-1]
-        cpu: dict[str, list[float]] = {"poll": [], "same": [], "true": []}
-        for _ in range(BLOCKS):  # blocks in turn: a bad minute hits all three alike
+        cpu: dict[str, list[float]] = {"poll": [], "same": [], "true": [], "unkept": []}
+        for _ in range(BLOCKS):  # blocks in turn: a bad minute hits all four alike
             for kind, call in (("poll", lambda: collector.poll(host)),
                                ("same", lambda: floor_call(options, command, stdin)),
-                               ("true", lambda: floor_call(options))):
-                t0 = time.process_time()
-                for _ in range(BLOCK):
-                    await call()
-                cpu[kind].append((time.process_time() - t0) / BLOCK)
+                               ("true", lambda: floor_call(options)),
+                               ("unkept", lambda: collector.poll(host))):
+                with unkept() if kind == "unkept" else contextlib.nullcontext():
+                    t0 = time.process_time()
+                    for _ in range(BLOCK):
+                        await call()
+                    cpu[kind].append((time.process_time() - t0) / BLOCK)
         return floors, outcomes, cpu
 
     sent: list[bytes] = []
@@ -405,6 +427,10 @@ def wall_and_client(host: HostConfig, sshd: SshdBox) -> tuple[list[Row], list[Po
     row("  ratio to the same command and stdin, block by block", client.ratio(), "<= 1.2x",
         client.median <= 1.2)
     row("  ratio to run('true')", client_true.ratio())
+    unkept_ratio = pairwise(cpu["unkept"], cpu["poll"])
+    row("  before: the ssh config's reading and the limiter's keys in a thread, known_hosts "
+        "parsed, every poll", spread(cpu["unkept"]).ms())
+    row("    ratio to now, block by block", unkept_ratio.ratio())
     return [
         Row("a poll's wall time vs asyncssh connect + run('true') + close + the probe's own "
             "run time", "<= 1.2x", wall.ratio(),
