@@ -56,6 +56,7 @@ from .ssh_config import (
     _resolve,
     _Resolved,
     endpoint_keys,
+    kept_endpoint_keys,
 )
 from .ssh_hosts import (
     _Client,
@@ -74,6 +75,7 @@ __all__ = [
     "Target",
     "endpoint_keys",
     "keepalive_bound_s",
+    "kept_endpoint_keys",
     "parse_target",
     "run_once",
 ]
@@ -156,7 +158,11 @@ async def run_once(
     t0 = time.monotonic()
     tgt = parse_target(target)
     kwargs = _connect_kwargs(tgt, bounds, config_file, identity_file)
-    resolved = await asyncio.to_thread(_resolve, tgt, kwargs, config_file)
+    # the ssh config's kept reading on the loop (a stat); a new reading in a thread (a file
+    # read, the whole config parsed: milliseconds): a thread's hop costs a steady poll ~0.1 ms
+    resolved = _resolve(tgt, kwargs, config_file, kept_only=True) or await asyncio.to_thread(
+        _resolve, tgt, kwargs, config_file)
+    assert resolved is not None
     if resolved.client_keys is not None:
         kwargs["client_keys"] = resolved.client_keys
     files, append_to = _known_hosts_files(resolved, known_hosts)

@@ -106,15 +106,16 @@ _parsed_cache: dict[
 
 
 def _parsed(
-    tgt: Target, config_file: str | os.PathLike[str] | None
-) -> asyncssh.SSHClientConnectionOptions:
+    tgt: Target, config_file: str | os.PathLike[str] | None, *, kept_only: bool = False
+) -> asyncssh.SSHClientConnectionOptions | None:
     """The ssh config applied to a target (host, port, user and the config's other keys), keys
     not loaded; reused for PARSED_TTL_S while the file is unchanged.
 
     Why: asyncssh reads the whole file for every target, shlex-splitting each line (about 6 ms
     for a 50-host config), and each poll needs it twice here (endpoint_keys, _resolve): with N
     hosts in one ssh config a fleet poll cost O(N^2), on the event loop for endpoint_keys. The
-    connection's own reading (asyncssh's, in its executor) is left as it is.
+    connection's own reading (asyncssh's, in its executor) is left as it is. With
+    ``kept_only``, None rather than a new reading (a stat of the file, no read).
     """
     path = Path(config_file).expanduser() if config_file is not None else None
     try:
@@ -127,6 +128,8 @@ def _parsed(
     cached = _parsed_cache.get(key)
     if cached is not None and cached[1] == stamp and now - cached[0] < PARSED_TTL_S:
         return cast(asyncssh.SSHClientConnectionOptions, cached[2])
+    if kept_only:
+        return None
     options = _options(_connect_kwargs(tgt, SshBounds(), config_file, None), tgt.host)
     if len(_parsed_cache) > 4096:  # a long-running TUI with ad-hoc targets: stay bounded
         _parsed_cache.clear()
@@ -135,12 +138,16 @@ def _parsed(
 
 
 def _resolve(
-    tgt: Target, kwargs: dict[str, Any], config_file: str | os.PathLike[str] | None
-) -> _Resolved:
+    tgt: Target, kwargs: dict[str, Any], config_file: str | os.PathLike[str] | None,
+    *, kept_only: bool = False,
+) -> _Resolved | None:
     """Apply the ssh config to the target (host, port, user, key and known_hosts files) the way
-    the connection will. Blocking file reads: run it in a thread."""
+    the connection will. Blocking file reads: run it in a thread, unless ``kept_only``: then
+    only from a kept reading of the config (the files stat'ed, none read), else None."""
     _check_files(config_file, kwargs.get("client_keys"))
-    options = _parsed(tgt, config_file)
+    options = _parsed(tgt, config_file, kept_only=kept_only)
+    if options is None:
+        return None
     client_keys = None
     if "client_keys" not in kwargs:
         # OpenSSH skips an IdentityFile that does not exist (one ssh config, many machines);
@@ -162,11 +169,27 @@ def endpoint_keys(target: str, config_file: str | os.PathLike[str] | None = None
     """``host:port`` of every sshd a connection to ``target`` opens a connection to: the final
     sshd and each ProxyJump hop, as the ssh config resolves them (aliases of one sshd give one
     key). For bounding how many connections are being opened per sshd (MaxStartups)."""
+    keys = _endpoint_keys(target, config_file, kept_only=False)
+    assert keys is not None
+    return keys
+
+
+def kept_endpoint_keys(target: str,
+                       config_file: str | os.PathLike[str] | None = None) -> list[str] | None:
+    """endpoint_keys from the kept reading of the ssh config (a stat, no read: fit for the
+    event loop), or None where the config must be read (then endpoint_keys, in a thread)."""
+    return _endpoint_keys(target, config_file, kept_only=True)
+
+
+def _endpoint_keys(target: str, config_file: str | os.PathLike[str] | None,
+                   *, kept_only: bool) -> list[str] | None:
     keys: list[str] = []
     hops = [target]
     while hops and len(keys) < 16:  # a ProxyJump loop in the config must not spin
         tgt = parse_target(hops.pop(0))
-        options = _parsed(tgt, config_file)
+        options = _parsed(tgt, config_file, kept_only=kept_only)
+        if options is None:
+            return None
         keys.append(f"{options.host}:{options.port or DEFAULT_SSH_PORT}")
         jump = options.tunnel if isinstance(options.tunnel, str) else ""
         if jump and jump.lower() != "none":

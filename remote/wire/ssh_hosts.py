@@ -48,9 +48,26 @@ def _read_known_hosts(path: Path) -> _KnownHostsFile | None:
     return entry
 
 
+_loaded: dict[tuple[int, ...], tuple[tuple[_KnownHostsFile, ...], asyncssh.SSHKnownHosts]] = {}
+
+
 def _load_known_hosts(files: Sequence[_KnownHostsFile]) -> asyncssh.SSHKnownHosts:
     """One SSHKnownHosts from all files. A line asyncssh cannot read is skipped, as OpenSSH
-    does, instead of failing the whole file."""
+    does, instead of failing the whole file. Kept while the files are unchanged (the same
+    _read_known_hosts readings): parsing every key of a user's known_hosts on every poll cost
+    more client CPU than the rest of the poll; asyncssh only matches against it."""
+    key = tuple(map(id, files))
+    cached = _loaded.get(key)
+    if cached is not None and all(a is b for a, b in zip(cached[0], files, strict=True)):
+        return cached[1]
+    known = _parse_known_hosts(files)
+    if len(_loaded) > 64:  # files that change (accept-new appends) leave old readings behind
+        _loaded.clear()
+    _loaded[key] = (tuple(files), known)
+    return known
+
+
+def _parse_known_hosts(files: Sequence[_KnownHostsFile]) -> asyncssh.SSHKnownHosts:
     known = asyncssh.SSHKnownHosts()
     for kh in files:
         try:

@@ -24,6 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+from figures import SMOKE
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -62,13 +65,16 @@ def once(exe: Path, home: Path) -> tuple[float, float]:
     return wall - json.loads(out)["hosts"][0]["poll_s"], usage.ru_utime + usage.ru_stime
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("revs", nargs=2, metavar="REV")
     parser.add_argument("-n", type=int, default=30, help="runs of each (default 30)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="gpuwatch-ab-") as tmp:
-        exes = [install(rev, Path(tmp) / f"rev{i}") for i, rev in enumerate(args.revs)]
+        exes: list[Path] = []
+        for i, rev in enumerate(args.revs):  # the same revision twice is installed once
+            same = args.revs.index(rev)
+            exes.append(exes[same] if same < i else install(rev, Path(tmp) / f"rev{i}"))
         home = Path(tmp) / "home"
         home.mkdir()
         (home / "c.toml").write_text('[hosts.box]\nssh = "local"\n')
@@ -85,6 +91,14 @@ def main() -> None:
         walls, cpus = [w for w, _ in runs], [c for _, c in runs]
         print(f"  {rev:<24} {min(walls) * 1e3:>17.1f} / {statistics.median(walls) * 1e3:5.1f} ms"
               f" {min(cpus) * 1e3:>14.1f} / {statistics.median(cpus) * 1e3:5.1f} ms")
+
+
+def test_ab_once_smoke() -> None:
+    """Smoke mode (CI): HEAD against itself, one run each: the script runs to its end. Run by
+    hand (two revisions, 30 runs) it is a before/after figure."""
+    if not SMOKE:
+        pytest.skip("a before/after figure takes two revisions: run the script by hand")
+    main(["HEAD", "HEAD", "-n", "1"])
 
 
 if __name__ == "__main__":

@@ -19,11 +19,13 @@ import random
 import statistics
 import time
 
+from figures import SMOKE, Row, print_rows, remember
 from gpuwatch.remote.findings.rules import Thresholds
 from gpuwatch.remote.findings.run_curves import RunCurves
 from gpuwatch.remote.model.series import RunSeries, TagSeries
 
 TAGS = ("train/loss", "eval/loss", "train/aux_loss")
+LENGTHS = (1_000, 10_000) if SMOKE else (1_000, 10_000, 100_000, 1_000_000)
 
 
 def curve(start: int, n: int, rng: random.Random) -> list[tuple[int, float, float]]:
@@ -31,14 +33,17 @@ def curve(start: int, n: int, rng: random.Random) -> list[tuple[int, float, floa
             for s in range(start, start + n)]
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> list[Row]:
+    """Prints the figures; returns DESIGN §6's row: a poll's cost at the longest series
+    against the shortest (flat: about 1x)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--new", type=int, default=100)
-    ap.add_argument("--polls", type=int, default=20)
+    ap.add_argument("--polls", type=int, default=3 if SMOKE else 20)
     args = ap.parse_args(argv)
     rng = random.Random(0)
     print(f"{'points':>9}  {'per poll median':>16}  {'worst':>9}  {'first judge':>15}")
-    for n in (1_000, 10_000, 100_000, 1_000_000):
+    per_poll = {}
+    for n in LENGTHS:
         run = RunSeries("bench", max_points=n + args.new * args.polls)
         tags = {t: TagSeries(run.max_points) for t in TAGS}
         for series in tags.values():
@@ -56,12 +61,20 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.perf_counter()
             curves.feed(run, tags, list(TAGS), None, evals=TAGS[1:2])
             times.append(time.perf_counter() - t0)
+        per_poll[n] = statistics.median(times)
         print(f"{n:>9}  {statistics.median(times) * 1e3:>13.2f} ms  "
               f"{max(times) * 1e3:>6.2f} ms  {batch * 1e3:>12.0f} ms")
+    short, long = LENGTHS[0], LENGTHS[-1]
+    ratio = per_poll[long] / per_poll[short]
+    return [Row("curve findings per poll: proportional to the new points, not the series' "
+                f"length ({args.new} new points a tag)", "flat (<= 2x)",
+                f"{ratio:.2f}x at {long:,} points against {short:,}",
+                f"a poll at {short:,} points {per_poll[short] * 1e3:.1f} ms, at {long:,} "
+                f"{per_poll[long] * 1e3:.1f} ms (medians of {args.polls})", ratio <= 2)]
 
 
 def test_curves_per_poll() -> None:
-    main([])
+    print_rows(remember("curves", main([])), "DESIGN §6 rows:")
 
 
 if __name__ == "__main__":

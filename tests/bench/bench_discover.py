@@ -24,13 +24,14 @@ import zlib
 from pathlib import Path
 
 import pytest
+from figures import SMOKE
 from gpuwatch.remote.model.discovered import parse_discovery
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.wire.bundle import build_command, build_stdin
 from tensorboardX import SummaryWriter
 
-POLLS = 9
-SIZES = (10_000, 100_000)
+POLLS = 2 if SMOKE else 9
+SIZES = (300,) if SMOKE else (10_000, 100_000)
 
 
 def project(root: Path, files: int) -> Path:
@@ -70,7 +71,7 @@ def in_process(pid: int, remembered: dict, reuse: dict) -> None:
 
     def timed(request: dict, sections: str) -> float:
         times = []
-        for _ in range(30):
+        for _ in range(3 if SMOKE else 30):
             found: dict = {}
             t0 = time.perf_counter()
             probe.collect_processes(request, limits, [pid], found)
@@ -86,8 +87,8 @@ def in_process(pid: int, remembered: dict, reuse: dict) -> None:
     steady = timed({**base, "discovered_runs": [remembered]}, "processes+discovered")
     reused = timed({**base, "discovered_runs": [remembered], "discovery_reuse": reuse},
                    "processes+discovered")
-    print(f"  in-process, median of 30: process table {off:.1f} ms; with grouping "
-          f"{grouping:.1f} ms; + discovered section, first look {first:.1f} ms, steady "
+    print(f"  in-process, median of {3 if SMOKE else 30}: process table {off:.1f} ms; with "
+          f"grouping {grouping:.1f} ms; + discovered section, first look {first:.1f} ms, steady "
           f"{steady:.1f} ms, reused {reused:.1f} ms")
 
 

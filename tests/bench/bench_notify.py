@@ -2,6 +2,7 @@
 works, one that answers 500, one that hangs, and with no target: the round's wall time each way.
 
     .venv/bin/python tests/bench/bench_notify.py [-n 20]
+    .venv/bin/python -m pytest tests/bench/bench_notify.py -s     (20 rounds; smoke mode: 2)
 
 The rounds are interleaved (none, ok, 500, hang, none, ...) so the machine's bad minutes hit all
 alike. Each poster is a real Apprise JSON webhook to a real http.server on loopback (`timeout_s
@@ -20,6 +21,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from figures import SMOKE
 from gpuwatch.remote.config.schema import Config, HostConfig, NotifyConfig
 from gpuwatch.remote.findings.rules import Severity
 from gpuwatch.remote.notify import Notifier
@@ -79,7 +81,11 @@ async def main(n: int) -> None:
         print(line)
 
 
+async def test_notify_rounds() -> None:
+    await main(2 if SMOKE else 20)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("-n", type=int, default=20)
+    parser.add_argument("-n", type=int, default=2 if SMOKE else 20)
     asyncio.run(main(parser.parse_args().n))

@@ -440,6 +440,34 @@ def test_fast_and_general_agree_and_never_invent_values(tmp_path: Path, data: st
     assert offset <= len(mutated)
 
 
+@st.composite
+def tags_in_turn(draw: st.DrawFn) -> bytes:
+    """tensorboardX-layout scalars whose tags take turns in one order (the bulk path's sliced
+    case), the order now and then broken by a record of another tag or an extra one."""
+    tags = draw(st.lists(st.sampled_from(TAGS), min_size=2, max_size=len(TAGS), unique=True))
+    chunks = []
+    for step in range(draw(st.integers(1, 60))):
+        turn = list(tags)
+        if draw(st.integers(0, 9)) == 0:
+            turn.insert(draw(st.integers(0, len(turn))), draw(st.sampled_from(TAGS)))
+        for tag in turn:
+            value = draw(st.floats(width=32, allow_nan=True, allow_infinity=True))
+            chunks.append(frame(scalar_event(tag, step, value, 1.7e9 + step)))
+    return b"".join(chunks)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_tags_in_turn_agree_with_the_general_decoder(tmp_path: Path, data: st.DataObject
+                                                     ) -> None:
+    raw = data.draw(tags_in_turn())
+    path = tmp_path / "events.out.tfevents.turns"
+    path.write_bytes(data.draw(mutations(raw)))
+    assert_paths_agree(path)
+    assert_paths_agree(path, tags={"loss", "ñ"})
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                    HealthCheck.function_scoped_fixture])
 @given(st.binary(max_size=600))

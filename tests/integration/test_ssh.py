@@ -20,6 +20,7 @@ from gpuwatch.remote.wire.ssh import (
     Target,
     endpoint_keys,
     keepalive_bound_s,
+    kept_endpoint_keys,
     parse_target,
     run_once,
 )
@@ -230,6 +231,44 @@ def test_endpoint_keys_resolve_aliases_and_jumps(sshd_box: SshdBox) -> None:
     assert endpoint_keys(f"me@127.0.0.1:{port}", cfg) == [key]
     assert endpoint_keys("other.example:2200", cfg) == ["other.example:2200"]
     assert endpoint_keys("behind", cfg) == [key, key, key]
+
+
+def test_kept_endpoint_keys_only_from_a_kept_reading(sshd_box: SshdBox) -> None:
+    """The event loop's way to the limiter's keys: from the kept reading of the ssh config, or
+    None where the file must be read (in a thread then); a changed file is read again."""
+    cfg = sshd_box.ssh_config
+    key = f"127.0.0.1:{sshd_box.port}"
+    sshd_box.add_host("fresh1")
+    assert kept_endpoint_keys("fresh1", cfg) is None
+    assert endpoint_keys("fresh1", cfg) == [key]
+    assert kept_endpoint_keys("fresh1", cfg) == [key]
+    sshd_box.add_host("fresh2")  # the file changed: its kept readings no longer hold
+    assert kept_endpoint_keys("fresh1", cfg) is None
+
+
+@pytest.mark.asyncio
+async def test_known_hosts_are_parsed_again_only_when_a_file_changes(
+    sshd_box: SshdBox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncssh
+
+    loads: list[str] = []
+    load = asyncssh.SSHKnownHosts.load
+
+    def counted(self: Any, text: str) -> None:
+        loads.append(text)
+        load(self, text)
+
+    monkeypatch.setattr(asyncssh.SSHKnownHosts, "load", counted)
+    known = sshd_box.root / "kept_known_hosts"
+    known.write_text(sshd_box.known_hosts.read_text())
+    await call(sshd_box, "true", known_hosts=known)
+    first = len(loads)
+    assert (await call(sshd_box, "echo again", known_hosts=known)).stdout == b"again\n"
+    assert len(loads) == first  # the same reading of the same files: not parsed again
+    known.write_text("# a comment\n" + known.read_text())
+    assert (await call(sshd_box, "true", known_hosts=known)).exit_status == 0
+    assert len(loads) > first
 
 
 # --------------------------------------------------------------------------------------------

@@ -31,6 +31,8 @@ import json
 import math
 import os
 import sys
+from collections.abc import Sequence
+from itertools import filterfalse
 from typing import Any, TextIO
 
 from gpuwatch.remote.wire import tfevents_fast
@@ -231,7 +233,10 @@ def write_text(runs: dict[str, dict[str, Series]], out: TextIO, dot: str = ".") 
         out.write(f"{dot if key == '.' and len(runs) == 1 else key}\n")
         rows = []
         for tag, s in run.items():
-            finite = [v for v in s.values if not math.isnan(v)]
+            if math.isfinite(sum(s.values)):  # no nan (nor inf) among them: no filter
+                finite: Sequence[float] = s.values
+            else:
+                finite = list(filterfalse(math.isnan, s.values))
             nan_count = len(s.values) - len(finite)
             rows.append((tag, str(len(s)), str(s.steps[0]) if len(s) else "-",
                          str(s.steps[-1]) if len(s) else "-",

@@ -190,6 +190,8 @@ class FleetScreen(KeptScreen):
         self.touched = True
 
     def refresh_host(self, name: str) -> None:
+        if not self.query(FleetTable):  # a poll landing while the screen is torn down (quit)
+            return
         self.table.update_host(self.view.hosts[name], self.view.now(), self.view.interval)
         self.refresh_title()
 

@@ -245,6 +245,8 @@ class HostScreen(KeptScreen):
 
     def refresh_data(self) -> None:
         """Hand the host's data down to every pane (attributes down)."""
+        if not self.query(HostHeader):  # a poll landing while the screen is torn down (quit)
+            return
         view, data = self.view, self.data
         now = view.now()
         box_now = data.box_now(now)
