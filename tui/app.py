@@ -87,6 +87,7 @@ class GpuwatchApp(ThemeCssApp):
         Binding("p", "pause", "Pause"),
         Binding("R", "poll_now", "Poll now"),
         Binding("t", "cycle_theme", "Theme"),
+        Binding("T", "replay", "Replay"),
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
     ]
@@ -302,7 +303,7 @@ class GpuwatchApp(ThemeCssApp):
             return False
         # Inside a modal only its own keys (and quit) work.
         modal = self.screen.is_modal
-        return not (modal and action in ("pause", "poll_now", "cycle_theme", "help"))
+        return not (modal and action in ("pause", "poll_now", "cycle_theme", "help", "replay"))
 
     def _launch_record(self, host: str, run: str) -> Any:
         """How a discovered (not configured) run was started, as the store recorded it."""
@@ -416,6 +417,13 @@ class GpuwatchApp(ThemeCssApp):
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
+
+    def action_replay(self) -> None:
+        """T: the night as the store holds it (tui/screens/replay.py); nothing is polled or
+        acted on from the past; Esc comes back to the live views."""
+        from .screens.replay import ReplayScreen
+
+        self.push_screen(ReplayScreen(self.view, self.store))
 
 
 def build_app(config: Config, *, store: Store, readonly: bool = False, theme: str | None = None,

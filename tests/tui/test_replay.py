@@ -55,7 +55,7 @@ async def test_replay_steps_jumps_and_goes_back_to_live(night: Any) -> None:
         # it opens at the last thing that happened: the host answering again
         assert screen.at == at(DOWN[1])
         banner = str(screen.query_one("#replay-banner", Static).render())
-        assert banner.startswith("REPLAY — the past:") and "30 m ago" in banner
+        assert banner.startswith("REPLAY — the past:") and "30 min ago" in banner
         assert row(app)[1] == "● ok" and row(app)[3] == "llama:running"
         await pilot.press("left_square_bracket")  # the event before: it stopped answering
         assert screen.at == at(DOWN[0]) and row(app)[1] == "✖ unreachable"

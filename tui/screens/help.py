@@ -38,7 +38,7 @@ KEYS: tuple[tuple[str, str, str], ...] = (
     ("End / G", "in the log: back to following its end (scrolling up holds it)", "host"),
     ("p", "pause / resume polling", "everywhere"),
     ("R", "poll now (once while paused)", "everywhere"),
-    ("t", "next theme", "everywhere"),
+    ("t, T", "next theme; replay the night from the store (Esc: live)", "everywhere"),
     ("?", "this help", "everywhere"),
     ("q", "quit", "everywhere"),
 )

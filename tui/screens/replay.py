@@ -104,12 +104,6 @@ def _clock(at: float) -> str:
 class ReplayScreen(Screen[None]):
     """The past, read from the store; Esc returns to the live views."""
 
-    DEFAULT_CSS = """
-    ReplayScreen #replay-banner { background: $warning; color: $background; padding: 0 1; }
-    ReplayScreen #replay-table { height: 1fr; }
-    ReplayScreen #replay-detail { height: 1fr; padding: 0 1; border-top: solid $primary; }
-    ReplayScreen #replay-when { display: none; }
-    """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("left", "step(-1)", "Back a poll"),
         Binding("right", "step(1)", "On a poll"),

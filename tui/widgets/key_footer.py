@@ -29,8 +29,8 @@ from textual.widget import Widget
 from textual.widgets import Footer
 from textual.widgets._footer import FooterKey
 
-GIVE_WAY = ("cycle_theme", "axis", "logy", "smoothing(1)", "pause", "poll_now", "poll_here",
-            "attention", "pane(0)", "ack", "pin", "tag(1)", "filter", "sort", "back")
+GIVE_WAY = ("replay", "cycle_theme", "axis", "logy", "smoothing(1)", "pause", "poll_now",
+            "poll_here", "attention", "pane(0)", "ack", "pin", "tag(1)", "filter", "sort", "back")
 """Actions whose keys leave a footer too narrow for them, first to go first."""
 
 WATCHERS = "__watchers"
