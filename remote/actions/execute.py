@@ -159,7 +159,7 @@ def _audit_command(plan: ActionPlan) -> str | None:
     return "TERM, grace, KILL" if plan.signal == "TERM" else plan.signal
 
 
-def _record(store: Store | None, plan: ActionPlan, phase: str, outcome: ActionOutcome,
+def audit(store: Store | None, plan: ActionPlan, phase: str, outcome: ActionOutcome,
             label: str) -> None:
     """One audit row. Its text is escaped first (shown_bytes): SQLite takes only valid UTF-8,
     and a path from the box need not be (a row must never be lost to a file name)."""
@@ -198,15 +198,15 @@ async def execute(plan: ActionPlan, host: HostConfig, *, store: Store | None, re
     if readonly:
         outcome = ActionOutcome(False, f"refused: gpuwatch is read-only (--readonly or "
                                        f"`readonly = true`); nothing was sent to {plan.host}")
-        _record(store, plan, "execute", outcome, "refused")
+        audit(store, plan, "execute", outcome, "refused")
         return outcome
     if plan.refusal is not None:
         outcome = ActionOutcome(False, f"refused: {plan.refusal}")
-        _record(store, plan, "execute", outcome, "refused")
+        audit(store, plan, "execute", outcome, "refused")
         return outcome
     if host.name != plan.host:
         outcome = ActionOutcome(False, f"refused: the plan is for {plan.host}, not {host.name}")
-        _record(store, plan, "execute", outcome, "refused")
+        audit(store, plan, "execute", outcome, "refused")
         return outcome
     try:
         if plan.kind == "relaunch":
@@ -222,15 +222,15 @@ async def execute(plan: ActionPlan, host: HostConfig, *, store: Store | None, re
     except Exception as exc:
         # A bug of gpuwatch's own, after the request may have been sent: the audit log says
         # so before it propagates (the caller reports internal errors).
-        _record(store, plan, "execute", ActionOutcome(False, (
+        audit(store, plan, "execute", ActionOutcome(False, (
             f"gpuwatch failed while sending the {plan.kind} to {plan.host}: "
             f"{type(exc).__name__}: {exc}; it may or may not have been done")), "failed")
         raise
-    _record(store, plan, "execute", outcome, label)
+    audit(store, plan, "execute", outcome, label)
     return outcome
 
 
-_STATUS_TEXT = {
+STATUS_TEXT = {
     "gone": "already gone",
     "mismatch": "NOT signalled: its start time changed since the snapshot, so the pid now "
                 "belongs to another process",
@@ -272,12 +272,12 @@ async def _signal(plan: ActionPlan, host: HostConfig, accept_new: bool,
     if doc is not None and doc.get("refused"):
         return ActionOutcome(False, f"refused on {plan.host}: {doc['refused']}"), "refused"
     if doc is not None and doc.get("failed"):
-        return _failed_on_box(plan, doc), "failed"
+        return failed_on_box(plan, doc), "failed"
     results = doc.get("results", []) if doc else []
     signalled = [r for r in results if r.get("status") == "signalled"]
     for r in results:
-        lines.append(_result_line(r, plan.signal))
-    via = _via_line(doc)
+        lines.append(result_line(r, plan.signal))
+    via = via_line(doc)
     if doc is not None and not signalled:
         done = all(r.get("status") in ("gone", "defunct") for r in results)
         ok: bool | None = None if done else False
@@ -297,7 +297,7 @@ async def _signal(plan: ActionPlan, host: HostConfig, accept_new: bool,
                 await asyncio.sleep(rest)
             escalated = await _escalate(plan, host, accept_new, alive)
             lines.append(_kill_line(escalated))
-            via = via or _via_line(escalated)
+            via = via or via_line(escalated)
     outcome_text = "; ".join(lines) + "; the next poll verifies"
     if lost:
         outcome_text += " (the connection dropped, which a kill can cause: that is not a failure)"
@@ -314,7 +314,7 @@ async def _escalate(plan: ActionPlan, host: HostConfig, accept_new: bool,
         return None
 
 
-def _via_line(doc: Mapping[str, Any] | None) -> list[str]:
+def via_line(doc: Mapping[str, Any] | None) -> list[str]:
     """How the box signalled (DESIGN §4), for the outcome and the audit row: through a pidfd
     (the identity re-checked on the very process signalled: no pid-reuse window) or by pid
     with os.kill right after the check (a box without pidfds)."""
@@ -331,7 +331,7 @@ def _via_line(doc: Mapping[str, Any] | None) -> list[str]:
             f"{why})"]
 
 
-def _failed_on_box(plan: ActionPlan, doc: Mapping[str, Any]) -> ActionOutcome:
+def failed_on_box(plan: ActionPlan, doc: Mapping[str, Any]) -> ActionOutcome:
     return ActionOutcome(False, f"failed on {plan.host}: {doc['failed']}")
 
 
@@ -347,14 +347,14 @@ def _kill_line(doc: dict[str, Any] | None) -> str:
     return f"KILL sent to {pids} (still alive after the grace period)"
 
 
-def _result_line(row: Mapping[str, Any], signal: str) -> str:
+def result_line(row: Mapping[str, Any], signal: str) -> str:
     status = str(row.get("status"))
     who_ = f" ({row['user']})" if row.get("user") else ""
     child = f", child of {row['child_of']}" if row.get("child_of") else ""
     pid = row.get("pid")
     if status == "signalled":
         return f"pid {pid}{who_}{child}: {signal} sent"
-    return f"pid {pid}{who_}{child}: {_STATUS_TEXT.get(status, status)}"
+    return f"pid {pid}{who_}{child}: {STATUS_TEXT.get(status, status)}"
 
 
 def new_token() -> str:
@@ -382,7 +382,7 @@ async def _relaunch(plan: ActionPlan, host: HostConfig, accept_new: bool, token:
         return ActionOutcome(False, f"refused on {plan.host}: {doc['refused']}",
                              launch=starting), "refused"
     if doc.get("failed"):
-        return _failed_on_box(plan, doc), "failed"
+        return failed_on_box(plan, doc), "failed"
     note = f" ({doc['note']})" if doc.get("note") else ""
     if doc.get("status") == "exited":
         tail = str(doc.get("log_tail") or "").strip().splitlines()[-5:]

@@ -40,13 +40,13 @@ from ..model.history import HostHistory
 from ..model.processes import DETACH_SERVERS
 from ..model.snapshot import ProcessInfo
 from .execute import (
-    _STATUS_TEXT,
-    _failed_on_box,
-    _result_line,
-    _via_line,
+    STATUS_TEXT,
     build_stdin,
     execute,
+    failed_on_box,
     mark_reaped,
+    result_line,
+    via_line,
 )
 from .relaunch import fill_command, plan_relaunch, quote_path
 from .types import (
@@ -58,10 +58,10 @@ from .types import (
     ActionPlan,
     LaunchSpec,
     ProcessTarget,
-    _current,
-    _family,
-    _refused,
-    _target,
+    current_snapshot,
+    family_of,
+    process_target,
+    refused_plan,
 )
 from .verify import VERIFY_PAUSE_S, VERIFY_POLLS, FreshPoll, verify, verify_until
 
@@ -94,22 +94,22 @@ def plan_kill(host: HostConfig, history: HostHistory, pid: int,
               signal: str = "TERM") -> ActionPlan:
     """Signal one process the person picked (and its children in its session)."""
     if signal not in SIGNALS:
-        return _refused("kill", host, f"unknown signal {signal!r}: use TERM or KILL")
-    snap, why = _current(history)
+        return refused_plan("kill", host, f"unknown signal {signal!r}: use TERM or KILL")
+    snap, why = current_snapshot(history)
     if snap is None:
-        return _refused("kill", host, why or "no snapshot", signal=signal)
+        return refused_plan("kill", host, why or "no snapshot", signal=signal)
     if pid <= 1:
-        return _refused("kill", host, f"pid {pid} is not a process gpuwatch signals",
+        return refused_plan("kill", host, f"pid {pid} is not a process gpuwatch signals",
                         signal=signal)
     proc = next((p for p in snap.processes if p.pid == pid), None)
     if proc is None:
-        return _refused("kill", host, (
+        return refused_plan("kill", host, (
             f"pid {pid} is not in the latest poll of {host.name} (it exited, or it is not a "
             "process gpuwatch lists: GPU holders, runs' processes and their families)"),
             signal=signal)
     assert snap.boot_id is not None
     if proc.zombie:
-        return _refused("kill", host, (
+        return refused_plan("kill", host, (
             f"pid {pid} is defunct: it is already dead and no signal reaches it; its parent "
             f"(pid {proc.ppid}) has to reap it"), signal=signal)
     notes = []
@@ -117,7 +117,7 @@ def plan_kill(host: HostConfig, history: HostHistory, pid: int,
         notes.append(f"pid {pid} belongs to run {proc.run}: this ends that run")
     if proc.comm.startswith(DETACH_SERVERS):
         notes.append(f"pid {pid} is a {proc.comm} server: every session in it ends too")
-    family = _family(snap, [proc])
+    family = family_of(snap, [proc])
     if family:
         notes.append(f"its {len(family)} child process{'es' * (len(family) != 1)} in the same "
                      "session (workers, ranks) are signalled with it")
@@ -125,16 +125,16 @@ def plan_kill(host: HostConfig, history: HostHistory, pid: int,
     euid = snap.process_counts.euid if snap.process_counts is not None else None
     if euid != 0:  # said to root, it read as a warning that did not apply
         notes.append("only your own processes can be signalled unless you log in as root")
-    targets = tuple(_target(p, snap.boot_id) for p in [proc, *family])
+    targets = tuple(process_target(p, snap.boot_id) for p in [proc, *family])
     return ActionPlan("kill", host.name, targets, None, signal, None, tuple(notes))
 
 
 def plan_reap(host: HostConfig, history: HostHistory) -> ActionPlan:
     """End exactly the VRAM zombies zombies.py finds that a signal can free (U11); explain the
     ones it cannot."""
-    snap, why = _current(history)
+    snap, why = current_snapshot(history)
     if snap is None:
-        return _refused("reap", host, why or "no snapshot")
+        return refused_plan("reap", host, why or "no snapshot")
     assert snap.boot_id is not None
     holders = zombie_holders(history)
     table = {p.pid: p for p in snap.processes}
@@ -149,19 +149,39 @@ def plan_reap(host: HostConfig, history: HostHistory) -> ActionPlan:
     if not roots:
         reason = ("no VRAM zombie that a signal can free" if holders
                   else f"no VRAM zombie on {host.name}")
-        return _refused("reap", host, reason, notes=notes)
-    family = _family(snap, roots)
+        return refused_plan("reap", host, reason, notes=notes)
+    family = family_of(snap, roots)
     if family:
         notes.insert(0, f"{len(family)} child process{'es' * (len(family) != 1)} of those "
                         "holders, in their sessions, go with them")
     notes.extend(stuck_notes(history, [*roots, *family]))
-    targets = tuple(_target(p, snap.boot_id) for p in [*roots, *family])
+    targets = tuple(process_target(p, snap.boot_id) for p in [*roots, *family])
     return ActionPlan("reap", host.name, targets, None, "TERM", None, tuple(notes))
 
 
 __all__ = [
-    "BOX_SCRIPTS", "VERIFY_PAUSE_S", "VERIFY_POLLS", "_STATUS_TEXT", "ActionError", "ActionKind",
-    "ActionOutcome", "ActionPlan", "FreshPoll", "LaunchSpec", "ProcessTarget", "_failed_on_box",
-    "_result_line", "_via_line", "build_stdin", "execute", "fill_command", "mark_reaped",
-    "plan_kill", "plan_reap", "plan_relaunch", "quote_path", "verify", "verify_until",
+    "BOX_SCRIPTS",
+    "STATUS_TEXT",
+    "VERIFY_PAUSE_S",
+    "VERIFY_POLLS",
+    "ActionError",
+    "ActionKind",
+    "ActionOutcome",
+    "ActionPlan",
+    "FreshPoll",
+    "LaunchSpec",
+    "ProcessTarget",
+    "build_stdin",
+    "execute",
+    "failed_on_box",
+    "fill_command",
+    "mark_reaped",
+    "plan_kill",
+    "plan_reap",
+    "plan_relaunch",
+    "quote_path",
+    "result_line",
+    "verify",
+    "verify_until",
+    "via_line",
 ]

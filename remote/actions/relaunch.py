@@ -18,7 +18,15 @@ from ..model.resume import relaunch_command
 from ..model.series import RunSeries
 from ..model.snapshot import Checkpoint, HostSnapshot, ProcessInfo
 from ..units import duration
-from .types import DEFAULT_LOG, PLACEHOLDERS, SHELLS, ActionPlan, LaunchSpec, _current, _refused
+from .types import (
+    DEFAULT_LOG,
+    PLACEHOLDERS,
+    SHELLS,
+    ActionPlan,
+    LaunchSpec,
+    current_snapshot,
+    refused_plan,
+)
 
 
 def quote_path(path: str) -> str:
@@ -75,27 +83,27 @@ def plan_relaunch(host: HostConfig, run_name: str, history: HostHistory,
     if run is None:
         if launch is not None and launch.run == run_name:
             return _plan_relaunch_discovered(host, launch, history)
-        return _refused("relaunch", host, (
+        return refused_plan("relaunch", host, (
             f"no run named {run_name!r} is configured for {host.name}, and gpuwatch never saw "
             "how a run of that name was started (it records a discovered run's cwd, argv and "
             "environment while the run is alive); add it to the config with `relaunch`, "
             "`workdir` and `process`"))
     if not run.relaunch:
-        return _refused("relaunch", host, f"run {run.name} has no `relaunch` command in the "
+        return refused_plan("relaunch", host, f"run {run.name} has no `relaunch` command in the "
                                           "config")
     if not run.workdir:
-        return _refused("relaunch", host, f"run {run.name} has no `workdir` in the config")
+        return refused_plan("relaunch", host, f"run {run.name} has no `workdir` in the config")
     if not run.process:
-        return _refused("relaunch", host, (
+        return refused_plan("relaunch", host, (
             f"run {run.name} has no `process` pattern in the config, so gpuwatch cannot tell "
             "whether it is still alive before starting another copy"))
     scripts = _script_words(run.relaunch)
     snap, why = _relaunch_blocked(host, run.name, history, scripts, run.workdir)
     if snap is None:
-        return _refused("relaunch", host, why or "no snapshot")
+        return refused_plan("relaunch", host, why or "no snapshot")
     series = history.runs.get(run.name)
     if series is not None and series.status == "finished":
-        return _refused("relaunch", host, _finished_refusal(run.name, series, run.done))
+        return refused_plan("relaunch", host, _finished_refusal(run.name, series, run.done))
     latest = series.latest_checkpoint if series else None
     before, anomaly = checkpoint_before_anomaly(history, series) if series else (None, None)
     try:
@@ -103,7 +111,7 @@ def plan_relaunch(host: HostConfig, run_name: str, history: HostHistory,
                                latest_checkpoint=latest.path if latest else None,
                                checkpoint_before_anomaly=before.path if before else None)
     except ValueError as exc:
-        return _refused("relaunch", host, _no_checkpoint(run.name, run.checkpoints, str(exc),
+        return refused_plan("relaunch", host, _no_checkpoint(run.name, run.checkpoints, str(exc),
                                                          anomaly))
     log = run.resolve(run.log) if run.log else run.resolve(DEFAULT_LOG)
     assert log is not None
@@ -167,20 +175,20 @@ def _plan_relaunch_discovered(host: HostConfig, launch: LaunchRecord,
     box must supply (U34, U35)."""
     name = launch.run
     if not launch.process:
-        return _refused("relaunch", host, (
+        return refused_plan("relaunch", host, (
             f"run {name} was recorded without a command-line pattern, so gpuwatch cannot tell "
             "whether it is still alive before starting another copy; add it to the config"))
     snap, why = _relaunch_blocked(host, name, history, launch.scripts, launch.cwd)
     if snap is None:
-        return _refused("relaunch", host, why or "no snapshot")
+        return refused_plan("relaunch", host, why or "no snapshot")
     series = history.runs.get(name)
     if series is not None and series.status == "finished":
-        return _refused("relaunch", host, _finished_refusal(name, series, None))
+        return refused_plan("relaunch", host, _finished_refusal(name, series, None))
     latest = series.latest_checkpoint if series else None
     try:
         command, _dropped, said = relaunch_command(launch, latest)
     except RelaunchError as exc:
-        return _refused("relaunch", host, str(exc))
+        return refused_plan("relaunch", host, str(exc))
     log = launch.log or f"{launch.cwd.rstrip('/') or '/'}/{DEFAULT_LOG}"
     notes = [f"run {name} is not in the config: this is how gpuwatch saw it started "
              f"{_ago(launch.recorded_at)}", *said]
@@ -218,7 +226,7 @@ def _relaunch_blocked(host: HostConfig, name: str, history: HostHistory,
     fresh snapshot, a process of the run alive (U4), or its launch script being executed by
     a shell (U2). Only the run's own processes are named: those the probe gave the run
     (probe.match_runs) and shells running the run's own script file."""
-    snap, why = _current(history)
+    snap, why = current_snapshot(history)
     if snap is None:
         return None, why
     err = snap.gpu_error

@@ -39,7 +39,7 @@ from ..store import RestartRecord, Store
 from . import plan as actions
 from .execute import LaunchState, launch_state, new_token, who
 from .types import ActionError
-from .verify import _verdict
+from .verify import plan_verdict
 
 COUNTED = ("sent", "verified", "failed")
 """Outcomes that use one of the window's restarts: a restart that never came up counts too."""
@@ -487,7 +487,7 @@ def _starting(state: LaunchState, launch: Mapping[str, Any] | None) -> str:
 
 def _verdict_now(plan: actions.ActionPlan, history: HostHistory) -> actions.ActionOutcome | None:
     try:
-        return _verdict(plan, history)
+        return plan_verdict(plan, history)
     except Exception:  # the verdict is a nicety here: running again is what counts
         return None
 

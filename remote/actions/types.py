@@ -182,18 +182,18 @@ def shown_bytes(text: str) -> str:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _refused(kind: ActionKind, host: HostConfig, reason: str, *, signal: str = "TERM",
+def refused_plan(kind: ActionKind, host: HostConfig, reason: str, *, signal: str = "TERM",
              notes: Sequence[str] = ()) -> ActionPlan:
     return ActionPlan(kind, host.name, (), None, signal if kind != "relaunch" else "",
                       reason, tuple(notes))
 
 
-def _target(proc: ProcessInfo, boot_id: str) -> ProcessTarget:
+def process_target(proc: ProcessInfo, boot_id: str) -> ProcessTarget:
     return ProcessTarget(proc.pid, proc.start_ticks, boot_id, proc.user, proc.cmd,
                          proc.gpu_index, proc.gpu_mem_mib)
 
 
-def _family(snap: HostSnapshot, roots: Sequence[ProcessInfo]) -> list[ProcessInfo]:
+def family_of(snap: HostSnapshot, roots: Sequence[ProcessInfo]) -> list[ProcessInfo]:
     """Descendants of the roots, as the snapshot lists them, that share their root's session:
     a dead run's dataloader workers and ranks go with it; a tmux server's other shells don't."""
     children: dict[int, list[ProcessInfo]] = {}
@@ -213,7 +213,7 @@ def _family(snap: HostSnapshot, roots: Sequence[ProcessInfo]) -> list[ProcessInf
     return found
 
 
-def _current(history: HostHistory) -> tuple[HostSnapshot | None, str | None]:
+def current_snapshot(history: HostHistory) -> tuple[HostSnapshot | None, str | None]:
     """The fresh snapshot, or why there is none."""
     snap = history.current
     if snap is None:

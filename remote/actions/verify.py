@@ -14,7 +14,7 @@ from ..model.processes import dies_with_session
 from ..model.snapshot import HostSnapshot
 from ..store import Store
 from ..units import mib
-from .execute import _record
+from .execute import audit
 from .types import ActionOutcome, ActionPlan
 
 VERIFY_POLLS = 6
@@ -34,13 +34,13 @@ async def verify(plan: ActionPlan, host: HostConfig, history: HostHistory, *,
     """Judge the action from a FRESH poll (the history's current snapshot): for kill/reap, each
     target gone and no longer holding GPU memory; for relaunch, the run running again and not
     tied to a terminal. `store`: record the verdict in the audit log too."""
-    outcome = _verdict(plan, history)
+    outcome = plan_verdict(plan, history)
     label = "verified" if outcome.ok else ("not_verified" if outcome.ok is False else "pending")
-    _record(store, plan, "verify", outcome, label)
+    audit(store, plan, "verify", outcome, label)
     return outcome
 
 
-def _verdict(plan: ActionPlan, history: HostHistory) -> ActionOutcome:
+def plan_verdict(plan: ActionPlan, history: HostHistory) -> ActionOutcome:
     if plan.refusal is not None:
         return ActionOutcome(False, f"nothing to verify: it was refused ({plan.refusal})")
     snap = history.current
@@ -121,7 +121,7 @@ async def verify_until(plan: ActionPlan, host: HostConfig, history: HostHistory,
             await asyncio.sleep(pause_s)
         if await fresh_poll() is not None:
             continue
-        verdict = _verdict(plan, history)
+        verdict = plan_verdict(plan, history)
         if verdict.ok:
             break
     if verdict is not None:

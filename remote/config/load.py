@@ -16,10 +16,10 @@ from typing import Any
 
 from ..paths import config_dir
 from .schema import (
-    _CONTROL,
-    _ENV_NAME,
+    CONTROL_CHARS,
     DEFAULT_RESTART_ON,
     DETACH_MODES,
+    ENV_NAME,
     EXCEPTION_KINDS,
     NOTIFY_RANGES,
     PRICE_RANGE,
@@ -239,7 +239,7 @@ class _Validator:
             raise self.fail(key, f"expected a string, got {_describe(value)}")
         if not value.strip():
             raise self.fail(key, "expected a non-empty string")
-        if _CONTROL.search(value):
+        if CONTROL_CHARS.search(value):
             raise self.fail(key, "control characters (newlines, tabs) are not allowed")
         return value
 
@@ -342,7 +342,7 @@ class _Validator:
     def host(self, name: str, value: Any, ssh: SshSettings) -> HostConfig:
         key = ("hosts", name)
         table = self.get({name: value}, name, ("hosts",), self.table, {})
-        if _CONTROL.search(name) or not name.strip():
+        if CONTROL_CHARS.search(name) or not name.strip():
             self.note(key, "a host name must be printable and non-empty")
         self.unknown(table, _HOST_KEYS, key)
         target = self.get(table, "ssh", key, self.string, name)
@@ -364,7 +364,7 @@ class _Validator:
 
     def run(self, name: str, value: Any, key: Key) -> RunConfig:
         table = self.get({name: value}, name, key[:-1], self.table, {})
-        if _CONTROL.search(name) or not name.strip():
+        if CONTROL_CHARS.search(name) or not name.strip():
             self.note(key, "a run name must be printable and non-empty")
         self.unknown(table, _RUN_KEYS, key)
         values: dict[str, Any] = {}
@@ -440,7 +440,7 @@ class _Validator:
     def env(self, value: Any, key: Key) -> dict[str, str]:
         env = self.table(value, key)
         for var, text in env.items():
-            if not _ENV_NAME.match(var):
+            if not ENV_NAME.match(var):
                 self.note((*key, var), "expected an environment variable name (letters, "
                           "digits, underscore; not starting with a digit)")
             elif not isinstance(text, str):

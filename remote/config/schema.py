@@ -37,8 +37,8 @@ with no cause gpuwatch can name (a `kill -9` of a run started by hand leaves no 
 back. Never OOM or CUDA OOM by default: the run would die again the same way. `xid` leaves out
 48 and 79 (the GPU itself is gone, U22) unless they are named (`xid:48`)."""
 SEVERITIES = ("info", "warning", "critical")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class ConfigError(Exception):
@@ -365,7 +365,7 @@ def select_hosts(config: Config, targets: list[str]) -> Config:
         return replace(config, hosts=(HostConfig(name=LOCAL, ssh=LOCAL, settings=config.ssh),))
     chosen: list[HostConfig] = []
     for target in targets:
-        if _CONTROL.search(target) or not target.strip() or target.startswith("-"):
+        if CONTROL_CHARS.search(target) or not target.strip() or target.startswith("-"):
             raise ConfigError(f"not a host: {target!r}")
         known = config.host(target)
         chosen.append(known or HostConfig(name=host_name_for(target) if target != LOCAL else LOCAL,

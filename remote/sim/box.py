@@ -35,8 +35,8 @@ from gpuwatch.remote.sim.proc_files import (
     CLK_TCK,
     SIGHUP_MASK,
     SimProcess,
-    _atomic_symlink,
-    _atomic_write,
+    atomic_symlink,
+    atomic_write,
     install_stand_in,
     proc_stat_line,
     proc_status_text,
@@ -104,7 +104,7 @@ class Box:
             (self.root / d).mkdir(parents=True, exist_ok=True)
         self._write_dev()
         install_stand_in(_HERE / "nvidia_smi.py", self.bin / "nvidia-smi", python)
-        _atomic_write(self.bin / "nvidia_smi_fields.py",  # what the stand-in imports
+        atomic_write(self.bin / "nvidia_smi_fields.py",  # what the stand-in imports
                       (_HERE / "nvidia_smi_fields.py").read_text(encoding="utf-8"))
         install_stand_in(_HERE / "dmesg.py", self.bin / "dmesg", python)
         self._write_gpus()
@@ -213,7 +213,7 @@ class Box:
             (dev / f"nvidia{i}").touch()
 
     def _write_gpus(self) -> None:
-        _atomic_write(self.sim / "gpus.json", json.dumps(self.state, indent=1) + "\n")
+        atomic_write(self.sim / "gpus.json", json.dumps(self.state, indent=1) + "\n")
 
     # -- kernel log ----------------------------------------------------------------------------
     def append_dmesg(self, *lines: str) -> None:
@@ -230,7 +230,7 @@ class Box:
         return line
 
     def _write_dmesg(self) -> None:
-        _atomic_write(self.sim / "dmesg.log", "".join(line + "\n" for line in self.dmesg_lines))
+        atomic_write(self.sim / "dmesg.log", "".join(line + "\n" for line in self.dmesg_lines))
 
     # -- cgroup --------------------------------------------------------------------------------
     def set_cgroup(self, *, memory_current: int | None = None,
@@ -287,10 +287,10 @@ class Box:
         for path, c in self.groups.items():
             cg = self.root / "sys/fs/cgroup" / path.lstrip("/")
             cg.mkdir(parents=True, exist_ok=True)
-            _atomic_write(cg / "memory.current", f"{c['memory.current']}\n")
-            _atomic_write(cg / "memory.max", ("max" if c["memory.max"] is None
+            atomic_write(cg / "memory.current", f"{c['memory.current']}\n")
+            atomic_write(cg / "memory.max", ("max" if c["memory.max"] is None
                                               else str(c["memory.max"])) + "\n")
-            _atomic_write(cg / "memory.events",
+            atomic_write(cg / "memory.events",
                           "".join(f"{k} {v}\n" for k, v in c["events"].items()))
 
     def _write_cgroup(self) -> None:
@@ -298,21 +298,21 @@ class Box:
         c = self.cgroup
         mem_max = "max" if c["memory.max"] is None else str(c["memory.max"])
         quota = "max" if c["cpu_quota_us"] is None else str(c["cpu_quota_us"])
-        _atomic_write(cg / "memory.current", f"{c['memory.current']}\n")
-        _atomic_write(cg / "memory.max", mem_max + "\n")
-        _atomic_write(cg / "memory.high", "max\n")
-        _atomic_write(cg / "memory.events",
+        atomic_write(cg / "memory.current", f"{c['memory.current']}\n")
+        atomic_write(cg / "memory.max", mem_max + "\n")
+        atomic_write(cg / "memory.high", "max\n")
+        atomic_write(cg / "memory.events",
                       "".join(f"{k} {v}\n" for k, v in c["events"].items()))
-        _atomic_write(cg / "cpu.max", f"{quota} {c['cpu_period_us']}\n")
+        atomic_write(cg / "cpu.max", f"{quota} {c['cpu_period_us']}\n")
         usage = int(c["usage_usec"])
         user = usage * 9 // 10
-        _atomic_write(cg / "cpu.stat", (
+        atomic_write(cg / "cpu.stat", (
             f"usage_usec {usage}\nuser_usec {user}\nsystem_usec {usage - user}\n"
             f"nr_periods {c['nr_periods']}\nnr_throttled {c['nr_throttled']}\n"
             f"throttled_usec {c['throttled_usec']}\n"))
-        _atomic_write(cg / "cgroup.controllers", "cpuset cpu io memory hugetlb pids rdma misc\n")
-        _atomic_write(cg / "pids.current", f"{max(1, len(self.processes))}\n")
-        _atomic_write(cg / "pids.max", "max\n")
+        atomic_write(cg / "cgroup.controllers", "cpuset cpu io memory hugetlb pids rdma misc\n")
+        atomic_write(cg / "pids.current", f"{max(1, len(self.processes))}\n")
+        atomic_write(cg / "pids.max", "max\n")
 
     # -- time and boots ------------------------------------------------------------------------
     def advance(self, seconds: float) -> None:
@@ -402,16 +402,16 @@ class Box:
     def _write_process_files(self, p: SimProcess, into: Path | None = None) -> None:
         d = into or self.proc / str(p.pid)
         zombie = p.state == "Z"
-        _atomic_write(d / "stat", proc_stat_line(p))
-        _atomic_write(d / "status", proc_status_text(p))
-        _atomic_write(d / "comm", p.name + "\n")
+        atomic_write(d / "stat", proc_stat_line(p))
+        atomic_write(d / "status", proc_status_text(p))
+        atomic_write(d / "comm", p.name + "\n")
         # A zombie has released its memory: empty cmdline and environ, no fds (U11).
-        _atomic_write(d / "cmdline", b"" if zombie else
+        atomic_write(d / "cmdline", b"" if zombie else
                       b"".join(a.encode() + b"\0" for a in p.cmdline))
-        _atomic_write(d / "environ", b"" if zombie else
+        atomic_write(d / "environ", b"" if zombie else
                       b"".join(("{}={}".format(*kv)).encode() + b"\0" for kv in p.environ.items()))
-        _atomic_write(d / "cgroup", f"0::{p.cgroup}\n")
-        _atomic_symlink(p.cwd, d / "cwd")
+        atomic_write(d / "cgroup", f"0::{p.cgroup}\n")
+        atomic_symlink(p.cwd, d / "cwd")
         fd_dir = d / "fd"
         fd_dir.mkdir(exist_ok=True)
         wanted = {} if zombie else {str(n): t for n, t in p.fds.items()}
@@ -419,7 +419,7 @@ class Box:
             if entry not in wanted:
                 os.unlink(fd_dir / entry)
         for n, target in wanted.items():
-            _atomic_symlink(target, fd_dir / n)
+            atomic_symlink(target, fd_dir / n)
 
     def _write_proc_system(self) -> None:
         """The box-wide /proc files: stat, uptime, loadavg, boot_id, self/cgroup, mounts."""
@@ -433,17 +433,17 @@ class Box:
                           for i in range(n))
         running = max(1, sum(1 for p in self.processes.values() if p.state == "R"))
         last = max(self.processes, default=1)
-        _atomic_write(self.proc / "stat", cpu + per_cpu + (
+        atomic_write(self.proc / "stat", cpu + per_cpu + (
             f"intr 0\nctxt 123456789\nbtime {self.btime}\nprocesses {100000 + last}\n"
             f"procs_running {running}\nprocs_blocked 0\nsoftirq 0 0 0 0 0 0 0 0 0 0 0\n"))
-        _atomic_write(self.proc / "uptime", f"{up:.2f} {up * n * 0.8:.2f}\n")
+        atomic_write(self.proc / "uptime", f"{up:.2f} {up * n * 0.8:.2f}\n")
         one, five, fifteen = self.loadavg
-        _atomic_write(self.proc / "loadavg", f"{one:.2f} {five:.2f} {fifteen:.2f} "
+        atomic_write(self.proc / "loadavg", f"{one:.2f} {five:.2f} {fifteen:.2f} "
                       f"{running}/{300 + len(self.processes)} {last}\n")
-        _atomic_write(self.proc / "sys/kernel/random/boot_id", self.boot_id + "\n")
-        _atomic_write(self.proc / "sys/kernel/hostname", self.hostname + "\n")
-        _atomic_write(self.proc / "self/cgroup", f"0::{self.cgroup_path}\n")
-        _atomic_write(self.proc / "mounts", (
+        atomic_write(self.proc / "sys/kernel/random/boot_id", self.boot_id + "\n")
+        atomic_write(self.proc / "sys/kernel/hostname", self.hostname + "\n")
+        atomic_write(self.proc / "self/cgroup", f"0::{self.cgroup_path}\n")
+        atomic_write(self.proc / "mounts", (
             "/dev/nvme0n1p2 / ext4 rw,relatime 0 0\n"
             "proc /proc proc rw,nosuid,nodev,noexec,relatime 0 0\n"
             "sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0\n"

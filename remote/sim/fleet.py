@@ -65,8 +65,8 @@ from gpuwatch.remote.sim.fleet_box import (
     DemoBox,
     DemoRun,
     RealProcess,
-    _log,
     box_mark,
+    demo_log,
     fleet_pids,
     scan_processes,
 )
@@ -206,7 +206,7 @@ class DemoFleet:
             try:
                 demo.tick(procs)
             except Exception:  # one box's trouble must not stop the others
-                _log.exception("demo box %s: tick failed", demo.name)
+                demo_log.exception("demo box %s: tick failed", demo.name)
         self.ticks += 1
 
     def processes(self) -> list[int]:

@@ -44,7 +44,7 @@ CPUS_PER_GPU = 26
 """A cloud GPU box's vCPUs per GPU (26 on a one-H100 instance; 208 on an eight)."""
 TRAINER_SOURCE = Path(trainer_module.__file__)
 
-_log = logging.getLogger("gpuwatch.demo")
+demo_log = logging.getLogger("gpuwatch.demo")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 
-def _cmdline(pid: int) -> bytes | None:
+def cmdline_of(pid: int) -> bytes | None:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             return fh.read()

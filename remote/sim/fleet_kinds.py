@@ -17,8 +17,8 @@ from gpuwatch.remote.sim.fleet_box import (
     DemoBox,
     DemoRun,
     RealProcess,
-    _cmdline,
-    _log,
+    cmdline_of,
+    demo_log,
     read_process,
     tree_bytes,
     write_history,
@@ -161,7 +161,7 @@ class ZombieBox(DemoBox):
             env={"CUDA_VISIBLE_DEVICES": "3", "LOCAL_RANK": "3", "RANK": "3", "WORLD_SIZE": "4"})
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:  # until setsid and nohup have exec'd python
-            cmd = _cmdline(self.zombie_pid)
+            cmd = cmdline_of(self.zombie_pid)
             if cmd is None or str(self.zombie_script).encode() in cmd:
                 break
             await asyncio.sleep(0.02)
@@ -243,7 +243,7 @@ class OomBox(DemoBox):
         self.box.set_cgroup(memory_current=2 * GIB)
         self.live["gpt2-xl"] = []
         self.gpu_idle(0)
-        _log.info("%s: OOM-killed pid %d", self.name, victim.pid)
+        demo_log.info("%s: OOM-killed pid %d", self.name, victim.pid)
 
 
 class DiskBox(DemoBox):

@@ -115,7 +115,7 @@ def proc_status_text(p: SimProcess) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _atomic_write(path: Path, data: str | bytes) -> None:
+def atomic_write(path: Path, data: str | bytes) -> None:
     """Write aside, then rename over: readers see the old file or the new one, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode() if isinstance(data, str) else data
@@ -130,7 +130,7 @@ def _atomic_write(path: Path, data: str | bytes) -> None:
         raise
 
 
-def _atomic_symlink(target: str, path: Path) -> None:
+def atomic_symlink(target: str, path: Path) -> None:
     tmp = path.parent / (f".tmp-{path.name}-{uuidlib.uuid4().hex[:8]}")
     os.symlink(target, tmp)
     os.replace(tmp, path)
@@ -144,5 +144,5 @@ def install_stand_in(source: Path, dest: Path, python: str) -> None:
     """
     body = source.read_text(encoding="utf-8").split("\n", 1)[1]
     shebang = f"#!{python} -S" if " " not in python else f"#!{python}"
-    _atomic_write(dest, shebang + "\n" + body)
+    atomic_write(dest, shebang + "\n" + body)
     dest.chmod(0o755)

@@ -38,7 +38,7 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-from gpuwatch.remote.sim.proc_files import _atomic_symlink, _atomic_write
+from gpuwatch.remote.sim.proc_files import atomic_symlink, atomic_write
 
 __all__ = ["LIVE_ENTRIES", "ProcView"]
 
@@ -63,11 +63,11 @@ class ProcView:
         """pid -> where its cwd and exe links point."""
         self._written: dict[str, str] = {}
         (root / "sys/kernel/random").mkdir(parents=True, exist_ok=True)
-        _atomic_symlink("/proc/uptime", root / "uptime")
-        _atomic_symlink("/proc/sys/kernel/random/boot_id", root / "sys/kernel/random/boot_id")
-        _atomic_write(root / "sys/kernel/hostname", hostname + "\n")
-        _atomic_write(root / "self/cgroup", self.cgroup_line)
-        _atomic_write(root / "self/mounts", (
+        atomic_symlink("/proc/uptime", root / "uptime")
+        atomic_symlink("/proc/sys/kernel/random/boot_id", root / "sys/kernel/random/boot_id")
+        atomic_write(root / "sys/kernel/hostname", hostname + "\n")
+        atomic_write(root / "self/cgroup", self.cgroup_line)
+        atomic_write(root / "self/mounts", (
             "/dev/nvme0n1p2 / ext4 rw,relatime 0 0\n"
             "proc /proc proc rw,nosuid,nodev,noexec,relatime 0 0\n"
             "sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0\n"
@@ -89,7 +89,7 @@ class ProcView:
 
     def _write(self, name: str, text: str) -> None:
         if self._written.get(name) != text:
-            _atomic_write(self.root / name, text)
+            atomic_write(self.root / name, text)
             self._written[name] = text
 
     def show(self, pids: Iterable[int]) -> None:
@@ -108,7 +108,7 @@ class ProcView:
         if pid in self.shown:
             for name, target in now.items():
                 if target != self.shown[pid].get(name) and target is not None:
-                    _atomic_symlink(target, folder / name)
+                    atomic_symlink(target, folder / name)
             self.shown[pid] = now
             return
         aside = self.root / f".new-{pid}-{uuid.uuid4().hex[:8]}"
@@ -118,7 +118,7 @@ class ProcView:
         for name, target in now.items():
             if target is not None:
                 os.symlink(target, aside / name)
-        _atomic_write(aside / "cgroup", self.cgroup_line)
+        atomic_write(aside / "cgroup", self.cgroup_line)
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(folder)  # a folder left by a pid that was reused
         os.rename(aside, folder)

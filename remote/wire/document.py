@@ -32,26 +32,26 @@ from .reader import (
     MAX_STRING_BYTES,
     MAX_VALUES,
     PROBE_VERSION,
-    _Bad,
-    _is_number,
-    _kind,
-    _Node,
+    BadDocument,
+    Node,
+    is_number,
+    kind_of,
 )
 from .sections import (
-    _cgroup,
-    _counts,
-    _discovered_runs,
-    _disk,
-    _elastic,
-    _gpu,
-    _gpu_processes,
-    _gpu_use,
-    _kernel_events,
-    _lenient_number,
-    _process,
-    _runs,
-    _scripts,
-    _xid_counts,
+    gpu_use_of,
+    lenient_number,
+    parse_cgroup,
+    parse_counts,
+    parse_discovered_runs,
+    parse_disk,
+    parse_elastic,
+    parse_gpu,
+    parse_gpu_processes,
+    parse_kernel_events,
+    parse_process,
+    parse_runs,
+    parse_scripts,
+    parse_xid_counts,
 )
 
 # ---------------------------------------------------------------- the document
@@ -73,15 +73,15 @@ def decode_document(data: bytes) -> bytes:
     """The probe's stdout as JSON text: inflated where the request asked for compression,
     never past MAX_DOCUMENT_BYTES (a zlib stream of a few KB can inflate to gigabytes)."""
     if not data.strip():
-        raise _Bad("", "the probe printed nothing")
+        raise BadDocument("", "the probe printed nothing")
     text = data if data.lstrip().startswith(b"{") else _inflate(data)
     if len(text) > MAX_DOCUMENT_BYTES:
         raise _too_big("")
     return text
 
 
-def _too_big(how: str) -> _Bad:
-    return _Bad("", f"larger than the limit of {MAX_DOCUMENT_BYTES // _MIB} MiB "
+def _too_big(how: str) -> BadDocument:
+    return BadDocument("", f"larger than the limit of {MAX_DOCUMENT_BYTES // _MIB} MiB "
                     f"(MAX_DOCUMENT_BYTES){how}")
 
 
@@ -98,9 +98,9 @@ def _inflate(data: bytes) -> bytes:
                 raise _too_big(" once inflated")
             part = inflate.decompress(inflate.unconsumed_tail, _MIB)
     except zlib.error:
-        raise _Bad("", "neither JSON nor zlib-compressed JSON") from None
+        raise BadDocument("", "neither JSON nor zlib-compressed JSON") from None
     if not inflate.eof:
-        raise _Bad("", "neither JSON nor zlib-compressed JSON (the stream is cut short)")
+        raise BadDocument("", "neither JSON nor zlib-compressed JSON (the stream is cut short)")
     return b"".join(parts)
 
 
@@ -168,20 +168,20 @@ def check_text(text: bytes) -> None:
     skeleton = flat.translate(None, _NOT_SKELETON).replace(b'""', b"")
     exact = b'"' not in skeleton
     if exact and _depth(skeleton) > MAX_DEPTH:
-        raise _Bad("", f"nested deeper than the limit of {MAX_DEPTH} (MAX_DEPTH)")
+        raise BadDocument("", f"nested deeper than the limit of {MAX_DEPTH} (MAX_DEPTH)")
     if skeleton.count(b"[") + skeleton.count(b"{") > MAX_CONTAINERS:  # strings' too: over
-        raise _Bad("", f"more than the limit of {MAX_CONTAINERS:,} objects and lists "
+        raise BadDocument("", f"more than the limit of {MAX_CONTAINERS:,} objects and lists "
                        f"(MAX_CONTAINERS)")
     if not exact and _depth(_STRING.sub(b"", skeleton)) > MAX_DEPTH:
-        raise _Bad("", f"nested deeper than the limit of {MAX_DEPTH} (MAX_DEPTH)")
+        raise BadDocument("", f"nested deeper than the limit of {MAX_DEPTH} (MAX_DEPTH)")
     if text.count(b",") > MAX_VALUES:
-        raise _Bad("", f"more than the limit of {MAX_VALUES:,} values (MAX_VALUES)")
+        raise BadDocument("", f"more than the limit of {MAX_VALUES:,} values (MAX_VALUES)")
     if _outside_strings(flat, _long_string(flat)):
-        raise _Bad("", f"a string longer than the limit of {MAX_STRING_BYTES // 1024} KiB "
+        raise BadDocument("", f"a string longer than the limit of {MAX_STRING_BYTES // 1024} KiB "
                        f"(MAX_STRING_BYTES)")
     digits = flat.translate(_DIGITS)
     if _LONG_NUMBER in digits and _outside_strings(digits, _long_number(digits)):
-        raise _Bad("", f"a number of more than the limit of {MAX_NUMBER_DIGITS} digits "
+        raise BadDocument("", f"a number of more than the limit of {MAX_NUMBER_DIGITS} digits "
                        f"(MAX_NUMBER_DIGITS)")
 
 
@@ -193,19 +193,19 @@ def _decode(data: bytes) -> Any:
     try:
         return json.loads(text)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise _Bad("", f"not JSON: {exc}") from None
+        raise BadDocument("", f"not JSON: {exc}") from None
 
 
-def _section(doc: _Node, name: str, errors: dict[str, str]) -> _Node | None:
+def _section(doc: Node, name: str, errors: dict[str, str]) -> Node | None:
     """A section's node; None when not asked for or failed ({"error": ...}, recorded)."""
     value = doc.data.get(name)
     if isinstance(value, dict) and "error" in value:
-        errors.setdefault(name, _Node(value, doc.child(name)).get_str("error"))
+        errors.setdefault(name, Node(value, doc.child(name)).get_str("error"))
         return None
     return None if value is None else doc.node(name)
 
 
-def _kernel_section(doc: _Node, errors: dict[str, str]) -> _Node | None:
+def _kernel_section(doc: Node, errors: dict[str, str]) -> Node | None:
     """The kernel section. Where the box's probe came without its parser of Xid and OOM lines
     (sent only where the last poll saw some), the lines come raw and are parsed here
     by the same code (box/kernel_log.py, the probe's default limits)."""
@@ -220,10 +220,10 @@ def _kernel_section(doc: _Node, errors: dict[str, str]) -> _Node | None:
     parsed["candidates"] = kernel.opt_int("candidates")
     total = kernel.opt_int("raw_total")
     parsed["partial"] = total is not None and total > len(raw)
-    return _Node(parsed, doc.child("kernel"))
+    return Node(parsed, doc.child("kernel"))
 
 
-def _host_clock(host: _Node | None) -> tuple[int, int] | None:
+def _host_clock(host: Node | None) -> tuple[int, int] | None:
     """(btime, clock ticks per second): what turns start ticks into epoch seconds."""
     if host is None:
         return None
@@ -231,32 +231,32 @@ def _host_clock(host: _Node | None) -> tuple[int, int] | None:
     return (btime, ticks) if btime is not None and ticks else None
 
 
-def _disks(doc: _Node, errors: dict[str, str]) -> tuple[DiskUsage, ...]:
+def _disks(doc: Node, errors: dict[str, str]) -> tuple[DiskUsage, ...]:
     value = doc.data.get("disks")
     if isinstance(value, dict) and "error" in value:
-        errors.setdefault("disks", _Node(value, "disks").get_str("error"))
+        errors.setdefault("disks", Node(value, "disks").get_str("error"))
         return ()
-    return tuple(_disk(node) for node in doc.nodes("disks"))
+    return tuple(parse_disk(node) for node in doc.nodes("disks"))
 
 
-def _snapshot(doc: _Node, host: str) -> HostSnapshot:
+def _snapshot(doc: Node, host: str) -> HostSnapshot:
     errors = dict(doc.messages("errors"))
     info = _section(doc, "host", errors)
     clock = _host_clock(info)
     gpu_section = _section(doc, "gpus", errors)
     gpu_error = _gpu_error(doc.data.get("gpus"), doc.child("gpus"))
     vendor = (gpu_section.opt_str("vendor") or "nvidia") if gpu_section else "nvidia"
-    gpus = tuple(_gpu(row, vendor) for row in gpu_section.table("devices")) if gpu_section \
+    gpus = tuple(parse_gpu(row, vendor) for row in gpu_section.table("devices")) if gpu_section \
         else ()
-    apps = _gpu_processes(gpu_section, gpus) if gpu_section else ()
+    apps = parse_gpu_processes(gpu_section, gpus) if gpu_section else ()
     if gpu_section and gpu_section.opt_str("apps_error"):
         errors["gpus.apps"] = gpu_section.get_str("apps_error")
     procs = _section(doc, "processes", errors)
-    use = _gpu_use(apps)
+    use = gpu_use_of(apps)
     cgroup = _section(doc, "cgroup", errors)
-    scripts = _scripts(procs) if procs else {}
+    scripts = parse_scripts(procs) if procs else {}
     ticks = info.opt_int("clk_tck") if info else None
-    elastic = _elastic(procs) if procs else frozenset()
+    elastic = parse_elastic(procs) if procs else frozenset()
     logind = _section(doc, "logind", errors)
     kernel = _kernel_section(doc, errors)
     return HostSnapshot(
@@ -265,25 +265,25 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
         hostname=info.opt_str("hostname") if info else None,
         boot_id=info.opt_str("boot_id") if info else None,
         uptime_s=info.opt_float("uptime_s") if info else None,
-        loadavg=info.opt_list("loadavg", _is_number, "numbers") if info else None,
+        loadavg=info.opt_list("loadavg", is_number, "numbers") if info else None,
         ncpu=info.opt_int("ncpu") if info else None,
         gpus=gpus,
         gpu_processes=apps,
         gpu_source=gpu_section.opt_str("source") if gpu_section else None,
         gpu_hints=_gpu_hints(gpu_section),
         gpu_vendor=vendor if gpu_section else None,
-        processes=tuple(_process(row, use, clock, scripts, elastic, ticks)
+        processes=tuple(parse_process(row, use, clock, scripts, elastic, ticks)
                         for row in procs.table("procs")) if procs else (),
-        process_counts=_counts(procs) if procs else None,
+        process_counts=parse_counts(procs) if procs else None,
         disks=_disks(doc, errors),
-        cgroup=_cgroup(cgroup) if cgroup else None,
+        cgroup=parse_cgroup(cgroup) if cgroup else None,
         kill_user_processes=logind.opt_bool("kill_user_processes") if logind else None,
-        kernel_events=_kernel_events(kernel, clock[0] if clock else None) if kernel else (),
-        xid_counts=_xid_counts(kernel) if kernel else MappingProxyType({}),
+        kernel_events=parse_kernel_events(kernel, clock[0] if clock else None) if kernel else (),
+        xid_counts=parse_xid_counts(kernel) if kernel else MappingProxyType({}),
         section_errors=MappingProxyType(errors),
         probe_s=doc.opt_float("probe_s"),
         probe_cpu_s=doc.opt_float("cpu_s"),
-        runs=_runs(doc, errors) + _discovered_runs(doc, errors),
+        runs=parse_runs(doc, errors) + parse_discovered_runs(doc, errors),
         pynvml=gpu_section.opt_bool("pynvml") if gpu_section else None,
         pynvml_dir=gpu_section.opt_str("pynvml_dir") if gpu_section else None,
         spawn=info.opt_bool("spawn") if info else None,
@@ -293,7 +293,7 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
         gpu_tool_missing=_gpu_tool_missing(doc.data.get("gpus"), gpu_error),
         gpu_query_s=gpu_error.query_s if gpu_error is not None
         else gpu_section.opt_float("query_s") if gpu_section else None,
-        processes_uptime_s=_lenient_number(procs.data.get("uptime_s")) if procs else None,
+        processes_uptime_s=lenient_number(procs.data.get("uptime_s")) if procs else None,
         **_discovery_note(doc),
     )
 
@@ -307,7 +307,7 @@ def _gpu_tool_missing(value: object, error: GpuError | None) -> str | None:
     return said[:300] if isinstance(said, str) else "nvidia-smi not found on PATH"
 
 
-def _gpu_hints(section: _Node | None) -> Mapping[str, str]:
+def _gpu_hints(section: Node | None) -> Mapping[str, str]:
     """What the GPU source said of the box for the next poll (strings, short); anything else
     is left out: the next poll learns it again."""
     hints = section.data.get("hints") if section else None
@@ -322,7 +322,7 @@ def _gpu_error(value: object, where: str) -> GpuError | None:
     None where the GPUs were read (or the box has none)."""
     if not isinstance(value, dict):
         return None
-    node = _Node(value, where)
+    node = Node(value, where)
     if node.opt_bool("not_read"):  # the probe's deadline passed before the GPUs' turn
         return None
     lost = node.opt_list("lost", lambda v: isinstance(v, str), "strings") or ()
@@ -344,7 +344,7 @@ def _gpu_error(value: object, where: str) -> GpuError | None:
                     tuple(lost))
 
 
-def _discovery_note(doc: _Node) -> dict[str, Any]:
+def _discovery_note(doc: Node) -> dict[str, Any]:
     """The probe's word on its discovery: the cache to send back, or the need for the
     module. Malformed reads as absent: the next poll sends the module, which is always right."""
     note = doc.data.get("discovery")
@@ -360,7 +360,7 @@ def load_document(data: bytes, host: str) -> Any:
     fields the snapshot does not keep: `gpuwatch check`)."""
     try:
         return _decode(data)
-    except _Bad as bad:
+    except BadDocument as bad:
         raise ProbeError(host, bad.where or "document", bad.problem) from None
 
 
@@ -369,10 +369,11 @@ def parse_probe_output(data: bytes, host: str) -> HostSnapshot:
     try:
         raw = _decode(data)
         if not isinstance(raw, dict):
-            raise _Bad("", f"expected an object, got {_kind(raw)}")
+            raise BadDocument("", f"expected an object, got {kind_of(raw)}")
         if raw.get("v") != PROBE_VERSION:
             version = raw.get("v")
-            raise _Bad("v", f"version {version!r}; this gpuwatch reads version {PROBE_VERSION}")
-        return _snapshot(_Node(expand_raw_events(raw), ""), host)
-    except _Bad as bad:
+            raise BadDocument("v", f"version {version!r}; this gpuwatch reads version "
+                                   f"{PROBE_VERSION}")
+        return _snapshot(Node(expand_raw_events(raw), ""), host)
+    except BadDocument as bad:
         raise ProbeError(host, bad.where or "document", bad.problem) from None

@@ -1,4 +1,4 @@
-"""The validating reader under the probe's document (wire/document.py): its limits, and _Node,
+"""The validating reader under the probe's document (wire/document.py): its limits, and Node,
 which reads a JSON value checking each field's kind and range, so a garbage document is a
 ProbeError naming the place rather than a crash or a wrong number."""
 
@@ -42,49 +42,49 @@ percentages are all far inside; a value beyond it is the box's error, not a meas
 
 # ---------------------------------------------------------------- validating reader
 
-class _Bad(Exception):
+class BadDocument(Exception):
     def __init__(self, where: str, problem: str) -> None:
         super().__init__(where, problem)
         self.where, self.problem = where, problem
 
 
-def _kind(value: object) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and not _is_int(value):
+def kind_of(value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and not is_int(value):
         return f"an integer out of range ({len(str(abs(value)))} digits)"
     if isinstance(value, (int, float)) and not isinstance(value, bool) and \
-            not _is_number(value):
+            not is_number(value):
         return f"a number out of range ({value!r}; the limit is ±2^53)"
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
         type(value), "null" if value is None else "a number")
 
 
-def _is_integer(value: object) -> bool:
+def is_integer(value: object) -> bool:
     """An int of any size (JSON's true and false are not)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
     """An integer field's value: an int within int64."""
     return isinstance(value, int) and not isinstance(value, bool) and INT_MIN <= value <= INT_MAX
 
 
-def _is_str(value: object) -> bool:
+def is_str(value: object) -> bool:
     return isinstance(value, str)
 
 
-def _is_path(value: object) -> bool:
+def is_path(value: object) -> bool:
     """A path: a string, not empty (os.path calls on "" raise)."""
     return isinstance(value, str) and value != ""
 
 
-def _is_number(value: object) -> bool:
+def is_number(value: object) -> bool:
     """A numeric field's value: finite, within ±FLOAT_MAX (an int within int64 that far)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     return -FLOAT_MAX <= value <= FLOAT_MAX  # nan compares false; no int to float (overflow)
 
 
-class _Node:
+class Node:
     """A JSON object being read, with its place in the document for error messages."""
 
     __slots__ = ("data", "where")
@@ -100,35 +100,35 @@ class _Node:
         if value is None and optional:
             return None
         if not test(value):
-            raise _Bad(self.child(key), f"expected {kind}, got {_kind(value)}")
+            raise BadDocument(self.child(key), f"expected {kind}, got {kind_of(value)}")
         return value
 
     def get_int(self, key: str) -> int:
-        return int(self._get(key, _is_int, "an integer", False))
+        return int(self._get(key, is_int, "an integer", False))
 
     def opt_int(self, key: str) -> int | None:
-        value = self._get(key, _is_int, "an integer or null", True)
+        value = self._get(key, is_int, "an integer or null", True)
         return None if value is None else int(value)
 
     def opt_float(self, key: str) -> float | None:
-        value = self._get(key, _is_number, "a number or null", True)
+        value = self._get(key, is_number, "a number or null", True)
         return None if value is None else float(value)
 
     def get_number(self, key: str) -> float:
-        return float(self._get(key, _is_number, "a number", False))
+        return float(self._get(key, is_number, "a number", False))
 
     def get_str(self, key: str) -> str:
-        return str(self._get(key, _is_str, "a string", False))
+        return str(self._get(key, is_str, "a string", False))
 
     def opt_str(self, key: str) -> str | None:
-        value = self._get(key, _is_str, "a string or null", True)
+        value = self._get(key, is_str, "a string or null", True)
         return None if value is None else str(value)
 
     def get_path(self, key: str) -> str:
-        return str(self._get(key, _is_path, "a path (a string, not empty)", False))
+        return str(self._get(key, is_path, "a path (a string, not empty)", False))
 
     def opt_path(self, key: str) -> str | None:
-        value = self._get(key, _is_path, "a path (a string, not empty) or null", True)
+        value = self._get(key, is_path, "a path (a string, not empty) or null", True)
         return None if value is None else str(value)
 
     def get_bool(self, key: str) -> bool:
@@ -144,38 +144,40 @@ class _Node:
             return None
         if not all(map(test, value)):
             i, bad = next((i, v) for i, v in enumerate(value) if not test(v))
-            raise _Bad(f"{self.child(key)}[{i}]", f"expected one of {kind}, got {_kind(bad)}")
+            raise BadDocument(f"{self.child(key)}[{i}]",
+                              f"expected one of {kind}, got {kind_of(bad)}")
         return tuple(value)
 
-    def node(self, key: str) -> _Node:
+    def node(self, key: str) -> Node:
         value = self._get(key, lambda v: isinstance(v, dict), "an object", False)
-        return _Node(value, self.child(key))
+        return Node(value, self.child(key))
 
-    def nodes(self, key: str) -> Iterator[_Node]:
+    def nodes(self, key: str) -> Iterator[Node]:
         items = self._get(key, lambda v: isinstance(v, list), "a list", True) or []
         for i, item in enumerate(items):
             if not isinstance(item, dict):
-                raise _Bad(f"{self.child(key)}[{i}]", f"expected an object, got {_kind(item)}")
-            yield _Node(item, f"{self.child(key)}[{i}]")
+                raise BadDocument(f"{self.child(key)}[{i}]",
+                                  f"expected an object, got {kind_of(item)}")
+            yield Node(item, f"{self.child(key)}[{i}]")
 
     def counters(self, key: str) -> Mapping[str, int]:
-        value = self._get(key, lambda v: isinstance(v, dict) and all(map(_is_int, v.values())),
+        value = self._get(key, lambda v: isinstance(v, dict) and all(map(is_int, v.values())),
                           "an object of integers", False)
         return MappingProxyType(dict(value))
 
     def messages(self, key: str) -> Mapping[str, str]:
-        value = self._get(key, lambda v: isinstance(v, dict) and all(map(_is_str, v.values())),
+        value = self._get(key, lambda v: isinstance(v, dict) and all(map(is_str, v.values())),
                           "an object of messages", True)
         return MappingProxyType(dict(value or {}))
 
-    def table(self, key: str) -> Iterator[_Node]:
+    def table(self, key: str) -> Iterator[Node]:
         """{"fields": [...], "rows": [[...], ...]} → one node per row."""
         tbl = self.node(key)
-        fields = tbl._get("fields", lambda v: isinstance(v, list) and all(map(_is_str, v)),
+        fields = tbl._get("fields", lambda v: isinstance(v, list) and all(map(is_str, v)),
                           "a list of names", False)
         rows = tbl._get("rows", lambda v: isinstance(v, list), "a list", False)
         for i, row in enumerate(rows):
             where = f"{tbl.where}.rows[{i}]"
             if not isinstance(row, list) or len(row) != len(fields):
-                raise _Bad(where, f"expected a list of {len(fields)} values")
-            yield _Node(dict(zip(fields, row, strict=True)), where)
+                raise BadDocument(where, f"expected a list of {len(fields)} values")
+            yield Node(dict(zip(fields, row, strict=True)), where)

@@ -28,25 +28,34 @@ from ..model.snapshot import (
     RunSample,
     Scalars,
 )
-from .reader import MAX_NUMBER_DIGITS, _Bad, _is_int, _is_integer, _is_number, _is_str, _kind, _Node
+from .reader import (
+    MAX_NUMBER_DIGITS,
+    BadDocument,
+    Node,
+    is_int,
+    is_integer,
+    is_number,
+    is_str,
+    kind_of,
+)
 
 # ---------------------------------------------------------------- sections
 
-def _gpu(row: _Node, vendor: str = "nvidia") -> GpuSample:
+def parse_gpu(row: Node, vendor: str = "nvidia") -> GpuSample:
     return GpuSample(
         index=row.get_int("index"), uuid=row.opt_str("uuid"), name=row.opt_str("name"),
         util_pct=row.opt_float("util_pct"), mem_used_mib=row.opt_int("mem_used_mib"),
         mem_total_mib=row.opt_int("mem_total_mib"), sm_clock_mhz=row.opt_int("sm_clock_mhz"),
         sm_clock_max_mhz=row.opt_int("sm_clock_max_mhz"), power_w=row.opt_float("power_w"),
         power_limit_w=row.opt_float("power_limit_w"), temp_c=row.opt_int("temp_c"),
-        throttle_reasons=row.opt_list("throttle_reasons", _is_str, "names"),
+        throttle_reasons=row.opt_list("throttle_reasons", is_str, "names"),
         mig=row.opt_bool("mig"), pci_bus_id=row.opt_str("pci_bus_id"),
         persistence=row.opt_bool("persistence"), ecc=_ecc(row), remap=_remap(row),
         recovery_action=_recovery(row), pcie=_pcie(row), vendor=vendor,
     )
 
 
-def _flag(row: _Node, name: str) -> bool | None:
+def _flag(row: Node, name: str) -> bool | None:
     """A yes/no field: a boolean (nvidia-smi's source) or NVML's 0/1 (its field values)."""
     value = row.data.get(name)
     if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
@@ -54,7 +63,7 @@ def _flag(row: _Node, name: str) -> bool | None:
     return row.opt_bool(name)
 
 
-def _recovery(row: _Node) -> str | None:
+def _recovery(row: Node) -> str | None:
     """The recovery action's name: nvidia-smi's words as the probe normalised them, or NVML's
     nvmlGpuRecoveryAction_t number (model.gpu.RECOVERY_ORDER; one it does not know, as
     `action_N`)."""
@@ -64,23 +73,23 @@ def _recovery(row: _Node) -> str | None:
     return row.opt_str("recovery")
 
 
-def _some(row: _Node, *names: str) -> bool:
+def _some(row: Node, *names: str) -> bool:
     return any(row.data.get(name) is not None for name in names)
 
 
-def _ecc(row: _Node) -> EccCounts | None:
+def _ecc(row: Node) -> EccCounts | None:
     names = ("ecc_corr_vol", "ecc_unc_vol", "ecc_corr_agg", "ecc_unc_agg")
     if not _some(row, *names):  # ECC off, or a GPU without it
         return None
     return EccCounts(*(row.opt_int(name) for name in names))
 
 
-def _remap(row: _Node) -> MemoryRemap | None:
+def _remap(row: Node) -> MemoryRemap | None:
     names = ("remap_corr", "remap_unc", "remap_pending", "remap_failed", "remap_hist",
              "retired_sbe", "retired_dbe", "retired_pending")
     if not _some(row, *names):
         return None
-    hist = row.opt_list("remap_hist", lambda v: v is None or _is_int(v), "integers")
+    hist = row.opt_list("remap_hist", lambda v: v is None or is_int(v), "integers")
     return MemoryRemap(
         corrected=row.opt_int("remap_corr"), uncorrected=row.opt_int("remap_unc"),
         pending=_flag(row, "remap_pending"), failed=_flag(row, "remap_failed"),
@@ -90,14 +99,14 @@ def _remap(row: _Node) -> MemoryRemap | None:
         retired_pending=_flag(row, "retired_pending"))
 
 
-def _pcie(row: _Node) -> PcieLink | None:
+def _pcie(row: Node) -> PcieLink | None:
     names = ("pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max", "pcie_replays")
     if not _some(row, *names):
         return None
     return PcieLink(*(row.opt_int(name) for name in names))
 
 
-def _gpu_processes(section: _Node, gpus: tuple[GpuSample, ...]) -> tuple[GpuProcess, ...]:
+def parse_gpu_processes(section: Node, gpus: tuple[GpuSample, ...]) -> tuple[GpuProcess, ...]:
     if "apps" not in section.data:  # nvidia-smi answered for the GPUs but not the processes
         return ()
     index_of = {gpu.uuid: gpu.index for gpu in gpus}
@@ -108,7 +117,7 @@ def _gpu_processes(section: _Node, gpus: tuple[GpuSample, ...]) -> tuple[GpuProc
         for row in section.table("apps"))
 
 
-def _gpu_use(apps: tuple[GpuProcess, ...]) -> dict[int, tuple[int | None, int | None]]:
+def gpu_use_of(apps: tuple[GpuProcess, ...]) -> dict[int, tuple[int | None, int | None]]:
     """pid → (GPU where it holds the most memory, total MiB) from the driver's list."""
     per_pid: dict[int, list[GpuProcess]] = {}
     for app in apps:
@@ -121,23 +130,23 @@ def _gpu_use(apps: tuple[GpuProcess, ...]) -> dict[int, tuple[int | None, int | 
     return use
 
 
-def _lenient_number(value: object) -> float | None:
+def lenient_number(value: object) -> float | None:
     """A figure the rest of the document does not hang on, read leniently: a finite number
     from 0 up to FLOAT_MAX, else None (a hostile or broken value loses that figure only)."""
-    if isinstance(value, int | float) and _is_number(value) and value >= 0:
+    if isinstance(value, int | float) and is_number(value) and value >= 0:
         return float(value)
     return None
 
 
-def _cpu_s(row: _Node, ticks_per_s: int | None) -> float | None:
+def _cpu_s(row: Node, ticks_per_s: int | None) -> float | None:
     """A process's utime + stime in seconds, from its clock ticks and the box's ticks per
     second; None where either is missing or not a count."""
-    ticks = _lenient_number(row.data.get("cpu_ticks"))
+    ticks = lenient_number(row.data.get("cpu_ticks"))
     return None if ticks is None or ticks_per_s is None or ticks_per_s <= 0 \
         else ticks / ticks_per_s
 
 
-def _process(row: _Node, use: Mapping[int, tuple[int | None, int | None]],
+def parse_process(row: Node, use: Mapping[int, tuple[int | None, int | None]],
              clock: tuple[int, int] | None,
              scripts: Mapping[int, tuple[str | None, float | None]],
              elastic: frozenset[int], ticks_per_s: int | None = None) -> ProcessInfo:
@@ -151,21 +160,21 @@ def _process(row: _Node, use: Mapping[int, tuple[int | None, int | None]],
         pgrp=row.get_int("pgrp"), sighup_ignored=row.get_bool("sighup_ignored"),
         sighup_caught=row.get_bool("sighup_caught"), threads=row.get_int("threads"),
         cgroup=row.opt_str("cgroup"), cwd=row.opt_str("cwd"), exe=row.opt_str("exe"),
-        nvidia_devs=row.opt_list("nvidia_devs", _is_int, "integers"), run=row.opt_str("run"),
+        nvidia_devs=row.opt_list("nvidia_devs", is_int, "integers"), run=row.opt_str("run"),
         gpu_index=gpu_index, gpu_mem_mib=gpu_mem_mib, script=scripts.get(pid, (None, None))[0],
         script_mtime=scripts.get(pid, (None, None))[1], elastic_rank=pid in elastic,
         cpu_s=_cpu_s(row, ticks_per_s),
     )
 
 
-def _elastic(section: _Node) -> frozenset[int]:
+def parse_elastic(section: Node) -> frozenset[int]:
     """Pids of torchrun's ranks among the session leaders holding a GPU (U11); none from
     probes that do not say."""
     raw = section.data.get("elastic")
-    return frozenset(p for p in raw if _is_int(p)) if isinstance(raw, list) else frozenset()
+    return frozenset(p for p in raw if is_int(p)) if isinstance(raw, list) else frozenset()
 
 
-def _scripts(section: _Node) -> dict[int, tuple[str | None, float | None]]:
+def parse_scripts(section: Node) -> dict[int, tuple[str | None, float | None]]:
     """pid → (script, mtime) of run processes (U2, U42), from {script: [mtime, pid, ...]};
     {} from probes that do not say."""
     raw = section.data.get("scripts")
@@ -173,16 +182,16 @@ def _scripts(section: _Node) -> dict[int, tuple[str | None, float | None]]:
     if not isinstance(raw, dict):
         return out
     for script, value in raw.items():
-        if not (isinstance(value, list) and value and _is_number(value[0])
-                and all(_is_int(p) for p in value[1:])):
-            raise _Bad(f"{section.where}.scripts", "expected {script: [mtime, pid, ...]}")
+        if not (isinstance(value, list) and value and is_number(value[0])
+                and all(is_int(p) for p in value[1:])):
+            raise BadDocument(f"{section.where}.scripts", "expected {script: [mtime, pid, ...]}")
         for pid in value[1:]:
             out[int(pid)] = (str(script), float(value[0]))
     return out
 
 
-def _counts(section: _Node) -> ProcessCounts:
-    skipped = section.opt_list("fd_skipped", _is_int, "pids")
+def parse_counts(section: Node) -> ProcessCounts:
+    skipped = section.opt_list("fd_skipped", is_int, "pids")
     return ProcessCounts(
         total=section.get_int("total"), kernel_threads=section.get_int("kernel_threads"),
         zombies=section.get_int("zombies"), not_listed=section.get_int("not_listed"),
@@ -190,7 +199,7 @@ def _counts(section: _Node) -> ProcessCounts:
         euid=section.opt_int("euid"))
 
 
-def _disk(node: _Node) -> DiskUsage:
+def parse_disk(node: Node) -> DiskUsage:
     return DiskUsage(
         path=node.get_str("path"), mount=node.opt_str("mount"),
         bytes_total=node.opt_int("bytes_total"), bytes_free=node.opt_int("bytes_free"),
@@ -198,7 +207,7 @@ def _disk(node: _Node) -> DiskUsage:
         inodes_free=node.opt_int("inodes_free"), error=node.opt_str("error"))
 
 
-def _cgroup(section: _Node) -> CgroupInfo:
+def parse_cgroup(section: Node) -> CgroupInfo:
     return CgroupInfo(
         version=section.get_int("version"), path=section.opt_str("path"),
         memory_current_bytes=section.opt_int("memory_current_bytes"),
@@ -210,7 +219,7 @@ def _cgroup(section: _Node) -> CgroupInfo:
         groups=_cgroup_groups(section) if section.data.get("groups") is not None else {})
 
 
-def _cgroup_groups(section: _Node) -> Mapping[str, CgroupCounter]:
+def _cgroup_groups(section: Node) -> Mapping[str, CgroupCounter]:
     groups = {}
     for row in section.table("groups"):
         path = row.get_str("path")
@@ -219,8 +228,8 @@ def _cgroup_groups(section: _Node) -> Mapping[str, CgroupCounter]:
     return MappingProxyType(groups)
 
 
-def _kernel_events(section: _Node, btime: int | None) -> tuple[KernelEvent, ...]:
-    def when(row: _Node) -> tuple[float | None, float | None]:
+def parse_kernel_events(section: Node, btime: int | None) -> tuple[KernelEvent, ...]:
+    def when(row: Node) -> tuple[float | None, float | None]:
         mono, epoch = row.opt_float("t_mono_s"), row.opt_float("t_epoch")
         if epoch is None and mono is not None and btime is not None:
             epoch = btime + mono  # plain dmesg stamps count from boot
@@ -241,10 +250,10 @@ def _kernel_events(section: _Node, btime: int | None) -> tuple[KernelEvent, ...]
     return tuple(events)
 
 
-def _xid_counts(section: _Node) -> Mapping[int, int]:
+def parse_xid_counts(section: Node) -> Mapping[int, int]:
     counts = section.counters("xid_counts")
     if not all(code.isascii() and code.isdigit() and len(code) < 10 for code in counts):
-        raise _Bad(f"{section.where}.xid_counts", "expected Xid codes as keys")
+        raise BadDocument(f"{section.where}.xid_counts", "expected Xid codes as keys")
     return MappingProxyType({int(code): n for code, n in counts.items()})
 
 
@@ -260,13 +269,13 @@ _NON_FINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
 def _is_value(value: object) -> bool:
     """A scalar's value: any number (a loss gone NaN or inf is news, not noise), or JSON's
     stand-in for a non-finite one ("nan", "inf", "-inf")."""
-    return (_is_integer(value) or isinstance(value, float)
+    return (is_integer(value) or isinstance(value, float)
             or (isinstance(value, str) and value in _NON_FINITE))
 
 
 def _wall(value: Any) -> float:
     """A point's wall time; nan (no time) for null and for one out of range."""
-    return float(value) if _is_number(value) else float("nan")
+    return float(value) if is_number(value) else float("nan")
 
 
 class _Dropped:
@@ -282,36 +291,36 @@ class _Dropped:
                              f"(e.g. {str(steps[0])[:MAX_NUMBER_DIGITS]})")
 
 
-def _scalars(node: _Node, key: str, with_wall: bool, dropped: _Dropped) -> Mapping[str, Scalars]:
+def _scalars(node: Node, key: str, with_wall: bool, dropped: _Dropped) -> Mapping[str, Scalars]:
     """A source's columns by tag. A point whose step is out of int64 (what the series and the
     store hold) is dropped and counted in `dropped`, the tag's other points kept."""
     value = node.data.get(key)
     if value is None:
         return MappingProxyType({})
     if not isinstance(value, dict):
-        raise _Bad(node.child(key), f"expected an object, got {_kind(value)}")
+        raise BadDocument(node.child(key), f"expected an object, got {kind_of(value)}")
     out = {}
     for tag, cols in value.items():
         where = f"{node.child(key)}.{tag}"
-        col = _Node(cols, where) if isinstance(cols, dict) else None
+        col = Node(cols, where) if isinstance(cols, dict) else None
         if col is None:
-            raise _Bad(where, f"expected an object, got {_kind(cols)}")
-        steps = col.opt_list("steps", _is_integer, "integers") or ()
+            raise BadDocument(where, f"expected an object, got {kind_of(cols)}")
+        steps = col.opt_list("steps", is_integer, "integers") or ()
         raw = col.opt_list("values", _is_value, "numbers") or ()
-        walls = col.opt_list("wall_times", lambda v: v is None or _is_integer(v)
+        walls = col.opt_list("wall_times", lambda v: v is None or is_integer(v)
                              or isinstance(v, float), "numbers") if with_wall else None
         if len(raw) != len(steps) or (walls is not None and len(walls) != len(steps)):
-            raise _Bad(where, "columns of different lengths")
-        keep = [i for i, step in enumerate(steps) if _is_int(step)]
+            raise BadDocument(where, "columns of different lengths")
+        keep = [i for i, step in enumerate(steps) if is_int(step)]
         if len(keep) < len(steps):
-            dropped.note(where, [s for s in steps if not _is_int(s)])
+            dropped.note(where, [s for s in steps if not is_int(s)])
         out[tag] = Scalars(
             steps=tuple(int(steps[i]) for i in keep), values=tuple(_value(raw[i]) for i in keep),
             wall_times=None if walls is None else tuple(_wall(walls[i]) for i in keep))
     return MappingProxyType(out)
 
 
-def _event_file(node: _Node) -> EventFile:
+def _event_file(node: Node) -> EventFile:
     error = node.opt_str("error")
     if error is not None:
         return EventFile(path=node.get_path("path"), bytes=0, mtime=0.0, offset=0, start=None,
@@ -324,10 +333,10 @@ def _event_file(node: _Node) -> EventFile:
             "mtime")), offset=node.get_int("offset"), start=node.opt_int("start"),
         stopped=node.opt_str("stopped"), first_wall_time=node.opt_float("first_wall_time"),
         reset=node.opt_bool("reset") or False, scalars=scalars,
-        errors=(node.opt_list("errors", _is_str, "messages") or ()) + tuple(dropped.messages))
+        errors=(node.opt_list("errors", is_str, "messages") or ()) + tuple(dropped.messages))
 
 
-def _metrics_file(node: _Node) -> MetricsFile:
+def _metrics_file(node: Node) -> MetricsFile:
     dropped = _Dropped()
     scalars = _scalars(node, "scalars", False, dropped)
     return MetricsFile(
@@ -340,19 +349,19 @@ def _metrics_file(node: _Node) -> MetricsFile:
         progress=_progress(node), skip_reason=node.opt_str("skip_reason"))
 
 
-def _progress(node: _Node) -> Mapping[str, float | bool] | None:
+def _progress(node: Node) -> Mapping[str, float | bool] | None:
     """A metrics file's "progress": the known keys that hold finite numbers, and "final"."""
     raw = node.data.get("progress")
     if not isinstance(raw, dict):
         return None
     out: dict[str, float | bool] = {k: float(raw[k]) for k in PROGRESS_KEYS
-                                    if _is_number(raw.get(k)) and math.isfinite(raw[k])}
+                                    if is_number(raw.get(k)) and math.isfinite(raw[k])}
     if raw.get("final") is True:
         out["final"] = True
     return MappingProxyType(out)
 
 
-def _exit(node: _Node) -> ExitRecord | None:
+def _exit(node: Node) -> ExitRecord | None:
     if node.data.get("exit") is None:
         return None
     ex = node.node("exit")
@@ -362,7 +371,7 @@ def _exit(node: _Node) -> ExitRecord | None:
                       code=code if code is not None and 0 <= code <= 255 else None)
 
 
-def _checkpoints(node: _Node, key: str) -> tuple[Checkpoint, ...]:
+def _checkpoints(node: Node, key: str) -> tuple[Checkpoint, ...]:
     if node.data.get(key) is None:
         return ()
     return tuple(Checkpoint(path=row.get_path("path"), mtime=float(row.get_number("mtime")),
@@ -370,7 +379,7 @@ def _checkpoints(node: _Node, key: str) -> tuple[Checkpoint, ...]:
                  for row in node.table(key))
 
 
-def _run(node: _Node) -> RunSample:
+def _run(node: Node) -> RunSample:
     log = node.data.get("log")
     log_info = None
     if log is not None:
@@ -382,7 +391,7 @@ def _run(node: _Node) -> RunSample:
     done = node.node("done") if node.data.get("done") is not None else None
     return RunSample(
         name=node.get_str("name"),
-        pids=node.opt_list("pids", _is_int, "pids") or (),
+        pids=node.opt_list("pids", is_int, "pids") or (),
         log=log_info,
         events_path=events.opt_path("path") if events else None,
         event_files=tuple(_event_file(f) for f in events.nodes("files")) if events else (),
@@ -399,27 +408,27 @@ def _run(node: _Node) -> RunSample:
     )
 
 
-def _discovered(node: _Node) -> Discovery | None:
+def _discovered(node: Node) -> Discovery | None:
     if node.data.get("discovered") is None:
         return None
     try:
         return parse_discovery(node.get_str("name"), node.data["discovered"])
     except ValueError as exc:
-        raise _Bad(node.child("discovered"), str(exc)) from None
+        raise BadDocument(node.child("discovered"), str(exc)) from None
 
 
-def _discovered_runs(doc: _Node, errors: dict[str, str]) -> tuple[RunSample, ...]:
+def parse_discovered_runs(doc: Node, errors: dict[str, str]) -> tuple[RunSample, ...]:
     """The "discovered" section's runs (probe's discover.py), after the configured."""
     value = doc.data.get("discovered")
     if isinstance(value, dict) and "error" in value:
-        errors.setdefault("discovered", _Node(value, "discovered").get_str("error"))
+        errors.setdefault("discovered", Node(value, "discovered").get_str("error"))
         return ()
     return tuple(_run(node) for node in doc.nodes("discovered"))
 
 
-def _runs(doc: _Node, errors: dict[str, str]) -> tuple[RunSample, ...]:
+def parse_runs(doc: Node, errors: dict[str, str]) -> tuple[RunSample, ...]:
     value = doc.data.get("runs")
     if isinstance(value, dict) and "error" in value:
-        errors.setdefault("runs", _Node(value, "runs").get_str("error"))
+        errors.setdefault("runs", Node(value, "runs").get_str("error"))
         return ()
     return tuple(_run(node) for node in doc.nodes("runs"))

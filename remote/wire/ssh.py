@@ -49,19 +49,19 @@ from .ssh_base import (
     parse_target,
 )
 from .ssh_config import (
-    _connect_kwargs,
-    _from_parsed,
-    _identity_files,
-    _known_hosts_files,
-    _resolve,
-    _Resolved,
+    Resolved,
+    connect_kwargs,
     endpoint_keys,
+    from_parsed,
+    identity_files,
     kept_endpoint_keys,
+    known_hosts_files,
+    resolve,
 )
 from .ssh_hosts import (
-    _Client,
-    _HostKeyVerdict,
-    _load_known_hosts,
+    Client,
+    HostKeyVerdict,
+    load_known_hosts,
 )
 
 __all__ = [
@@ -157,24 +157,24 @@ async def run_once(
     bounds = bounds or SshBounds()
     t0 = time.monotonic()
     tgt = parse_target(target)
-    kwargs = _connect_kwargs(tgt, bounds, config_file, identity_file)
+    kwargs = connect_kwargs(tgt, bounds, config_file, identity_file)
     # the ssh config's kept reading on the loop (a stat); a new reading in a thread (a file
     # read, the whole config parsed: milliseconds): a thread's hop costs a steady poll ~0.1 ms
-    resolved = _resolve(tgt, kwargs, config_file, kept_only=True) or await asyncio.to_thread(
-        _resolve, tgt, kwargs, config_file)
+    resolved = resolve(tgt, kwargs, config_file, kept_only=True) or await asyncio.to_thread(
+        resolve, tgt, kwargs, config_file)
     assert resolved is not None
     if resolved.client_keys is not None:
         kwargs["client_keys"] = resolved.client_keys
-    files, append_to = _known_hosts_files(resolved, known_hosts)
-    client = _Client(files, append_to, accept_new_host_keys)
+    files, append_to = known_hosts_files(resolved, known_hosts)
+    client = Client(files, append_to, accept_new_host_keys)
     where = f"{resolved.username}@{resolved.host} port {resolved.port}"
 
     try:
         async with opening or contextlib.nullcontext():
             t_open = time.monotonic()
             conn = await asyncssh.connect(
-                **_from_parsed(kwargs, resolved),
-                known_hosts=_load_known_hosts(files),
+                **from_parsed(kwargs, resolved),
+                known_hosts=load_known_hosts(files),
                 client_factory=lambda: client,
             )
     except TimeoutError:
@@ -342,7 +342,7 @@ def _ssh_command(
 
 
 def _host_key_error(
-    host: str, port: int, ssh_cmd: str, verdict: _HostKeyVerdict | None, exc: Exception
+    host: str, port: int, ssh_cmd: str, verdict: HostKeyVerdict | None, exc: Exception
 ) -> SshError:
     shown = host if port == DEFAULT_SSH_PORT else f"[{host}]:{port}"
     if verdict is None:  # revoked key, or a certificate problem: asyncssh said why
@@ -363,12 +363,12 @@ def _host_key_error(
 
 
 def _auth_error(
-    where: str, resolved: _Resolved, identity_file: str | os.PathLike[str] | None
+    where: str, resolved: Resolved, identity_file: str | os.PathLike[str] | None
 ) -> SshError:
     if identity_file is not None:
         keys = [str(identity_file)]
     else:
-        configured = _identity_files(resolved.config)
+        configured = identity_files(resolved.config)
         defaults = ["id_ed25519_sk", "id_ecdsa_sk", "id_ed25519", "id_ecdsa", "id_rsa"]
         keys = configured or [
             f"~/.ssh/{name}" for name in defaults if (Path.home() / ".ssh" / name).is_file()

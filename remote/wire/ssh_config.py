@@ -21,13 +21,13 @@ from .ssh_base import (
     parse_target,
 )
 from .ssh_hosts import (
-    _KnownHostsFile,
-    _read_known_hosts,
+    KnownHostsFile,
+    read_known_hosts,
 )
 
 
 @dataclass(frozen=True)
-class _Resolved:
+class Resolved:
     host: str
     port: int
     username: str
@@ -36,7 +36,7 @@ class _Resolved:
     parsed: Any = None  # the options it came from (_parsed): the connection starts from them
 
 
-def _connect_kwargs(
+def connect_kwargs(
     tgt: Target,
     bounds: Bounds,
     config_file: str | os.PathLike[str] | None,
@@ -65,7 +65,7 @@ def _connect_kwargs(
     return kwargs
 
 
-def _from_parsed(kwargs: dict[str, Any], resolved: _Resolved) -> dict[str, Any]:
+def from_parsed(kwargs: dict[str, Any], resolved: Resolved) -> dict[str, Any]:
     """The connection's kwargs, starting from the ssh config as _parsed read it rather than
     reading the file again: asyncssh parses the whole file on every connection (9 ms of client
     CPU per poll with a 51-host config, as much as the rest of the poll).
@@ -112,7 +112,7 @@ def _parsed(
     not loaded; reused for PARSED_TTL_S while the file is unchanged.
 
     Why: asyncssh reads the whole file for every target, shlex-splitting each line (about 6 ms
-    for a 50-host config), and each poll needs it twice here (endpoint_keys, _resolve): with N
+    for a 50-host config), and each poll needs it twice here (endpoint_keys, resolve): with N
     hosts in one ssh config a fleet poll cost O(N^2), on the event loop for endpoint_keys. The
     connection's own reading (asyncssh's, in its executor) is left as it is. With
     ``kept_only``, None rather than a new reading (a stat of the file, no read).
@@ -130,17 +130,17 @@ def _parsed(
         return cast(asyncssh.SSHClientConnectionOptions, cached[2])
     if kept_only:
         return None
-    options = _options(_connect_kwargs(tgt, SshBounds(), config_file, None), tgt.host)
+    options = _options(connect_kwargs(tgt, SshBounds(), config_file, None), tgt.host)
     if len(_parsed_cache) > 4096:  # a long-running TUI with ad-hoc targets: stay bounded
         _parsed_cache.clear()
     _parsed_cache[key] = (now, stamp, options)
     return options
 
 
-def _resolve(
+def resolve(
     tgt: Target, kwargs: dict[str, Any], config_file: str | os.PathLike[str] | None,
     *, kept_only: bool = False,
-) -> _Resolved | None:
+) -> Resolved | None:
     """Apply the ssh config to the target (host, port, user, key and known_hosts files) the way
     the connection will. Blocking file reads: run it in a thread, unless ``kept_only``: then
     only from a kept reading of the config (the files stat'ed, none read), else None."""
@@ -152,10 +152,10 @@ def _resolve(
     if "client_keys" not in kwargs:
         # OpenSSH skips an IdentityFile that does not exist (one ssh config, many machines);
         # asyncssh fails the connection on it. Hand it only the files that are there.
-        present = _identity_files(options.config)
+        present = identity_files(options.config)
         if len(present) != len(cast(list[str], options.config.get("IdentityFile", []))):
             client_keys = present
-    return _Resolved(
+    return Resolved(
         host=str(options.host),
         port=int(options.port or DEFAULT_SSH_PORT),
         username=str(options.username),
@@ -197,7 +197,7 @@ def _endpoint_keys(target: str, config_file: str | os.PathLike[str] | None,
     return keys
 
 
-def _identity_files(config: Any) -> list[str]:
+def identity_files(config: Any) -> list[str]:
     """The ssh config's IdentityFile entries that exist, ``~`` expanded."""
     paths = (Path(p).expanduser() for p in config.get("IdentityFile", ()))
     return [str(p) for p in paths if p.is_file()]
@@ -211,9 +211,9 @@ def _check_files(config_file: str | os.PathLike[str] | None, keys: list[str] | N
             raise SshError("config", f"identity_file {key} does not exist; fix identity_file.")
 
 
-def _known_hosts_files(
-    resolved: _Resolved, known_hosts: str | os.PathLike[str] | None
-) -> tuple[list[_KnownHostsFile], Path]:
+def known_hosts_files(
+    resolved: Resolved, known_hosts: str | os.PathLike[str] | None
+) -> tuple[list[KnownHostsFile], Path]:
     """The files to trust keys from and the one to record new keys in, as OpenSSH picks them:
     UserKnownHostsFile (or ~/.ssh/known_hosts; ``known_hosts`` overrides both) plus
     GlobalKnownHostsFile (or /etc/ssh/ssh_known_hosts{,2}). New keys go to the first user file."""
@@ -226,6 +226,6 @@ def _known_hosts_files(
         "/etc/ssh/ssh_known_hosts2",
     ]
     paths = [Path(p).expanduser() for p in [*user_files, *global_files] if p.lower() != "none"]
-    loaded = [kh for kh in map(_read_known_hosts, paths) if kh is not None]
+    loaded = [kh for kh in map(read_known_hosts, paths) if kh is not None]
     append_to = Path(user_files[0]).expanduser()
     return loaded, append_to

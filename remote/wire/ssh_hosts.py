@@ -20,16 +20,16 @@ from .ssh_base import (
 
 
 @dataclass(frozen=True)
-class _KnownHostsFile:
+class KnownHostsFile:
     path: Path
     lines: tuple[str, ...]
     hashed: bool
 
 
-_known_hosts_cache: dict[Path, tuple[int, int, _KnownHostsFile]] = {}
+_known_hosts_cache: dict[Path, tuple[int, int, KnownHostsFile]] = {}
 
 
-def _read_known_hosts(path: Path) -> _KnownHostsFile | None:
+def read_known_hosts(path: Path) -> KnownHostsFile | None:
     """The file's lines, cached on (mtime, size): a poll every few seconds must not re-read it."""
     try:
         st = path.stat()
@@ -43,18 +43,18 @@ def _read_known_hosts(path: Path) -> _KnownHostsFile | None:
     except OSError:
         return None
     lines = tuple(text.splitlines())
-    entry = _KnownHostsFile(path, lines, any(ln.startswith("|1|") for ln in lines))
+    entry = KnownHostsFile(path, lines, any(ln.startswith("|1|") for ln in lines))
     _known_hosts_cache[path] = (st.st_mtime_ns, st.st_size, entry)
     return entry
 
 
-_loaded: dict[tuple[int, ...], tuple[tuple[_KnownHostsFile, ...], asyncssh.SSHKnownHosts]] = {}
+_loaded: dict[tuple[int, ...], tuple[tuple[KnownHostsFile, ...], asyncssh.SSHKnownHosts]] = {}
 
 
-def _load_known_hosts(files: Sequence[_KnownHostsFile]) -> asyncssh.SSHKnownHosts:
+def load_known_hosts(files: Sequence[KnownHostsFile]) -> asyncssh.SSHKnownHosts:
     """One SSHKnownHosts from all files. A line asyncssh cannot read is skipped, as OpenSSH
     does, instead of failing the whole file. Kept while the files are unchanged (the same
-    _read_known_hosts readings): parsing every key of a user's known_hosts on every poll cost
+    read_known_hosts readings): parsing every key of a user's known_hosts on every poll cost
     more client CPU than the rest of the poll; asyncssh only matches against it."""
     key = tuple(map(id, files))
     cached = _loaded.get(key)
@@ -67,7 +67,7 @@ def _load_known_hosts(files: Sequence[_KnownHostsFile]) -> asyncssh.SSHKnownHost
     return known
 
 
-def _parse_known_hosts(files: Sequence[_KnownHostsFile]) -> asyncssh.SSHKnownHosts:
+def _parse_known_hosts(files: Sequence[KnownHostsFile]) -> asyncssh.SSHKnownHosts:
     known = asyncssh.SSHKnownHosts()
     for kh in files:
         try:
@@ -83,7 +83,7 @@ def _parse_known_hosts(files: Sequence[_KnownHostsFile]) -> asyncssh.SSHKnownHos
 
 
 def _known_lines_for(
-    files: Sequence[_KnownHostsFile], host: str, addr: str, port: int | None
+    files: Sequence[KnownHostsFile], host: str, addr: str, port: int | None
 ) -> list[tuple[Path, int]]:
     """(file, line number) of every plain key entry that names this host (asyncssh's matching,
     port fallback included). Only called when a key was not trusted, so per-line cost is fine."""
@@ -127,23 +127,23 @@ def _append_known_host(path: Path, entry: str) -> None:
 
 
 @dataclass
-class _HostKeyVerdict:
+class HostKeyVerdict:
     kind: Literal["unknown", "changed", "added"]
     fingerprint: str
     lines: list[tuple[Path, int]] = field(default_factory=list)
     recorded_in: Path | None = None
 
 
-class _Client(asyncssh.SSHClient):
+class Client(asyncssh.SSHClient):
     """Decides on host keys known_hosts does not already trust, like OpenSSH: unknown (no entry
     for the host) vs changed (an entry with another key). asyncssh calls
     ``validate_host_public_key`` only for a key it did not find trusted."""
 
-    def __init__(self, files: Sequence[_KnownHostsFile], append_to: Path, accept_new: bool):
+    def __init__(self, files: Sequence[KnownHostsFile], append_to: Path, accept_new: bool):
         self._files = files
         self._append_to = append_to
         self._accept_new = accept_new
-        self.verdict: _HostKeyVerdict | None = None
+        self.verdict: HostKeyVerdict | None = None
         self.conn: asyncssh.SSHClientConnection | None = None
 
     def connection_made(self, conn: asyncssh.SSHClientConnection) -> None:
@@ -156,14 +156,14 @@ class _Client(asyncssh.SSHClient):
         match_port = None if port == DEFAULT_SSH_PORT else port
         lines = _known_lines_for(self._files, host, addr, match_port)
         if lines:
-            self.verdict = _HostKeyVerdict("changed", fingerprint, lines)
+            self.verdict = HostKeyVerdict("changed", fingerprint, lines)
             return False
         if not self._accept_new:
-            self.verdict = _HostKeyVerdict("unknown", fingerprint)
+            self.verdict = HostKeyVerdict("unknown", fingerprint)
             return False
-        existing = _read_known_hosts(self._append_to)
+        existing = read_known_hosts(self._append_to)
         _append_known_host(
             self._append_to, _known_hosts_entry(host, port, key, bool(existing and existing.hashed))
         )
-        self.verdict = _HostKeyVerdict("added", fingerprint, recorded_in=self._append_to)
+        self.verdict = HostKeyVerdict("added", fingerprint, recorded_in=self._append_to)
         return True

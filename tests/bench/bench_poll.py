@@ -101,16 +101,16 @@ def unkept() -> Iterator[None]:
     from gpuwatch.remote.wire import ssh as ssh_call
     from gpuwatch.remote.wire import ssh_hosts
 
-    resolve, keys, load = ssh_call._resolve, ssh_call.kept_endpoint_keys, ssh_call._load_known_hosts
-    ssh_call._resolve = lambda *a, kept_only=False, **k: (  # type: ignore[assignment]
+    resolve, keys, load = ssh_call.resolve, ssh_call.kept_endpoint_keys, ssh_call.load_known_hosts
+    ssh_call.resolve = lambda *a, kept_only=False, **k: (  # type: ignore[assignment]
         None if kept_only else resolve(*a, **k))
     ssh_call.kept_endpoint_keys = lambda *a, **k: None  # type: ignore[assignment]
-    ssh_call._load_known_hosts = ssh_hosts._parse_known_hosts  # type: ignore[assignment]
+    ssh_call.load_known_hosts = ssh_hosts._parse_known_hosts  # type: ignore[assignment]
     try:
         yield
     finally:
-        ssh_call._resolve, ssh_call.kept_endpoint_keys = resolve, keys  # type: ignore[assignment]
-        ssh_call._load_known_hosts = load  # type: ignore[assignment]
+        ssh_call.resolve, ssh_call.kept_endpoint_keys = resolve, keys  # type: ignore[assignment]
+        ssh_call.load_known_hosts = load  # type: ignore[assignment]
 
 
 def pipeline_collector(host: HostConfig) -> Collector:

@@ -671,7 +671,7 @@ def test_not_your_process_is_said_plainly() -> None:
         {"pid": os.getpid(), "start_ticks": actions_box.proc_stat(os.getpid())["start_ticks"]},
         euid=os.geteuid() + 4242)
     assert status == "not_yours"
-    assert "not your process" in actions._STATUS_TEXT["not_yours"]
+    assert "not your process" in actions.STATUS_TEXT["not_yours"]
 
 
 def test_a_login_that_is_not_root_may_not_signal_others(tmp_path: Path) -> None:
@@ -699,7 +699,7 @@ def test_a_login_that_is_not_root_may_not_signal_others(tmp_path: Path) -> None:
         doc = json.loads(done.stdout)
         (row,) = doc["results"]
         assert row["status"] == "not_yours" and row["user"] == "root"
-        assert "not your process" in actions._result_line(row, "KILL")
+        assert "not your process" in actions.result_line(row, "KILL")
         assert sleeper.poll() is None
     finally:
         sleeper.kill()
@@ -986,7 +986,7 @@ def test_without_pidfds_the_check_is_followed_by_kill_and_the_answer_says_so(
         assert row["status"] == "signalled" and row["via"] == "kill", row
         assert doc["via"] == "kill" and "no os.pidfd_open" in doc["via_why"]
         assert sleeper.wait(5) == -signal.SIGTERM
-        assert "sent by pid with kill(2) (no pidfd: Python" in actions._via_line(doc)[0]
+        assert "sent by pid with kill(2) (no pidfd: Python" in actions.via_line(doc)[0]
     finally:
         if sleeper.poll() is None:
             sleeper.kill()
@@ -1004,4 +1004,4 @@ def test_a_box_script_failure_is_an_answer_naming_the_step(
     assert doc["failed"].startswith("the action script failed while signalling: ValueError")
     assert doc["results"][0]["status"] == "gone"
     plan = actions.ActionPlan("kill", "box1", (), None, "TERM", None, ())
-    assert actions._failed_on_box(plan, doc).message.startswith("failed on box1: the action")
+    assert actions.failed_on_box(plan, doc).message.startswith("failed on box1: the action")

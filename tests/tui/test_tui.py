@@ -392,7 +392,7 @@ def fake_execute(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
     monkeypatch.setattr(actions, "verify", verify)
     # the one verify loop (actions/verify.py verify_until) judges each fresh poll with its
     # _verdict and audits the last one with its verify
-    monkeypatch.setattr(verify_module, "_verdict", verdict)
+    monkeypatch.setattr(verify_module, "plan_verdict", verdict)
     monkeypatch.setattr(verify_module, "verify", verify)
     return calls
 
