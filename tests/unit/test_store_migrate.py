@@ -146,4 +146,6 @@ def test_the_scripts_split_into_whole_statements() -> None:
     parts = statements(V1)
     assert all(sqlite3.complete_statement(p) or sqlite3.complete_statement(p + ";")
                for p in parts)
-    assert sum(p.lstrip().upper().startswith("CREATE TABLE") for p in parts) == 12
+    tables = V1.upper().count("CREATE TABLE IF NOT EXISTS")  # every one, whatever it holds
+    assert tables >= 12
+    assert sum(p.lstrip().upper().startswith("CREATE TABLE") for p in parts) == tables

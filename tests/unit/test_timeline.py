@@ -157,7 +157,7 @@ def test_gpuwatch_events_prints_the_night(tmp_path: Path, capsys: pytest.Capture
     assert events_verb.run_verb(args(), store_path=path, now=T) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].endswith("on 2 hosts: 2 events, 0 deaths")
-    assert "answering again after 8.0 h unreachable" in out[2] and "gpu1" in out[2]
+    assert "answering again after 8 h unreachable" in out[2] and "gpu1" in out[2]
     assert "unreachable: no route to host" in out[3]
     assert events_verb.run_verb(args(host="gpu2", json=True), store_path=path, now=T) == 0
     doc = json.loads(capsys.readouterr().out)
