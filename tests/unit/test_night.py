@@ -266,7 +266,7 @@ def test_the_nights_events(night: Any) -> None:
     assert [k for k, _, _ in said if k not in ("finding", "changed", "cleared")] == [
         "started", "death", "restart", "action", "started", "unreachable", "reachable"]
     out = timeline_text(entries, since=T0 - 1)
-    assert "1 death" in out.splitlines()[0] and "answering again after 60 min" in out
+    assert "1 death" in out.splitlines()[0] and "answering again after 1 h" in out
 
 
 def test_the_runs_report(night: Any) -> None:
