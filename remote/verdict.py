@@ -93,7 +93,9 @@ def finding_words(finding: Finding) -> str:
     return visible(words)
 
 
-def _rank(finding: Finding) -> tuple[int, int]:
+def rank(finding: Finding) -> tuple[int, int]:
+    """Where a finding stands among a host's (smaller first): the more severe, then the more
+    pressing kind (FINDING_WORDS' order: a dead run before a full disk)."""
     order = list(FINDING_WORDS)
     return (-finding.severity, order.index(finding.code) if finding.code in order
             else len(order))
@@ -116,7 +118,7 @@ def verdict_of(findings: Iterable[Finding], state: str = "ok", *,
     Otherwise the state says it: "ok", "stale", "not polled yet"."""
     found = list(findings)
     worst = max((f.severity for f in found), default=None)
-    serious = sorted((f for f in found if f.severity >= Severity.WARNING), key=_rank)
+    serious = sorted((f for f in found if f.severity >= Severity.WARNING), key=rank)
     if state == "unreachable":
         kind, message = failure or (None, None)
         others = [f for f in serious if f.code != "host.unreachable"]

@@ -373,3 +373,27 @@ def test_a_demo_whose_terminal_closes_removes_its_fleet_and_temp_folder(tmp_path
                 p.name.startswith("gpuwatch-demo-") for p in temp.iterdir()):
             time.sleep(0.2)
     assert not [p.name for p in temp.iterdir() if p.name.startswith("gpuwatch-demo-")]
+
+
+def test_the_first_screen_at_80x24_answers_first(tmp_path: Path) -> None:
+    """A new user's first minute at 80×24: within 40 s the fleet's first row is its worst host
+    (its verdict critical), the title sums the fleet up (hosts by verdict, GPUs), and Enter on
+    that first row (demo-oom, OOM-killed) shows the death and what to do on the first screen,
+    above the panes."""
+    with demo_in_tmux(tmp_path, label="first", size=(80, 24)) as tmux:
+        started = time.monotonic()
+
+        def worst_first(screen: str) -> bool:
+            rows = [line for line in screen.splitlines() if line.lstrip().startswith("demo-")]
+            return bool(rows) and "✖ run died" in rows[0] and "demo-oom" in rows[0]
+
+        fleet = tmux.wait(worst_first, "demo-oom's death as the first row", 40)
+        took = time.monotonic() - started
+        title = fleet.splitlines()[0]
+        assert re.search(r"✖\d", title) and re.search(r"\d+ GPUs", title), title
+        tmux.keys("Enter")
+        screen = tmux.wait(lambda s: s.lstrip().startswith("demo-oom"), "demo-oom's view", 10)
+        top = screen.splitlines()[:3]  # the header, then the answer, before any pane
+        assert "✖ run died: OOM-killed" in top[0], screen
+        assert top[1].lstrip().startswith("✖ run died: OOM-killed — fix the cause"), screen
+        print(f"the worst host was the first row {took:.1f} s after the start")

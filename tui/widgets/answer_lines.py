@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpuwatch.remote.model.finding import Finding, Severity
-from gpuwatch.remote.verdict import finding_words
+from gpuwatch.remote.verdict import finding_words, rank
 from rich.text import Text
 
 from ..colours import SEVERITY_GLYPH, severity_colour
@@ -36,7 +36,7 @@ def answer(finding: Finding) -> str:
 class AnswerLines(TextPane):
     def show(self, findings: Sequence[Finding]) -> None:
         worst = sorted((f for f in findings if f.severity >= Severity.WARNING),
-                       key=lambda f: -f.severity)[:SHOWN]
+                       key=rank)[:SHOWN]  # the verdict's order: its headline's finding first
         self.display = bool(worst)
         self.show_built(lambda width: self.build_lines(worst, width))
 
