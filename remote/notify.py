@@ -33,7 +33,7 @@ from datetime import datetime
 from typing import Any
 
 from .config.schema import NotifyConfig, quiet_span
-from .findings.rules import Finding, Severity
+from .model.finding import Finding, Severity
 from .store import Store
 from .textsafe import visible
 

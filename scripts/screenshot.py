@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from gpuwatch.remote.config.load import load_file
-from gpuwatch.remote.findings.rules import Severity
+from gpuwatch.remote.model.finding import Severity
 from gpuwatch.remote.sim.fleet import DemoFleet
 from gpuwatch.remote.store import Store
 from gpuwatch.tui.app import build_app

@@ -29,7 +29,10 @@ from typing import Any
 
 from findings_helpers import host_config
 from gpuwatch.remote.box import known_runs, probe
-from gpuwatch.remote.findings.rules import Finding, HostHistory, Thresholds, evaluate
+from gpuwatch.remote.config.thresholds import Thresholds
+from gpuwatch.remote.findings.rules import evaluate
+from gpuwatch.remote.model.finding import Finding
+from gpuwatch.remote.model.history import HostHistory
 from gpuwatch.remote.sim import Box, h100_sxm, training_process
 from gpuwatch.remote.wire.bundle import build_command, build_stdin
 from gpuwatch.remote.wire.collect import build_request

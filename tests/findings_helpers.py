@@ -14,7 +14,10 @@ from typing import Any
 
 from gpuwatch.remote.config.load import parse_config
 from gpuwatch.remote.config.schema import HostConfig
-from gpuwatch.remote.findings.rules import Finding, HostHistory, Thresholds, evaluate
+from gpuwatch.remote.config.thresholds import Thresholds
+from gpuwatch.remote.findings.rules import evaluate
+from gpuwatch.remote.model.finding import Finding
+from gpuwatch.remote.model.history import HostHistory
 from gpuwatch.remote.model.snapshot import HostSnapshot
 from gpuwatch.remote.sim import Box
 from gpuwatch.remote.wire.bundle import build_command, build_stdin

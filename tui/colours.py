@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from gpuwatch.remote.findings.rules import Severity
+from gpuwatch.remote.model.finding import Severity
 from textual.app import App
 from textual.color import Color
 

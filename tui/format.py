@@ -14,8 +14,8 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 
-from gpuwatch.remote.findings.rules import Finding, Severity
 from gpuwatch.remote.model.death import Diagnosis
+from gpuwatch.remote.model.finding import Finding, Severity
 from gpuwatch.remote.textsafe import visible
 from gpuwatch.remote.units import duration, mib, size
 from rich.cells import cell_len

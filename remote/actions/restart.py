@@ -32,8 +32,9 @@ from typing import Any
 
 from ..config.schema import HostConfig, RunConfig
 from ..findings.diagnosis import DEAD_GPU_XIDS, Diagnosis
-from ..findings.rules import Finding, HostHistory, Severity
 from ..findings.run_curves import latest_after_nan
+from ..model.finding import Finding, Severity
+from ..model.history import HostHistory
 from ..model.series import RunSeries
 from ..store import RestartRecord, Store
 from . import plan as actions

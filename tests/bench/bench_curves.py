@@ -20,7 +20,7 @@ import statistics
 import time
 
 from figures import SMOKE, Row, print_rows, remember
-from gpuwatch.remote.findings.rules import Thresholds
+from gpuwatch.remote.config.thresholds import Thresholds
 from gpuwatch.remote.findings.run_curves import RunCurves
 from gpuwatch.remote.model.series import RunSeries, TagSeries
 

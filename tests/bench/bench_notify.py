@@ -23,7 +23,7 @@ from pathlib import Path
 
 from figures import SMOKE
 from gpuwatch.remote.config.schema import Config, HostConfig, NotifyConfig
-from gpuwatch.remote.findings.rules import Severity
+from gpuwatch.remote.model.finding import Severity
 from gpuwatch.remote.notify import Notifier
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.watch.fleet import FleetWatch

@@ -256,7 +256,7 @@ def busy_box(root: Path) -> Box:
 def busy_box_figures(tmp_path: Path, sshd_factory: Callable[..., SshdBox]) -> list[Row]:
     """Real polls of the busy box through its own sshd, as `gpuwatch` polls it (the host's
     history carried from poll to poll); then the probe's CPU on the last poll's input."""
-    from gpuwatch.remote.findings.rules import HostHistory
+    from gpuwatch.remote.model.history import HostHistory
 
     sim = busy_box(tmp_path / "busy")
     sshd = sshd_factory(env=sim.env(base_path=BOX_PATH))

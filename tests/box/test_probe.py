@@ -267,7 +267,7 @@ def test_a_busy_process_shows_its_cpu_and_a_sleeping_one_none_through_the_real_p
     """Two real processes, one spinning and one asleep, polled twice through the real probe
     on this machine's /proc: the first poll knows their CPU time but no CPU% yet; the second
     shows the spinning one busy and the sleeping one near 0."""
-    from gpuwatch.remote.findings.rules import HostHistory
+    from gpuwatch.remote.model.history import HostHistory
     from gpuwatch.remote.wire.document import parse_probe_output
 
     mark = f"gpuwatch-cpu-{os.getpid()}"
@@ -460,8 +460,8 @@ def steady_request(request: dict, env: dict[str, str]) -> dict:
     found go back as remembered runs, and what it found for the probe to reuse
     instead of the discover module."""
     from gpuwatch.remote.config.schema import HostConfig, RunConfig
-    from gpuwatch.remote.findings.rules import HostHistory
     from gpuwatch.remote.model.discovered import discovered_requests
+    from gpuwatch.remote.model.history import HostHistory
     from gpuwatch.remote.wire.document import parse_probe_output
 
     snapshot = parse_probe_output(run_probe(request, env).stdout, "box")
@@ -732,7 +732,9 @@ def test_an_xid_storm_sent_raw_is_reported_once(box: Box):
     poll's counts cover the newest lines only. The next poll has the parser and counts them
     all; the code already reported must not come again for its older lines, while a code
     that only the older lines held is reported then (late, but never before)."""
-    from gpuwatch.remote.findings.rules import HostHistory, Severity, gpu_xid
+    from gpuwatch.remote.findings.gpu import gpu_xid
+    from gpuwatch.remote.model.finding import Severity
+    from gpuwatch.remote.model.history import HostHistory
     from gpuwatch.remote.wire.document import parse_probe_output
 
     storm = probe.RAW_KERNEL_LINES + 500

@@ -22,7 +22,7 @@ from typing import IO
 import pytest
 from gpuwatch.remote.actions import plan as actions
 from gpuwatch.remote.config.schema import HostConfig, RunConfig, SshSettings
-from gpuwatch.remote.findings.rules import HostHistory
+from gpuwatch.remote.model.history import HostHistory
 from gpuwatch.remote.model.snapshot import HostSnapshot
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.store import Store

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 from gpuwatch.remote.config.schema import HostConfig
-from gpuwatch.remote.findings.rules import HostHistory
+from gpuwatch.remote.model.history import HostHistory
 from gpuwatch.remote.model.series import RunSeries
 from gpuwatch.remote.model.snapshot import HostSnapshot
 from gpuwatch.remote.wire import collect

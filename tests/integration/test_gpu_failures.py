@@ -22,7 +22,7 @@ from typing import Any
 import jsonschema
 import pytest
 from findings_helpers import Watched
-from gpuwatch.remote.findings.rules import Severity
+from gpuwatch.remote.model.finding import Severity
 from gpuwatch.remote.model.snapshot import classify_gpu_error
 from gpuwatch.remote.report import load_schema
 from gpuwatch.remote.sim import Box, h100_sxm

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import test_actions
 from gpuwatch.remote.config.schema import Config, HostConfig, NotifyConfig
-from gpuwatch.remote.findings.rules import Finding, Severity
+from gpuwatch.remote.model.finding import Finding, Severity
 from gpuwatch.remote.notify import (
     Notifier,
     last_sent,

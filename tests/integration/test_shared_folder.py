@@ -20,7 +20,7 @@ import pytest
 import test_actions
 from gpuwatch.remote.actions import plan as actions
 from gpuwatch.remote.config.schema import RunConfig
-from gpuwatch.remote.findings.rules import HostHistory
+from gpuwatch.remote.model.history import HostHistory
 from harness.captures import missing
 from test_actions import PY, Rig, poll, wait_for
 

@@ -19,7 +19,7 @@ import pytest
 import test_actions
 from gpuwatch.remote.actions import plan as actions
 from gpuwatch.remote.config.schema import Config, HostConfig, RunConfig
-from gpuwatch.remote.findings.rules import HostHistory
+from gpuwatch.remote.model.history import HostHistory
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.watch.fleet import FleetWatch
 from test_actions import PY, TRAIN, TRAINER, Rig, alive, poll, wait_for
@@ -281,7 +281,7 @@ async def test_a_hung_run_is_killed_whole_then_restarted(rig: Rig) -> None:
     """run.hung (a curve finding: all alive, no step for far longer than its step interval)
     is stood in for here, as the rules would put it in the history; the kill, the death it
     makes and the restart are real. Only `run.hung` is in restart_on: a plain kill is not."""
-    from gpuwatch.remote.findings.rules import Finding, Severity
+    from gpuwatch.remote.model.finding import Finding, Severity
 
     run, work = trainer(rig, restart_on=("run.hung",))
     host = rig.host(run)

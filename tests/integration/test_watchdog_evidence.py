@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import test_actions
 from gpuwatch.remote.config.schema import HostConfig, RunConfig
-from gpuwatch.remote.findings.rules import HostHistory
+from gpuwatch.remote.model.history import HostHistory
 from gpuwatch.remote.store import Store
 from test_actions import PY, Rig, alive, wait_for
 from test_watchdog import first_launch, launches, trainer

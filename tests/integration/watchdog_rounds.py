@@ -24,7 +24,7 @@ from pathlib import Path
 from gpuwatch.remote.actions.restart import Watchdog, WatchEvent, new_holder
 from gpuwatch.remote.config.schema import HostConfig
 from gpuwatch.remote.findings.evaluate import evaluate
-from gpuwatch.remote.findings.rules import HostHistory
+from gpuwatch.remote.model.history import HostHistory
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.wire.collect import Collector
 

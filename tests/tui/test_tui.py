@@ -18,7 +18,8 @@ from gpuwatch.remote.actions import execute as execute_module
 from gpuwatch.remote.actions import plan as actions
 from gpuwatch.remote.actions import verify as verify_module
 from gpuwatch.remote.config.schema import Config, HostConfig
-from gpuwatch.remote.findings.rules import HostHistory, Severity
+from gpuwatch.remote.model.finding import Severity
+from gpuwatch.remote.model.history import HostHistory
 from gpuwatch.remote.model.series import MAX_POINTS, MIN_POINTS, points_share
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.store import Store
@@ -852,7 +853,7 @@ async def test_a_failed_relaunchs_log_line_is_shown_as_written_not_as_markup(
 async def test_the_tui_judges_with_the_configs_thresholds() -> None:
     """The TUI restored each host's history with the default thresholds whatever the config's
     `[thresholds]` said (a `stalled_s = 60` read 1800 there, while `--once` used 60)."""
-    from gpuwatch.remote.findings.rules import Thresholds
+    from gpuwatch.remote.config.thresholds import Thresholds
 
     cfg = replace(fx.config(), thresholds=Thresholds(stalled_s=60.0, sustain_polls=3))
     app = make_app(cfg)

@@ -222,7 +222,7 @@ def test_the_docs_name_the_glyphs_the_app_shows() -> None:
     """docs/tui.md named the dead glyph `✗`; the app shows `†` (✗ is a host not polled)."""
     from pathlib import Path
 
-    from gpuwatch.remote.findings.rules import Severity
+    from gpuwatch.remote.model.finding import Severity
     from gpuwatch.tui.format import RUN_GLYPH, SEVERITY_GLYPH, STATUS_GLYPH
 
     text = " ".join((Path(__file__).parents[2] / "docs" / "tui.md").read_text().split())

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import tui_fixtures as fx
-from gpuwatch.remote.findings.rules import Finding, Severity
+from gpuwatch.remote.model.finding import Finding, Severity
 from gpuwatch.remote.watch import fleet as fleet_module
 from gpuwatch.tui.app import GpuwatchApp, build_app
 from gpuwatch.tui.colours import contrast_ratio

@@ -21,7 +21,7 @@ from gpuwatch.remote.actions.plan import (
     plan_relaunch,
 )
 from gpuwatch.remote.config.schema import HostConfig, RunConfig
-from gpuwatch.remote.findings.rules import HostHistory, PollFailure
+from gpuwatch.remote.model.history import HostHistory, PollFailure
 from gpuwatch.remote.model.snapshot import (
     Checkpoint,
     GpuProcess,

@@ -24,7 +24,7 @@ from gpuwatch.remote.config.schema import (
     SshSettings,
     threshold_ranges,
 )
-from gpuwatch.remote.findings.rules import HISTORY_LEN, Thresholds
+from gpuwatch.remote.config.thresholds import HISTORY_LEN, Thresholds
 from gpuwatch.tui.cli.command import EXIT_CONFIG
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st

@@ -10,9 +10,9 @@ import math
 import pytest
 from gpuwatch.remote.config.load import parse_config
 from gpuwatch.remote.config.schema import ConfigError
+from gpuwatch.remote.config.thresholds import Thresholds
 from gpuwatch.remote.findings.curve_tags import tags_of
 from gpuwatch.remote.findings.curves import CurveParams, CurveTracker, noisy_band
-from gpuwatch.remote.findings.rules import Thresholds
 from gpuwatch.remote.findings.run_curves import RunCurves
 from gpuwatch.remote.model.series import RunSeries, TagSeries
 from hypothesis import given, settings

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from curves_corpus import Entry, Replayed, replay
-from gpuwatch.remote.findings.rules import Severity
+from gpuwatch.remote.model.finding import Severity
 
 WARNING = int(Severity.WARNING)
 

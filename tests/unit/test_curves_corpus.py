@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from curves_corpus import Entry, LiveFile, Replayed, corpus, granularities, replay
-from gpuwatch.remote.findings.rules import Severity
+from gpuwatch.remote.model.finding import Severity
 
 ENTRIES = {e.name: e for e in corpus()}
 WARNING = int(Severity.WARNING)

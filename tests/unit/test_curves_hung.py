@@ -11,7 +11,8 @@ from pathlib import Path
 
 from curves_data import Replay
 from findings_helpers import Watched, host_config, touch
-from gpuwatch.remote.findings.rules import Severity, Thresholds
+from gpuwatch.remote.config.thresholds import Thresholds
+from gpuwatch.remote.model.finding import Severity
 from gpuwatch.remote.sim import Box, h100_sxm, training_process
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from curves_data import HEALTHY, Replay
 from findings_helpers import Watched, host_config
-from gpuwatch.remote.findings.rules import Finding, Severity
+from gpuwatch.remote.model.finding import Finding, Severity
 from gpuwatch.remote.sim import Box, h100_sxm, training_process
 
 CURVE_CODES = {"run.loss_nan", "run.diverging", "run.loss_spike", "run.plateau",

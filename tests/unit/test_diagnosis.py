@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from findings_helpers import Watched, host_config, touch
 from gpuwatch.remote.findings.diagnosis import Diagnosis, crash_line
-from gpuwatch.remote.findings.rules import Severity
+from gpuwatch.remote.model.finding import Severity
 from gpuwatch.remote.sim import Box, SimProcess, h100_sxm, kmsg, training_process
 from gpuwatch.remote.store import Store
 from harness.captures import capture

@@ -10,16 +10,10 @@ from pathlib import Path
 import pytest
 from findings_helpers import Watched, host_config, touch
 from gpuwatch.remote.box import names as probe
-from gpuwatch.remote.findings.rules import (
-    CODES,
-    RULES,
-    Finding,
-    HostHistory,
-    PollFailure,
-    Severity,
-    Thresholds,
-    evaluate,
-)
+from gpuwatch.remote.config.thresholds import Thresholds
+from gpuwatch.remote.findings.rules import CODES, RULES, evaluate
+from gpuwatch.remote.model.finding import Finding, Severity
+from gpuwatch.remote.model.history import HostHistory, PollFailure
 from gpuwatch.remote.model.snapshot import GpuSample
 from gpuwatch.remote.sim import Box, SimProcess, h100_sxm, training_process, util_without_clock
 from harness.captures import capture
@@ -579,9 +573,7 @@ def test_every_threshold_is_documented() -> None:
     import inspect
     import itertools
 
-    from gpuwatch.remote.findings import rules as findings
-
-    tree = ast.parse(inspect.getsource(findings.Thresholds))
+    tree = ast.parse(inspect.getsource(Thresholds))
     body = tree.body[0].body  # type: ignore[attr-defined]
     documented = {node.target.id for node, doc in itertools.pairwise(body)
                   if isinstance(node, ast.AnnAssign) and isinstance(doc, ast.Expr)

@@ -29,7 +29,7 @@ import pytest
 from gpuwatch.remote.box import names as probe
 from gpuwatch.remote.box import tfevents
 from gpuwatch.remote.config.load import parse_config
-from gpuwatch.remote.findings.rules import HostHistory
+from gpuwatch.remote.model.history import HostHistory
 from gpuwatch.remote.model.snapshot import ProbeError
 from gpuwatch.remote.report import document, prometheus_text, text_report, to_json_text
 from gpuwatch.remote.store import Store

@@ -20,7 +20,7 @@ from typing import Any
 import jsonschema
 import pytest
 from gpuwatch.remote.config.load import parse_config
-from gpuwatch.remote.findings.rules import HostHistory
+from gpuwatch.remote.model.history import HostHistory
 from gpuwatch.remote.model.series import RunSeries
 from gpuwatch.remote.model.snapshot import ProbeError
 from gpuwatch.remote.report import load_schema

@@ -232,7 +232,7 @@ def rewrite_stat(box: Box, pid: int, *, utime: int | None = None, stime: int | N
 
 
 def test_cpu_pct_is_the_cpu_time_used_between_two_polls_of_the_same_process(box: Box):
-    from gpuwatch.remote.findings.rules import HostHistory
+    from gpuwatch.remote.model.history import HostHistory
 
     history = HostHistory("gpu1")
     first = snapshot(box)
@@ -264,7 +264,7 @@ def test_cpu_pct_is_the_cpu_time_used_between_two_polls_of_the_same_process(box:
 
 
 def test_cpu_pct_is_not_carried_over_a_reboot_or_a_clock_that_went_back(box: Box):
-    from gpuwatch.remote.findings.rules import HostHistory
+    from gpuwatch.remote.model.history import HostHistory
 
     history = HostHistory("gpu1")
     history.record(snapshot(box), 0.0)
@@ -298,7 +298,7 @@ def test_cpu_pct_of_two_cpu_times_and_a_span():
 def test_a_hostile_cpu_figure_is_no_figure_and_the_rest_is_read(box: Box, bad: object):
     """The CPU ticks of a row, the table's uptime and the clock ticks per second are figures
     nothing else hangs on: a bad one is None, never the host's probe error."""
-    from gpuwatch.remote.findings.rules import HostHistory
+    from gpuwatch.remote.model.history import HostHistory
 
     doc = json.loads(zlib.decompress(probe_output(box, compress=True)))
     at = doc["processes"]["procs"]["fields"].index("cpu_ticks")

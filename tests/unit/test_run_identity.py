@@ -25,7 +25,7 @@ from findings_helpers import Watched, host_config
 from gpuwatch.remote.actions import plan as actions
 from gpuwatch.remote.box import act as actions_box
 from gpuwatch.remote.config.schema import HostConfig, RunConfig
-from gpuwatch.remote.findings.rules import Severity
+from gpuwatch.remote.model.finding import Severity
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.tui.cli.check import loose_runs
 from harness.captures import missing

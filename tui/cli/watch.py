@@ -125,7 +125,7 @@ def once_summary(reports, code: int) -> str:  # type: ignore[no-untyped-def]
 
 
 def notify_test(config) -> int:  # type: ignore[no-untyped-def]
-    from gpuwatch.remote.findings.rules import Severity
+    from gpuwatch.remote.model.finding import Severity
     from gpuwatch.remote.notify import mask, send_one, target_urls
 
     urls = target_urls(config.notify)

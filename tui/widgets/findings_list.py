@@ -3,7 +3,7 @@ person acts on, then the evidence behind it. Messages carry box text: Text, neve
 
 from __future__ import annotations
 
-from gpuwatch.remote.findings.rules import Finding
+from gpuwatch.remote.model.finding import Finding
 from rich.text import Text
 
 from ..colours import SEVERITY_GLYPH, colour, severity_colour
