@@ -29,8 +29,8 @@ MAX_LINE = 2000
 """A longer line is not one of these (a dumped tensor): not read."""
 MAX_RANKS = 4096
 
-_RANK = re.compile(r"\[(?:PG [^\[\]]{0,80}?)?Rank ([0-9]{1,6})\]")
-_PREFIX = re.compile(r"^\s*\[rank([0-9]{1,6})\]:")
+_RANK = re.compile(r"\[(?:PG [^\[\]]{0,80}?)?Rank ([0-9]{1,9})\]")
+_PREFIX = re.compile(r"^\s*\[rank([0-9]{1,9})\]:")
 _WORK = re.compile(r"WorkNCCL\(((?:[^()]|\([a-z]{1,4}\)){0,600})\)")
 _FIELD = re.compile(r"([A-Za-z_]{1,20}(?:\(ms\))?)=([^,]{1,80})")
 _RAN = re.compile(r"ran for ([0-9]{1,15}) milliseconds before timing out")
