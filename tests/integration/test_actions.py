@@ -171,9 +171,14 @@ def rig(tmp_path: Path, sshd_factory: Callable[..., SshdBox]) -> Iterator[Rig]:
 
 
 async def poll(host: HostConfig, history: HostHistory) -> HostSnapshot:
+    """One poll recorded and judged into `history` (the rules applied: why a run that went
+    died, the zombies), as the pipeline does with every poll."""
+    from gpuwatch.remote.findings.rules import evaluate
+
     outcome = await Collector().poll(host, history.runs)
     assert outcome.snapshot is not None, outcome.error_message
     history.record(outcome.snapshot, outcome.ended_at)
+    evaluate(history)
     return outcome.snapshot
 
 
