@@ -74,7 +74,7 @@ def duration_s(text: str) -> float | None:
 
 def memory_mib(text: str, cpus: int | None = None) -> float | None:
     """A size as sacct/squeue write it (`137208K`, `100M`, `1.5G`, `4000Mc` per CPU, `100Mn`
-    per node) in MiB; per CPU times `cpus`. Empty or 0 → None. Raises ValueError otherwise."""
+    per node) in MiB; per CPU times `cpus`. Empty or zero → None. Raises ValueError otherwise."""
     text = text.strip()
     if not text or text in ("0", "0n", "0c"):
         return None
@@ -82,6 +82,8 @@ def memory_mib(text: str, cpus: int | None = None) -> float | None:
     if m is None:
         raise ValueError(f"not a memory size: {text!r}")
     number, unit, per = m.groups()
+    if float(number) == 0:
+        return None  # 0K: not measured (a step too short for the accounting poller)
     mib = float(number) * _UNITS[unit or "M"]
     if per == "c":
         if cpus is None:

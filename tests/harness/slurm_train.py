@@ -1,6 +1,6 @@
 """A tiny training script for the real Slurm's jobs: steps, a metrics file, checkpoints, a log.
 
-    python3 slurm_train.py --steps N --step-s S --save-every K [--grow-mib M] [--done]
+    python3 slurm_train.py --steps N --step-s S --save-every K [--save-until N] [--grow-mib M]
 
 Each step appends ``{"step", "loss"}`` to ``metrics.jsonl`` and prints a line (flushed: the job's
 StdOut is the log); every ``--save-every`` steps it writes ``checkpoints/step-N.pt`` (through a
@@ -22,6 +22,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--step-s", type=float, default=0.5)
     parser.add_argument("--save-every", type=int, default=5)
+    parser.add_argument("--save-until", type=int, default=0,
+                        help="no checkpoint after this step (0: save to the end)")
     parser.add_argument("--grow-mib", type=int, default=0)
     args = parser.parse_args()
     os.makedirs("checkpoints", exist_ok=True)
@@ -36,7 +38,7 @@ def main() -> None:
         with open("metrics.jsonl", "a") as fh:
             fh.write(json.dumps({"step": step, "loss": round(loss, 5)}) + "\n")
         print(f"step {step} loss {loss:.4f}", flush=True)
-        if step % args.save_every == 0:
+        if step % args.save_every == 0 and (not args.save_until or step <= args.save_until):
             tmp = f"checkpoints/step-{step}.pt.tmp"
             with open(tmp, "wb") as fh:
                 fh.write(b"weights" * 64)
