@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-
 from gpuwatch.remote.config.schema import HostConfig, SlurmConfig
 from gpuwatch.remote.model.discovered import Discovery
 from gpuwatch.remote.model.finding import Severity
