@@ -274,6 +274,37 @@ class SlurmSource:
             raise SlurmError("probe", f"cannot run the Slurm commands here: {exc}") from None
         return self.read(result.stdout, result.stderr, result.exit_status)
 
+    async def act(self, kind: str, job_id: str) -> tuple[int | None, str]:
+        """An action on a job (action_command), its own bounded call on the login host:
+        (exit status, what it said). SlurmError when the call itself failed."""
+        command = action_command(kind, job_id)
+        if self.config.host == LOCAL:
+            from ..wire import local
+
+            try:
+                result = await local.run_async(command, b"",
+                                               self.config.settings.command_timeout,
+                                               max_stdout=MAX_STDERR, max_stderr=MAX_STDERR)
+            except local.LocalTimeout:
+                raise SlurmError("timeout", self._timeout()) from None
+            status, out = result.exit_status, result.stdout
+        else:
+            from ..wire import ssh
+            from ..wire.collect import ssh_files
+
+            files = ssh_files(self._as_host())
+            try:
+                done = await ssh.run_once(self.config.host, command, bounds=self.config.settings,
+                                          config_file=files["config_file"],
+                                          known_hosts=files["known_hosts"],
+                                          identity_file=files["identity_file"],
+                                          accept_new_host_keys=self.accept_new_host_keys,
+                                          max_stdout=MAX_STDERR, max_stderr=MAX_STDERR)
+            except ssh.SshError as exc:
+                raise SlurmError(exc.kind, exc.message) from None
+            status, out = done.exit_status, done.stdout
+        return status, out.decode("utf-8", "replace").strip()
+
     def _timeout(self) -> str:
         return (f"the Slurm commands on {self.config.host} did not answer within "
                 f"{self.config.settings.command_timeout:g} s (slurmctld or slurmdbd busy or "

@@ -192,3 +192,46 @@ def test_the_format_path_reads_the_same_causes(jobs: Jobs) -> None:
 
     assert causes(by_format) == causes(by_json)
     assert len(causes(by_json)) == len(jobs.ids)
+
+
+def _verb(jobs: Jobs, *args: str) -> subprocess.CompletedProcess[str]:
+    env = jobs.cluster.env()
+    env["GPUWATCH_CONFIG"] = str(jobs.config)
+    return subprocess.run([sys.executable, "-m", "gpuwatch.tui.cli", "job", *args], env=env,
+                          capture_output=True, text=True, timeout=120, check=False,
+                          stdin=subprocess.DEVNULL)
+
+
+def _audit(jobs: Jobs) -> list[tuple[str, str, str]]:
+    from gpuwatch.remote.store import Store
+
+    with Store.open() as store:
+        return [(e.action, e.phase, e.outcome) for e in store.audit_log("local")
+                if e.action.startswith("job ")]
+
+
+def test_requeue_brings_the_timed_out_job_back_and_cancel_ends_it(jobs: Jobs) -> None:
+    jobs.cluster.wait_for("the four jobs ended in accounting", lambda: _ended(jobs),
+                          timeout=240, step=3)
+    tl = jobs.ids["tl"]
+    before = len(_audit(jobs))
+    unconfirmed = _verb(jobs, "requeue", tl)  # no terminal, no --yes: nothing is sent
+    assert unconfirmed.returncode == 1 and "pass --yes" in unconfirmed.stderr
+    assert len(_audit(jobs)) == before
+    done = _verb(jobs, "requeue", tl, "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"requeue job {tl} (tl), TIMEOUT, on {jobs.cluster.node}" in done.stdout
+    assert "verified: job" in done.stdout
+    assert jobs.cluster.job_field(tl, "JobState") in ("PENDING", "RUNNING", "REQUEUED")
+    # the next --once round sees it live again, its cause no longer a timeout
+    job = _job(_once(jobs), tl)
+    assert job["state"] in ("PENDING", "RUNNING") and job["cause"] != "timeout"
+    gone = _verb(jobs, "cancel", tl, "--yes")
+    assert gone.returncode == 0, gone.stdout + gone.stderr
+    assert "verified: job" in gone.stdout and "CANCELLED" in gone.stdout
+    again = _verb(jobs, "cancel", jobs.ids["fin"], "--yes")
+    assert again.returncode == 1 and "has already ended (COMPLETED)" in again.stdout
+    assert _audit(jobs)[before:] == [
+        ("job requeue", "execute", "sent"), ("job requeue", "verify", "verified"),
+        ("job cancel", "execute", "sent"), ("job cancel", "verify", "verified"),
+        ("job cancel", "execute", "refused")]
