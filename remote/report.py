@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .model.finding import Finding, Severity
+from .model.slurm_job import JobsReport
 from .model.snapshot import GpuSample, HostSnapshot, ProcessInfo
 from .textsafe import visible
 from .units import mib_pair
@@ -110,10 +111,14 @@ def _process_json(proc: ProcessInfo, zombies: Mapping[int, str]) -> dict[str, An
     return doc
 
 
-def document(reports: Iterable[HostReport], generated_at: float | None = None) -> dict[str, Any]:
-    return {"schema": SCHEMA,
-            "generated_at": round(time.time() if generated_at is None else generated_at, 3),
-            "hosts": [host_json(r) for r in reports]}
+def document(reports: Iterable[HostReport], generated_at: float | None = None,
+             jobs: JobsReport | None = None) -> dict[str, Any]:
+    doc = {"schema": SCHEMA,
+           "generated_at": round(time.time() if generated_at is None else generated_at, 3),
+           "hosts": [host_json(r) for r in reports]}
+    if jobs is not None:  # [slurm] (docs/json.md, "jobs")
+        doc["jobs"] = jobs.to_json()
+    return doc
 
 
 def to_json_text(doc: dict[str, Any]) -> str:
@@ -162,7 +167,8 @@ def state_cell(verdict: Verdict) -> str:
     return visible(text if len(text) <= STATE_WIDTH else text[:STATE_WIDTH - 1] + "…")
 
 
-def text_report(reports: Sequence[HostReport], generated_at: float | None = None) -> str:
+def text_report(reports: Sequence[HostReport], generated_at: float | None = None,
+                jobs: JobsReport | None = None) -> str:
     """A compact table for a cron mail body, then every finding in one line each."""
     when = time.strftime("%Y-%m-%d %H:%M:%S",
                          time.localtime(time.time() if generated_at is None else generated_at))
@@ -190,7 +196,31 @@ def text_report(reports: Sequence[HostReport], generated_at: float | None = None
         lines.append("")
         for name, f in sorted(findings, key=lambda x: -x[1].severity):
             lines.append(visible(f"{f.severity.label.upper():8} {name}  {f.code}: {f.message}"))
+    if jobs is not None:
+        lines += _jobs_text(jobs)
     return "\n".join(lines) + "\n"
+
+
+def _jobs_text(jobs: JobsReport) -> list[str]:
+    """[slurm]'s jobs under the hosts: one line each, what is wrong with it after."""
+    if not jobs.ok:
+        error = jobs.error or {}
+        return ["", visible(f"jobs on {jobs.host}: not read ({error.get('kind')}: "
+                            f"{error.get('message')})")]
+    rows = [("JOB", "NAME", "STATE", "NODES", "RUN", "WHY")]
+    for view in jobs.jobs:
+        j = view.job
+        run = f"{view.run.host}:{view.run.run}" if view.run else "-"
+        rows.append((j.job_id, j.name[:24], j.state, (j.node_list or "-")[:24], run,
+                     view.why or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    out = ["", f"jobs on {jobs.host} (Slurm {jobs.version}, {jobs.via}): {len(jobs.jobs)}"]
+    out += [visible("  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)),
+                               row[-1]]).rstrip()) for row in rows]
+    out += [visible(f"{f.severity.label.upper():8} job {v.job.job_id}  {f.code}: {f.message}")
+            for v in jobs.jobs for f in v.findings if f.severity >= Severity.WARNING]
+    out += [visible(f"problem: {p}") for p in jobs.problems]
+    return out
 
 
 # --- Prometheus ----------------------------------------------------------------------------
@@ -270,9 +300,11 @@ def _gpu_health_metrics(m: _Metrics, g: GpuSample, gl: dict[str, object]) -> Non
               g.pcie.replays, **gl)
 
 
-def prometheus_text(reports: Sequence[HostReport]) -> str:
+def prometheus_text(reports: Sequence[HostReport], jobs: JobsReport | None = None) -> str:
     """The Prometheus text exposition format (for node_exporter's textfile collector)."""
     m = _Metrics()
+    if jobs is not None:
+        _job_metrics(m, jobs)
     for r in reports:
         host, snap = r.name, r.snapshot
         m.add("up", "gauge", "1 if the host was polled", 1.0 if r.outcome.ok else 0.0, host=host)
@@ -319,3 +351,27 @@ def prometheus_text(reports: Sequence[HostReport]) -> str:
                   1.0 if run.get("status") == "running" else 0.0, host=host, run=run["name"],
                   status=run.get("status"))
     return m.text()
+
+
+def _job_metrics(m: _Metrics, jobs: JobsReport) -> None:
+    """[slurm]: the scheduler's reachability, and per job its state, times and memory."""
+    m.add("slurm_up", "gauge", "1 if the Slurm login host answered this round",
+          1.0 if jobs.ok else 0.0, login=jobs.host)
+    for view in jobs.jobs:
+        j = view.job
+        jl = {"job": j.job_id, "name": j.name, "user": j.user, "partition": j.partition}
+        m.add("job_info", "gauge", "1 per job; state, cause (why it ended) and nodes as labels",
+              1.0, **jl, state=j.state, cause=view.cause, nodes=j.node_list)
+        m.add("job_elapsed_seconds", "gauge", "how long the job has run (or ran)", j.elapsed_s,
+              **jl)
+        m.add("job_time_limit_seconds", "gauge", "the job's time limit", j.time_limit_s, **jl)
+        if j.running and j.end_at is not None:
+            m.add("job_time_left_seconds", "gauge", "until the time limit ends the job",
+                  max(0.0, j.end_at - jobs.polled_at), **jl)
+        m.add("job_max_rss_mib", "gauge", "largest resident memory of a step (sacct MaxRSS)",
+              j.max_rss_mib, **jl)
+        m.add("job_requested_memory_mib", "gauge", "the memory it asked for (--mem)",
+              j.req_mem_mib, **jl)
+        if view.run is not None and view.run.checkpoint_at is not None:
+            m.add("job_checkpoint_age_seconds", "gauge", "age of its run's latest checkpoint",
+                  max(0.0, jobs.polled_at - view.run.checkpoint_at), **jl)

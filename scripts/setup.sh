@@ -21,6 +21,20 @@ setup_sshd() {
     command -v tmux >/dev/null 2>&1 || _apt_install tmux || true
 }
 
+setup_slurm() {
+    # The Slurm tests start a real Slurm on this machine (munge, MariaDB, slurmdbd, slurmctld,
+    # slurmd; tests/harness/slurm.py), none of it left running and nothing under /etc used.
+    # About a minute to install on Debian 12 (Slurm 22.05).
+    for tool in slurmctld slurmd slurmdbd sbatch sacct munged mariadbd mariadb-install-db; do
+        if ! command -v "$tool" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$tool" ]; then
+            echo "setup: installing Slurm, munge and MariaDB (the Slurm tests run a real one)" >&2
+            _apt_install --no-install-recommends slurmctld slurmd slurm-client slurmdbd munge \
+                mariadb-server
+            return
+        fi
+    done
+}
+
 setup_venv() {
     # .venv with gpuwatch installed editable; `test` adds the test extra.
     py=${PYTHON:-python3}

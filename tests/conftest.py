@@ -61,3 +61,19 @@ def sshd_box(request: pytest.FixtureRequest, sshd_factory: Callable[..., SshdBox
     """One started box (alias ``box1`` in ``box.ssh_config``). Parametrize it indirectly with a
     dict of ``SshdBox`` keyword arguments, e.g. ``{"env": box_env(root)}``."""
     return sshd_factory(**getattr(request, "param", {}))
+
+
+# --------------------------------------------------------------------------------------------
+# A real Slurm on this machine (tests/harness/slurm.py)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[Any]:
+    """munge, MariaDB, slurmdbd, slurmctld and one slurmd, started once for the session (about
+    10 s) in their own folder; stopped by pid at the end, also when a test failed."""
+    from harness.slurm import SlurmCluster
+
+    cluster = SlurmCluster.make()
+    cluster.start()
+    yield cluster
+    cluster.remove()

@@ -15,18 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from ..paths import config_dir
-from .schema import (
+from .schema import (  # [slurm]
     CONTROL_CHARS,
     DEFAULT_RESTART_ON,
     DETACH_MODES,
     ENV_NAME,
     EXCEPTION_KINDS,
+    LOCAL,
     NOTIFY_RANGES,
     PRICE_RANGE,
     RESTART_CAUSES,
     RESTART_MODES,
     RESTART_RANGES,
     SEVERITIES,
+    SLURM_RANGES,
     SSH_RANGES,
     STORE_RANGES,
     TOP_RANGES,
@@ -36,6 +38,7 @@ from .schema import (
     NotifyConfig,
     NumberRange,
     RunConfig,
+    SlurmConfig,
     SshSettings,
     StoreConfig,
     quiet_span,
@@ -170,11 +173,14 @@ def _line_where(text: str, test: Callable[[str], Any], *, last: bool = False) ->
 # --- validation ------------------------------------------------------------------------------
 
 _SSH_KEYS = {f.name for f in fields(SshSettings)}
-_TOP_KEYS = {"interval", "readonly", "theme", "ssh", "hosts", "thresholds", "notify", "store"}
+_TOP_KEYS = {"interval", "readonly", "theme", "ssh", "hosts", "thresholds", "notify", "store",
+             "slurm"}
 _HOST_KEYS = {"ssh", "python", "disks", "runs", "price_per_gpu_hour", "price_per_kwh"} | _SSH_KEYS
 _RUN_KEYS = {f.name for f in fields(RunConfig)} - {"name"}
 _RUN_STRINGS = ("process", "workdir", "log", "events", "checkpoints", "done", "relaunch",
                 "loss_tag", "eval_tag")
+
+_SLURM_KEYS = {"host", "user", "partition", "account", "nodes", *SLURM_RANGES}
 
 Key = tuple[str, ...]
 """A key's path from the top of the document: ("hosts", "gpu1.lab", "ssh")."""
@@ -275,10 +281,35 @@ class _Validator:
         thresholds = self.get(data, "thresholds", (), self.thresholds, None)
         notify = self.get(data, "notify", (), self.notify, NotifyConfig())
         store = self.get(data, "store", (), self.store, StoreConfig())
+        slurm = self.get(data, "slurm", (), lambda v, k: self.slurm(v, k, ssh), None)
         if self.errors:
             raise ConfigError.of(self.errors)
         return Config(path=self.path, interval=interval, readonly=readonly, theme=theme, ssh=ssh,
-                      hosts=tuple(hosts), thresholds=thresholds, notify=notify, store=store)
+                      hosts=tuple(hosts), thresholds=thresholds, notify=notify, store=store,
+                      slurm=slurm)
+
+    # [slurm] (remote/sources/slurm.py, docs/slurm.md) ---------------------------------------
+    def slurm(self, value: Any, key: Key, ssh: SshSettings) -> SlurmConfig | None:
+        """`[slurm]`: `host` (required), `user`, `partition`, `account`, `nodes` (an ssh target
+        with `{node}`, or "local"), the numbers in SLURM_RANGES, and [ssh]'s keys for the login
+        host."""
+        table = self.table(value, key)
+        self.unknown(table, _SLURM_KEYS | _SSH_KEYS, key)
+        if "host" not in table:
+            self.note(key, 'needs host = "..." (the login host, as you would type it after '
+                      'ssh, or "local")')
+            return None
+        d = SlurmConfig(host="local")
+        words = {name: self.get(table, name, key, self.string, getattr(d, name))
+                 for name in ("host", "user", "partition", "account", "nodes")}
+        nodes = words["nodes"]
+        if nodes != LOCAL and "{node}" not in nodes:
+            self.note((*key, "nodes"), f'expected "local" or an ssh target with {{node}} in it '
+                      f'(e.g. "{{node}}", "me@{{node}}.cluster"), got {nodes!r}')
+            words["nodes"] = d.nodes
+        numbers = {name: self.get(table, name, key, self.number(rng), getattr(d, name))
+                   for name, rng in SLURM_RANGES.items()}
+        return SlurmConfig(**words, **numbers, settings=self.ssh(table, key, ssh))
 
     def store(self, value: Any, key: Key) -> StoreConfig:
         """`[store]` (remote/store_keep.py): each number in its range, and the tiers in order

@@ -206,6 +206,35 @@ class StoreConfig:
     quarter of it is free or it is over the cap."""
 
 
+# --- [slurm]: the user's jobs from a login host (remote/sources/slurm.py, docs/slurm.md) ------
+
+@dataclass(frozen=True, slots=True)
+class SlurmConfig:
+    """`[slurm]`: the user's jobs, asked of a Slurm login host each round."""
+
+    host: str
+    """What you would type after `ssh` to reach the login host, or "local" (on a login node)."""
+    user: str | None = None
+    """Whose jobs (default: the login's own user)."""
+    partition: str | None = None
+    """Only the jobs of this partition."""
+    account: str | None = None
+    """Only the jobs of this account."""
+    nodes: str = "{node}"
+    """How a running job's node is reached: an ssh target with `{node}` in it (default: the node's
+    name, reached as the ssh config says, e.g. `Host gpu* / ProxyJump login1`), or "local"
+    (this machine is the node)."""
+    warn_before_limit_s: float = 1800.0
+    """A running job this close to its time limit, whose latest checkpoint is older than the
+    time it has left, is a warning."""
+    ended_within_s: float = 86400.0
+    """The first round asks accounting for the jobs that ended this long ago or less; later
+    rounds for those that ended since the round before."""
+    settings: SshSettings = SshSettings()
+    """[ssh]'s bounds, for the login host (set here like a host's: `command_timeout = 60`)."""
+
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """The whole fleet, as loaded (or built from command-line hosts)."""
@@ -223,6 +252,8 @@ class Config:
     remote.config.thresholds.Thresholds, where every key is documented)."""
     notify: NotifyConfig = NotifyConfig()
     store: StoreConfig = StoreConfig()
+    slurm: SlurmConfig | None = None
+    """`[slurm]`: the user's jobs (None: no scheduler asked)."""
 
     def host(self, name: str) -> HostConfig | None:
         return next((h for h in self.hosts if h.name == name), None)
@@ -292,6 +323,10 @@ PRICE_RANGE = NumberRange(0, 1e6)
 NOTIFY_RANGES: Mapping[str, NumberRange] = {
     "batch_s": NumberRange(0, 3600), "timeout_s": NumberRange(0, 300, above=True),
     "retries": NumberRange(0, 20, integer=True),
+}
+SLURM_RANGES: Mapping[str, NumberRange] = {  # [slurm]
+    "warn_before_limit_s": NumberRange(0, 7 * 86400, above=True),
+    "ended_within_s": NumberRange(0, 31 * 86400, above=True),
 }
 
 

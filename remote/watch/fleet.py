@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from ..notify import Notifier
     from ..wire.poller import OpeningLimiter, Poller
     from .hooks import Hooks
+    from .jobs import JobsWatch
 
 RUNS_SAVE_S = 60.0
 """The TUI saves runs' series, findings and deaths at most this often per host (and at exit):
@@ -127,6 +128,13 @@ class FleetWatch:
         self.unsaved: dict[str, str] = {}
         """Host → why its last poll was not saved (a locked or failing store): the report
         stands either way."""
+        self.jobs: JobsWatch | None = None
+        """`[slurm]`'s jobs (watch/jobs.py): asked each round() before the hosts."""
+        if config.slurm is not None:
+            from .jobs import JobsWatch
+
+            self.jobs = JobsWatch(config.slurm, accept_new_host_keys=accept_new_host_keys,
+                                  clock=clock)
 
     # -- hosts -------------------------------------------------------------------------------
     def host(self, name: str) -> HostWatch:
@@ -308,13 +316,28 @@ class FleetWatch:
         the hosts' order. Concurrency is bounded where it matters, in the openings."""
         import asyncio
 
+        if self.jobs is not None and names is None:
+            await self.jobs.poll()  # [slurm]: the jobs first, so their nodes are polled too
+            self.add_hosts(self.jobs.new_hosts(tuple(self.hosts_config)))
         chosen = [self._by_name[n] for n in (self.names if names is None else names)]
-        return list(await asyncio.gather(*(self._cycle(h) for h in chosen)))
+        reports = list(await asyncio.gather(*(self._cycle(h) for h in chosen)))
+        if self.jobs is not None and names is None:
+            self.jobs.land({n: self.host(n).history for n in self.names},
+                           tuple(self.hosts_config))
+        return reports
+
+    def add_hosts(self, hosts: Sequence[HostConfig]) -> None:
+        """Watch more hosts from now on (a Slurm job's nodes): polled by the next round."""
+        for host in hosts:
+            if host.name not in self._by_name:
+                self.hosts_config.append(host)
+                self._by_name[host.name] = host
 
     def round_sync(self) -> list[HostReport]:
         """round() for a `--once`: one local host (and nothing to act on) is polled without an
         event loop (~40 ms of a cron run's start-up); otherwise all at once on one."""
-        if len(self.hosts_config) == 1 and self.hosts_config[0].is_local and not self.acts:
+        if len(self.hosts_config) == 1 and self.hosts_config[0].is_local and not self.acts \
+                and self.jobs is None:
             return [self.poll_local(self.hosts_config[0].name)]
         import asyncio
 

@@ -32,7 +32,7 @@ __all__ = ["EXIT_CANTCREAT", "EXIT_CLOSED_PIPE", "EXIT_CONFIG", "EXIT_FINDING", 
            "internal_error", "main", "run", "split_verb"]
 
 VERBS = ("init", "check", "kill", "reap", "relaunch", "ack", "scalars", "watch", "notify",
-         "events", "report")
+         "events", "report", "job")
 # Common options that take a value, so the verb scan does not mistake the value for a verb.
 _VALUED = {"--config", "--interval", "--theme", "--fail-on"}
 
@@ -49,6 +49,8 @@ gpuwatch kill HOST PID [--signal TERM|KILL] [--yes]
 gpuwatch reap HOST [--yes]            end the processes that hold VRAM as zombies
 gpuwatch relaunch HOST RUN [--yes]    start a dead run again from its latest checkpoint
 gpuwatch ack HOST RUN                 acknowledge a dead run: it stops being critical
+gpuwatch job requeue|cancel JOB [--yes]
+                                      a Slurm job through the scheduler ([slurm])
 gpuwatch scalars PATH ... [--tag T] [--json]
                                       print the scalars of TensorBoard event files
 gpuwatch watch [--once] [--install-service]
@@ -97,6 +99,7 @@ COMMON_SHOWN: dict[str | None, frozenset[str]] = {
     "init": frozenset({"config"}), "notify": frozenset({"config"}), "scalars": frozenset(),
     "ack": frozenset({"config"}), "events": frozenset({"config"}), "report": frozenset({"config"}),
     "check": frozenset({"config", "accept_new_host_keys"}),
+    "job": frozenset({"config", "readonly", "accept_new_host_keys"}),
     **dict.fromkeys(("kill", "reap", "relaunch"),
                     frozenset({"config", "readonly", "accept_new_host_keys"})),
     "watch": frozenset({"config", "interval", "readonly", "accept_new_host_keys"}),
@@ -203,6 +206,10 @@ def build_parser(verb: str | None) -> argparse.ArgumentParser:
         from gpuwatch.tui.cli.ack import add_arguments as add_ack
 
         add_ack(parser)
+    elif verb == "job":
+        from gpuwatch.tui.cli.job import add_arguments as add_job
+
+        add_job(parser)
     elif verb == "events":
         from gpuwatch.tui.cli.events import add_arguments as add_events
 
@@ -298,6 +305,10 @@ def _dispatch(verb: str | None, args: argparse.Namespace) -> int:
         from . import ack
 
         return ack.run_verb(args)
+    if verb == "job":
+        from . import job
+
+        return job.run_verb(args)
     if verb == "events":
         from . import events
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from gpuwatch.remote.config.schema import Config, HostConfig
 from gpuwatch.remote.model.finding import Severity
+from gpuwatch.remote.model.slurm_job import JobsReport
 from gpuwatch.remote.report import (
     HostReport,
     document,
@@ -42,11 +43,11 @@ def run_verb(args: argparse.Namespace) -> int:
     if result.store_warning:  # the report still goes out: the store is a convenience
         print(f"gpuwatch: {result.store_warning}", file=sys.stderr)
     if args.json:
-        sys.stdout.write(to_json_text(document(result.reports)))
+        sys.stdout.write(to_json_text(document(result.reports, jobs=result.jobs)))
     elif args.prometheus:
-        sys.stdout.write(prometheus_text(result.reports))
+        sys.stdout.write(prometheus_text(result.reports, jobs=result.jobs))
     else:
-        sys.stdout.write(text_report(result.reports))
+        sys.stdout.write(text_report(result.reports, jobs=result.jobs))
     return exit_code(result.reports, Severity.parse(args.fail_on))
 
 
@@ -55,6 +56,8 @@ class OnceResult:
     reports: list[HostReport]
     store_warning: str | None
     """What could not be saved (a locked or failing store), for stderr: the report stands."""
+    jobs: JobsReport | None = None
+    """[slurm]'s jobs (None: no [slurm] in the config)."""
 
 
 def run_once(config: Config, store: Store, *, accept_new_host_keys: bool = False,
@@ -67,7 +70,7 @@ def run_once(config: Config, store: Store, *, accept_new_host_keys: bool = False
     # `--once` exits once it has printed this: out of the collector's sight with what it built,
     # the interpreter's last collections at exit skip them (12 ms of a ~100 ms cron run here).
     gc.freeze()
-    return OnceResult(reports, fleet.store_warning())
+    return OnceResult(reports, fleet.store_warning(), fleet.jobs.report if fleet.jobs else None)
 
 
 async def poll_once(config: Config, store: Store, *, accept_new_host_keys: bool = False,
@@ -75,4 +78,5 @@ async def poll_once(config: Config, store: Store, *, accept_new_host_keys: bool 
     """run_once() inside a running event loop (the demo fleet's own loop, tests)."""
     fleet = FleetWatch(config, store, role="once", hosts=hosts,
                        accept_new_host_keys=accept_new_host_keys)
-    return OnceResult(await fleet.round(), fleet.store_warning())
+    reports = await fleet.round()
+    return OnceResult(reports, fleet.store_warning(), fleet.jobs.report if fleet.jobs else None)
