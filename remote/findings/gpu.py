@@ -9,7 +9,7 @@ from typing import Any
 from ..model.finding import Finding, Severity
 from ..model.history import HostHistory, same_gpu
 from ..model.processes import gpus_of
-from ..model.snapshot import GPU_ERRORS, HostSnapshot
+from ..model.snapshot import GPU_ERRORS, GpuSample, HostSnapshot
 from ..model.xid_catalog import CATALOG, CATALOG_VERSION, xid_advice
 from ..units import duration
 from ..units import mib as mib_words
@@ -131,6 +131,31 @@ def gpu_lost(history: HostHistory) -> Iterable[Finding]:
                   "lost_lines": list(err.lost) if err is not None else []})
 
 
+def held_back(gpu: GpuSample) -> str:
+    """Why a busy GPU runs slow, from its active clock-event reasons, and what lifts it: the
+    reason named where the driver says one (U23), else the input pipeline (U21, U24)."""
+    reasons = set(gpu.throttle_reasons or ())
+    if "hw_power_brake_slowdown" in reasons:
+        return ("the hardware power brake holds it back (the power supply or the chassis asked) "
+                "— only the box's provider can lift it")
+    if reasons & {"hw_thermal_slowdown", "sw_thermal_slowdown"}:
+        temp = f" at {gpu.temp_c} °C" if gpu.temp_c is not None else ""
+        return f"it is held back for heat{temp} — check the box's cooling and airflow"
+    if "sw_power_cap" in reasons:
+        limit = f" of {gpu.power_limit_w:.0f} W" if gpu.power_limit_w else ""
+        return (f"it is held at its power limit{limit} (sw_power_cap) — `nvidia-smi -q -d "
+                "POWER` shows the default and max limits; `sudo nvidia-smi -pl WATTS` raises it, "
+                "or ask the box's owner")
+    if "hw_slowdown" in reasons:
+        return ("the board slows it down itself (hw_slowdown: power or heat) — `nvidia-smi -q -d "
+                "PERFORMANCE` says which; if it stays, ask the box's provider")
+    if gpu.throttle_reasons is None:
+        return ("it is underfed or throttled, not busy — check its throttle reasons and the "
+                "input pipeline")
+    return ("nothing throttles it, so it is underfed, not busy — the input pipeline (data "
+            "loader workers, CPU, disk) cannot keep it fed")
+
+
 @rule({"gpu.util_without_clock": ("U21",)})
 def gpu_util_without_clock(history: HostHistory) -> Iterable[Finding]:
     """U21: "100% util" means a kernel ran, not that the SMs were busy. Busy util with the SM
@@ -160,8 +185,7 @@ def gpu_util_without_clock(history: HostHistory) -> Iterable[Finding]:
         yield Finding(
             "gpu.util_without_clock", Severity.WARNING,
             f"GPU {gpu.index} reports {gpu.util_pct:.0f}% util but {what} over {len(snaps)} "
-            f"polls ({duration(span)}): it is underfed or throttled, not busy — check its throttle "
-            "reasons and the input pipeline",
+            f"polls ({duration(span)}): {held_back(gpu)}",
             gpu=gpu.index,
             evidence={"polls": len(snaps), "span_s": span,
                       "util_pct": [gpu_at(x, gpu.index).util_pct for x in snaps],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import tui_fixtures as fx
@@ -163,3 +164,23 @@ def test_verdict_of_states() -> None:
     assert failed.severity == Severity.CRITICAL and failed.headline.startswith("login refused")
     assert verdict_of([], "ok").to_json() == {"severity": "ok", "headline": "ok", "code": None,
                                               "state": "ok"}
+
+
+@pytest.mark.parametrize(("reasons", "said"), [
+    (("sw_power_cap",), "held at its power limit of 250 W (sw_power_cap)"),
+    (("hw_thermal_slowdown",), "held back for heat at 88 °C"),
+    (("hw_power_brake_slowdown",), "hardware power brake"),
+    ((), "nothing throttles it, so it is underfed"),
+    (None, "underfed or throttled"),
+])
+def test_a_slow_busy_gpu_names_what_holds_it_back(reasons: Any, said: str) -> None:
+    """The capped demo GPU's warning hedged ("underfed or throttled… check its throttle
+    reasons") although gpuwatch read sw_power_cap at 250 W: it names the reason, the limit and
+    what lifts it."""
+    from gpuwatch.remote.findings.gpu import held_back
+
+    gpu = replace(fx.gpu(0, 100, 700, power=248.0, limit=250.0, temp=88), throttle_reasons=reasons)
+    text = held_back(gpu)
+    assert said in text
+    if reasons == ("sw_power_cap",):
+        assert "nvidia-smi -pl" in text
