@@ -124,7 +124,7 @@ class Diagnosis:
 
     def _cgroup_summary(self) -> str:
         ev = self.evidence
-        cgroup = f" {ev['cgroup']}" if ev.get("cgroup") else ""
+        cgroup = f" {short_cgroup(ev['cgroup'])}" if ev.get("cgroup") else ""
         pid = ev.get("pid", ev.get("killed_pid"))
         who = f"pid {pid} ({ev.get('name', ev.get('killed_name'))})" if pid else "it"
         limit = ev.get("memory_max_bytes")
@@ -133,6 +133,21 @@ class Diagnosis:
         # evidence: in the sentence it read as jargon
         return (f"the memory cgroup{cgroup} OOM-killed {who}{at}; lower num_workers "
                 "or the batch size, or raise the limit")
+
+
+_LONG_ID = re.compile(r"[0-9a-f]{24,}")
+
+
+def short_cgroup(path: object) -> str:
+    """A cgroup as a person names it: its last part (the container, slice or scope), a long
+    hex id cut to 12 characters as docker prints it ("/process_api/52d9ac44a66ef917..." →
+    "process_api/52d9ac44a66e"); the whole path stays in the evidence."""
+    text = str(path).strip("/")
+    if not text:
+        return "(the root cgroup)"
+    parts = text.split("/")
+    tail = "/".join(parts[-2:]) if len(parts) > 1 and _LONG_ID.search(parts[-1]) else parts[-1]
+    return _LONG_ID.sub(lambda m: m.group(0)[:12], tail)
 
 
 def crash_line(tail: str | None) -> tuple[str, str] | None:
