@@ -211,7 +211,7 @@ def test_oom_counter_of_the_runs_own_cgroup_not_the_probes(tmp_path: Path) -> No
     assert (evidence["oom_kill_before"], evidence["oom_kill_now"]) == (0, 1)
     assert evidence["memory_max_bytes"] == 32 << 30 and evidence["killed_pid"] == 600
     assert "memory cgroup docker-4f2a9c.scope OOM-killed pid 600" in w.one("run.dead").message
-    assert w.one("run.dead").evidence["diagnosis"]["evidence"]["cgroup"] == DOCKER  
+    assert w.one("run.dead").evidence["diagnosis"]["evidence"]["cgroup"] == DOCKER
 
 
 def test_once_reads_the_dead_runs_cgroup_named_by_the_store(tmp_path: Path) -> None:
