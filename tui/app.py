@@ -309,7 +309,7 @@ class GpuwatchApp(ThemeCssApp):
         """How a discovered (not configured) run was started, as the store recorded it."""
         if self.hosts[host].config.run(run) is not None:
             return None
-        from gpuwatch.remote.model.discovered import recorded_launch
+        from gpuwatch.remote.model.launches import recorded_launch
 
         try:
             return recorded_launch(self.store, host, run)

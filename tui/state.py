@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from gpuwatch.remote.config.schema import HostConfig
 from gpuwatch.remote.findings.forecast import disk_forecast
-from gpuwatch.remote.model.discovered import Discovery, discovered_names
+from gpuwatch.remote.model.discovered import discovered_names
+from gpuwatch.remote.model.discovery import Discovery
 from gpuwatch.remote.model.finding import Finding, Severity
 from gpuwatch.remote.model.history import HostHistory
 from gpuwatch.remote.model.snapshot import DiskUsage, HostSnapshot

@@ -29,7 +29,7 @@ import tomli_w
 
 from ..config.load import parse_config, read_config_text
 from ..config.schema import ConfigError
-from ..model.discovered import Discovery
+from ..model.discovery import Discovery
 from ..model.resume import resume_argv
 
 ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "WANDB_",

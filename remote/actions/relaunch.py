@@ -12,8 +12,8 @@ from ..config.schema import HostConfig
 from ..findings.base import slow_start_likely
 from ..findings.rewind import Anomaly, written_after
 from ..findings.run_curves import checkpoint_before_anomaly
-from ..model.discovered import LaunchRecord, RelaunchError
 from ..model.history import HostHistory
+from ..model.launches import LaunchRecord, RelaunchError
 from ..model.resume import relaunch_command
 from ..model.series import RunSeries
 from ..model.snapshot import Checkpoint, HostSnapshot, ProcessInfo

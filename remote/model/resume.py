@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 
-from .discovered import HF_RESUME, LIGHTNING_RESUME, PLACEHOLDERS, LaunchRecord, RelaunchError
+from .launches import HF_RESUME, LIGHTNING_RESUME, PLACEHOLDERS, LaunchRecord, RelaunchError
 from .snapshot import Checkpoint
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
 from .death import MARKS
-from .discovered import Discovery
+from .discovery import Discovery
 from .snapshot import RunSample
 from .tags import MAX_POINTS, MIN_POINTS, TagSeries
 

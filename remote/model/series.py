@@ -25,7 +25,7 @@ from typing import Any
 
 from ..config.schema import RunConfig
 from .death import CKPT_EPOCH, CKPT_STEP, MARKS, completion_line
-from .discovered import exit_record_path
+from .discovery import exit_record_path
 from .run_state import MAX_RESTARTS, RunState, run_status
 from .snapshot import Checkpoint, MetricsFile, RunSample
 from .tags import (

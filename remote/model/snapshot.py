@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .discovered import Discovery
+from .discovery import Discovery
 from .gpu import EccCounts, MemoryRemap, PcieLink
 
 

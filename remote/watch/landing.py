@@ -13,8 +13,9 @@ from ..config.schema import Config, HostConfig
 from ..config.thresholds import Thresholds
 from ..findings.evaluate import evaluate
 from ..model.ack import acks_from_rows
-from ..model.discovered import discovered_names, is_discovered_state, record_launches
+from ..model.discovered import discovered_names, is_discovered_state
 from ..model.history import HostHistory, PollFailure
+from ..model.launches import record_launches
 from ..model.series import RunSeries
 from ..model.snapshot import HostSnapshot, ProbeError
 from ..report import HostReport

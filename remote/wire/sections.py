@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from ..model.discovered import Discovery, parse_discovery
+from ..model.discovery import Discovery, parse_discovery
 from ..model.gpu import RECOVERY_ORDER, EccCounts, MemoryRemap, PcieLink
 from ..model.snapshot import (
     PROGRESS_KEYS,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from figures import SMOKE
-from gpuwatch.remote.model.discovered import parse_discovery
+from gpuwatch.remote.model.discovery import parse_discovery
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.wire.bundle import build_command, build_stdin
 from tensorboardX import SummaryWriter

@@ -19,14 +19,12 @@ from gpuwatch.remote.actions.pin import pin_run
 from gpuwatch.remote.box import discover
 from gpuwatch.remote.config.load import parse_config
 from gpuwatch.remote.config.schema import HostConfig, RunConfig
-from gpuwatch.remote.model.discovered import (
-    Discovery,
+from gpuwatch.remote.model.discovered import discovered_requests
+from gpuwatch.remote.model.discovery import Discovery, describe, parse_discovery
+from gpuwatch.remote.model.launches import (
     LaunchRecord,
     RelaunchError,
-    describe,
-    discovered_requests,
     launch_record,
-    parse_discovery,
     record_launches,
     recorded_launch,
 )

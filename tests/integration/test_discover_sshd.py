@@ -24,7 +24,7 @@ from typing import Any
 import jsonschema
 import pytest
 import tomli_w
-from gpuwatch.remote.model.discovered import recorded_launch
+from gpuwatch.remote.model.launches import recorded_launch
 from gpuwatch.remote.model.resume import relaunch_command
 from gpuwatch.remote.report import load_schema
 from gpuwatch.remote.sim import Box, h100_sxm

@@ -26,7 +26,7 @@ from findings_helpers import Watched, host_config, touch
 from gpuwatch.remote.actions import plan as actions
 from gpuwatch.remote.box import act as actions_box
 from gpuwatch.remote.config.schema import HostConfig, RunConfig
-from gpuwatch.remote.model.discovered import exit_record_path
+from gpuwatch.remote.model.discovery import exit_record_path
 from gpuwatch.remote.model.finding import Severity
 from gpuwatch.remote.model.history import HostHistory
 from gpuwatch.remote.model.series import completion_line

@@ -718,7 +718,7 @@ async def test_overnight_the_store_is_shown_stale_before_the_first_poll(
 async def test_relaunch_of_a_discovered_run_plans_from_the_stores_launch_record() -> None:
     """`r` on a run nobody configured: the plan comes from how the store recorded it
     was started; a configured run's never does."""
-    from gpuwatch.remote.model.discovered import LaunchRecord
+    from gpuwatch.remote.model.launches import LaunchRecord
 
     app = make_app()
     async with app.run_test(size=SIZE):
@@ -738,7 +738,7 @@ async def test_a_discovered_run_gets_a_tab_shows_what_was_found_and_p_pins_it(
     """In the TUI, a run nobody configured is a tab like a configured one (added when
     it appears), the line under the tabs says what was found where (box text, never markup),
     and P writes it into the config."""
-    from gpuwatch.remote.model.discovered import Discovery
+    from gpuwatch.remote.model.discovery import Discovery
     from gpuwatch.remote.model.series import RunSeries
 
     config_path = tmp_path / "config.toml"

@@ -178,7 +178,7 @@ def test_the_resume_note_only_when_the_command_names_the_checkpoint() -> None:
 
 def test_relaunch_plan_of_a_discovered_run_from_its_launch_record() -> None:
     """Not configured: the store's record of how it was started is the plan."""
-    from gpuwatch.remote.model.discovered import LaunchRecord
+    from gpuwatch.remote.model.launches import LaunchRecord
 
     record = LaunchRecord(
         host="gpu1", run="train", recorded_at=0.0, boot_id=BOOT, pid=500, start_ticks=9,

@@ -17,7 +17,7 @@ import pytest
 from gpuwatch.remote.actions.pin import pin_run
 from gpuwatch.remote.config.load import load_config, load_file
 from gpuwatch.remote.config.schema import ConfigError
-from gpuwatch.remote.model.discovered import Discovery
+from gpuwatch.remote.model.discovery import Discovery
 
 CONFIG_MAX_BYTES = 1 << 20  # the documented cap (docs/config.md)
 CONFIG = '# my fleet\n[hosts.gpu1]\nssh = "gpu1"  # the big box\n'

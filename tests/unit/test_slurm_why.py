@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 from gpuwatch.remote.config.schema import HostConfig, SlurmConfig
-from gpuwatch.remote.model.discovered import Discovery
+from gpuwatch.remote.model.discovery import Discovery
 from gpuwatch.remote.model.finding import Severity
 from gpuwatch.remote.model.history import HostHistory
 from gpuwatch.remote.model.series import RunSeries

@@ -22,7 +22,7 @@ from gpuwatch.remote.actions import plan as actions
 from gpuwatch.remote.config.load import load_config
 from gpuwatch.remote.config.schema import ConfigError, HostConfig, select_hosts
 from gpuwatch.remote.findings.base import recent
-from gpuwatch.remote.model.discovered import recorded_launch
+from gpuwatch.remote.model.launches import recorded_launch
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.textsafe import visible
 from gpuwatch.remote.watch.fleet import FleetWatch

@@ -18,7 +18,7 @@ from typing import ClassVar
 from gpuwatch.remote.actions.pin import pin_run_async
 from gpuwatch.remote.config.load import find_config
 from gpuwatch.remote.config.schema import RunConfig
-from gpuwatch.remote.model.discovered import Discovery
+from gpuwatch.remote.model.discovery import Discovery
 from gpuwatch.remote.model.series import RunSeries
 from rich.text import Text
 from textual import events

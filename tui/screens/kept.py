@@ -33,7 +33,6 @@ from textual.timer import Timer
 if TYPE_CHECKING:
     from textual.app import App
 
-    from .host import HostScreen
 
 KEEP = 8
 """Host screens kept between visits (each holds about 40 widgets and their drawings)."""
@@ -94,11 +93,11 @@ class HostViews:
     """One HostScreen per host, built on the first visit and kept for the next ones (the last
     KEEP hosts)."""
 
-    def __init__(self, app: App[Any], make: Callable[[str], HostScreen], keep: int = KEEP) -> None:
+    def __init__(self, app: App[Any], make: Callable[[str], KeptScreen], keep: int = KEEP) -> None:
         self.app = app
         self.make = make
         self.keep = keep
-        self._screens: dict[str, HostScreen] = {}  # least recently opened first
+        self._screens: dict[str, KeptScreen] = {}  # least recently opened first
         self._timer: Timer | None = None
         self._queue: list[str] = []
         """Hosts whose screens are to be built ahead, next first."""
@@ -156,7 +155,7 @@ class HostViews:
 
         screen.call_later(lay_out)
 
-    def get(self, host: str) -> HostScreen:
+    def get(self, host: str) -> KeptScreen:
         screen = self._screens.pop(host, None)
         if screen is None:
             screen = self.make(host)
