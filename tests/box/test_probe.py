@@ -106,8 +106,9 @@ class Box:
                 "GPUWATCH_SYSFS": str(self.sys), "GPUWATCH_ETC": str(self.etc)}
 
 
-# the probe's query, answered as a driver 580 H100 answers it (tests/data/gpu_health): the
-# memory health and PCIe fields after persistence_mode, all healthy here
+# the probe's query, answered as driver 580 answers it (an H200's real answer:
+# tests/captures/h200-driver580/health): the memory health and PCIe fields after
+# persistence_mode, all healthy here
 GPU_CSV = """\
 0, {}, NVIDIA H100 80GB HBM3, 100, 70211, 81559, 1980, 1980, 652.31, 700.00, 61, 0x0000000000000000, Disabled, 00000000:1B:00.0, Enabled, 0, 0, 0, 0, [N/A], [N/A], [N/A], 0, 0, No, No, 0, 0, 0, 0, 640, None, 5, 5, 16, 16
 1, {}, NVIDIA H100 80GB HBM3, 98, 70105, 81559, 1410, 1980, 699.87, 700.00, 86, 0x0000000000000044, Disabled, 00000000:43:00.0, Enabled, 0, 0, 0, 0, [N/A], [N/A], [N/A], 0, 0, No, No, 0, 0, 0, 0, 640, None, 5, 5, 16, 16

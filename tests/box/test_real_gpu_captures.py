@@ -50,7 +50,8 @@ def devices(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 SINCE_CAPTURED = tuple(probe.SMI_GPU_QUERY[probe.SMI_GPU_QUERY.index("persistence_mode"):])
 """Fields the probe asks for since these captures were taken (persistence mode, and the
-memory health and PCIe fields after it, whose formats tests/data/gpu_health holds). The
+memory health and PCIe fields after it, whose formats the H200's health capture holds:
+tests/captures/h200-driver580/health, test_real_gpu_health_captures.py). The
 real captures of every field (tests/data/captures exporter-captures, `persistence_mode` among
 them) hold their format; the next run of tests/device/run.sh on a lent GPU takes these again
 with them, and this tuple empties."""
