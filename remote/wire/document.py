@@ -48,6 +48,7 @@ from .sections import (
     _gpu_use,
     _kernel_events,
     _lenient_number,
+    _mig,
     _process,
     _runs,
     _scripts,
@@ -251,6 +252,13 @@ def _snapshot(doc: _Node, host: str) -> HostSnapshot:
     apps = _gpu_processes(gpu_section, gpus) if gpu_section else ()
     if gpu_section and gpu_section.opt_str("apps_error"):
         errors["gpus.apps"] = gpu_section.get_str("apps_error")
+    if gpu_section:
+        try:  # a bad MIG table loses the instances only, never the GPUs
+            gpus = _mig(gpu_section, gpus, apps)
+        except _Bad as bad:
+            errors["gpus.mig"] = f"{bad.where}: {bad.problem}"
+        if gpu_section.opt_str("mig_error"):
+            errors["gpus.mig"] = gpu_section.get_str("mig_error")
     procs = _section(doc, "processes", errors)
     use = _gpu_use(apps)
     cgroup = _section(doc, "cgroup", errors)

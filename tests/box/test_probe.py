@@ -184,12 +184,38 @@ def build_box(root: Path) -> Box:
     box.write("apps.csv", APPS_CSV)
     box.write("dmesg.log", DMESG)
     box.tool("dmesg", f'cat "{root}/dmesg.log"\n')
+    table, listed = mig_outputs()
+    box.write("table.txt", table)
+    box.write("list.txt", listed)
     box.tool("nvidia-smi", f'echo "$1" >> "{root}/smi.calls"\n'
                            f'case "$1" in\n'
                            f'  --query-gpu=*) cat "{root}/gpus.csv" ;;\n'
                            f'  --query-compute-apps=*) cat "{root}/apps.csv" ;;\n'
+                           f'  "") cat "{root}/table.txt" ;;\n'
+                           f'  -L) cat "{root}/list.txt" ;;\n'
                            f'esac\n')
     return box
+
+
+def mig_outputs() -> tuple[str, str]:
+    """GPU 2 (MIG on) as `nvidia-smi` and `nvidia-smi -L` print it: the exporter's H100 MIG
+    capture (driver 590) with its GPU index 2, and its load's processes replaced by this box's
+    pid 922 (python3.10, 70000 MiB) in GPU instance 2."""
+    real = (captures() / H100_MIG / "load__table.txt").read_text()
+    lines = []
+    for line in real.splitlines():
+        if line.startswith("|  0 "):
+            line = "|  2 " + line[5:]
+        if line.startswith("|    0    2    0"):
+            if "21180" not in line:
+                continue
+            line = line.replace("    0    2    0            21180", "    2    2    0" + "922".rjust(
+                17)).replace("/root/tools/memhog", "python3.10".ljust(18)).replace(
+                "    2296MiB", "   70000MiB")
+        lines.append(line)
+    listed = (captures() / H100_MIG / "capabilities__list-L.txt").read_text()
+    return "\n".join(lines) + "\n", listed.replace("GPU 0: ", "GPU 2: ", 1).replace(
+        "GPU-00000000-0000-0000-0000-000000000000", UUIDS[2])
 
 
 def old_driver_smi(box: Box) -> None:
@@ -376,7 +402,11 @@ def test_fixture_box_document(box: Box):
                            "uptime_s": 86400.25, "loadavg": [3.1, 2.95, 2.8], "btime": BTIME}
 
     gpus = {g["index"]: g for g in rows(doc["gpus"]["devices"])}
-    assert doc["gpus"]["source"] == "nvidia-smi" and "hints" not in doc["gpus"]  # lacks none
+    # lacks no field; GPU 2 has MIG on (this poll has every module: its instances are read)
+    assert doc["gpus"]["source"] == "nvidia-smi" and doc["gpus"]["hints"] == {"mig": "1"}
+    assert [(m["gpu"], m["gi"], m["profile"]) for m in rows(doc["gpus"]["mig"])] == [
+        (2, 2, "3g.40gb"), (2, 3, "2g.20gb"), (2, 9, "1g.10gb"), (2, 10, "1g.10gb")]
+    assert next(a for a in rows(doc["gpus"]["apps"]) if a["pid"] == 922)["gi"] == 2
     assert sorted(gpus) == list(range(8))
     assert gpus[0] == {"index": 0, "uuid": UUIDS[0], "name": "NVIDIA H100 80GB HBM3",
                        "util_pct": 100, "mem_used_mib": 70211, "mem_total_mib": 81559,
@@ -399,7 +429,8 @@ def test_fixture_box_document(box: Box):
     assert gpus[7]["util_pct"] is None and gpus[7]["throttle_reasons"] is None
     assert gpus[7]["mig"] is None
     apps = rows(doc["gpus"]["apps"])
-    evil_app = {"uuid": UUIDS[3], "pid": 1100, "gpu_mem_mib": 1200, "process_name": "evil, name"}
+    evil_app = {"uuid": UUIDS[3], "pid": 1100, "gpu_mem_mib": 1200, "process_name": "evil, name",
+                "gi": None, "ci": None}  # not on a MIG GPU: no instance
     assert evil_app in apps
 
     procs = {p["pid"]: p for p in rows(doc["processes"]["procs"])}
@@ -481,9 +512,10 @@ def test_steady_8_gpu_box_fits_the_8k_budget(box: Box):
     client asks for."""
     steady = steady_request(box_request(box), box.env())
     doc = run_probe(steady, box.env()).stdout
-    # 8.1 KB uncompressed since the kernel rows name their cgroup and its limit;
-    # what goes over the wire is compressed (the client asks for it), checked below
-    assert len(doc) <= 9 * 1024 and json.loads(doc)["discovered"][0]["name"] == "evil-name-x"
+    # 8.1 KB uncompressed since the kernel rows name their cgroup and its limit, 8.6 KB since
+    # the GPUs' health fields, 9.2 KB since GPU 2's four MIG instances (0.4 KB) and each app's
+    # instance; what goes over the wire is compressed (the client asks for it), checked below
+    assert len(doc) <= 9.5 * 1024 and json.loads(doc)["discovered"][0]["name"] == "evil-name-x"
     for rank in range(1, 8):
         for worker in range(6):
             box.process(3000 + 10 * rank + worker, "pt_data_worker", 920 + rank, uid=1000,
@@ -605,10 +637,11 @@ def test_old_driver_falls_back_to_throttle_reason_names(box: Box):
     old_driver_smi(box)
     doc = probe_doc(box_request(box), box.env())
     assert doc["errors"] == {}
-    assert doc["gpus"]["hints"] == {"lacks": "clocks_event_reasons.active"}
+    # GPU 2 has MIG on: its hint beside the lesson (and one call more, for the MIG table)
+    assert doc["gpus"]["hints"] == {"lacks": "clocks_event_reasons.active", "mig": "1"}
     assert rows(doc["gpus"]["devices"])[1]["throttle_reasons"] == ["sw_power_cap",
                                                                    "hw_thermal_slowdown"]
-    calls = (box.root / "smi.calls").read_text().splitlines()
+    calls = [c for c in (box.root / "smi.calls").read_text().splitlines() if c]
     assert [c.split("=")[0] for c in calls] == ["--query-gpu", "--query-gpu",
                                                 "--query-compute-apps"]
     assert "clocks_event_reasons.active" in calls[0]
@@ -618,7 +651,7 @@ def test_old_driver_falls_back_to_throttle_reason_names(box: Box):
 def test_reason_hint_from_last_poll_saves_the_failing_call(box: Box):
     old_driver_smi(box)
     probe_doc(box_request(box, gpu_hints={"lacks": "clocks_event_reasons.active"}), box.env())
-    calls = (box.root / "smi.calls").read_text().splitlines()
+    calls = [c for c in (box.root / "smi.calls").read_text().splitlines() if c]  # not MIG's
     assert len(calls) == 2 and "clocks_throttle_reasons.active" in calls[0]
 
 

@@ -298,12 +298,27 @@ def read(hints, deadline):
     devices, lost, lacks = smi_gpus(hints, deadline)
     section = {"source": "nvidia-smi", "vendor": "nvidia",
                "devices": section_module.keyed_table(devices)}
+    hints = section_module.mig_hint(hints, devices)
     if lacks:
-        section["hints"] = {"lacks": ",".join(lacks)}
+        hints["lacks"] = ",".join(lacks)
+    if hints:
+        section["hints"] = hints
     if lost:
         section["lost"] = lost
     try:
-        section["apps"] = section_module.keyed_table(smi_apps(deadline))
+        apps = smi_apps(deadline)
     except base.ProbeFailure as exc:  # the GPU table stands without the process list
+        apps = None
         section["apps_error"] = base.describe(exc)
+    mig = base.optional("gpus/mig") if any(d["mig"] for d in devices) else None
+    if mig is not None:
+        try:
+            rows, owners = mig.read_smi(deadline)
+        except base.ProbeFailure as exc:  # the GPUs stand without their instances
+            section["mig_error"] = base.describe(exc)
+        else:
+            section["mig"] = section_module.keyed_table(rows)
+            mig.place_apps(apps or (), owners, dict((d["index"], d["uuid"]) for d in devices))
+    if apps is not None:
+        section["apps"] = section_module.keyed_table(apps)
     return section

@@ -119,9 +119,10 @@ def read_nvml(nvml, hints=None):
     v2 = getattr(nvml, "nvmlMemory_v2", None)
     reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
         nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    mig = base.optional("gpus/mig")  # sent where the last poll saw MIG on
     nvml.nvmlInit()
     try:
-        devices, apps = [], []
+        devices, apps, instances = [], [], []
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             uuid = text(ask(nvml.nvmlDeviceGetUUID, handle))
@@ -163,8 +164,18 @@ def read_nvml(nvml, hints=None):
                 apps.append({"uuid": uuid, "pid": app.pid,
                              "gpu_mem_mib": None if used is None else used >> 20,
                              "process_name": text(name)})
-        return {"source": "nvml", "vendor": "nvidia",
-                "devices": section.keyed_table(devices),
-                "apps": section.keyed_table(apps)}
+            if row["mig"] and mig is not None:
+                rows, owners = mig.read_nvml(nvml, handle, index, ask, text)
+                instances.extend(rows)
+                mig.place_apps(apps, owners, {index: uuid})
+        out = {"source": "nvml", "vendor": "nvidia", "devices": section.keyed_table(devices),
+               "apps": section.keyed_table(apps)}
+        if instances:
+            out["mig"] = section.keyed_table(instances)
+        told = hints if isinstance(hints, dict) else {}
+        out_hints = section.mig_hint(told, devices)
+        if out_hints:
+            out["hints"] = out_hints
+        return out
     finally:
         ask(nvml.nvmlShutdown)

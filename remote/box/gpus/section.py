@@ -14,9 +14,10 @@ A source is one file of box/gpus/ (nvidia_smi.py, nvml.py; another vendor's besi
   read, a field it cannot read (the driver lacks it, N/A, Not Supported) is None or absent for
   that GPU only, and a column that is None in every row is not sent. The client reads rows by
   name (wire/sections.py), so no two files agree by position.
-- "hints": what the source learnt of this box that saves the next poll work (the reason
-  family the driver knows, the fields it lacks); the client sends them back as the request's
-  "gpu_hints" and the source reads them first. Strings only (the client keeps strings).
+- "hints": what the source learnt of this box that saves the next poll work (the fields its
+  driver lacks; "mig": "1" while a GPU has MIG on, so gpus/mig.py comes with the next poll);
+  the client sends them back as the request's "gpu_hints" and the source reads them first.
+  Strings only (the client keeps strings).
 - It raises base.ProbeFailure for "the GPUs could not be read", with `detail` saying what the
   client classifies (model.snapshot.classify_gpu_error): "exit", "said", "timeout", "missing",
   "lost". A box without GPUs of the source's vendor is "missing".
@@ -37,6 +38,8 @@ them by name, wire/sections.py `_gpu`):
     pcie_gen, pcie_gen_max, pcie_width, pcie_width_max, pcie_replays: the PCIe link.
 A compute process (apps): uuid (its GPU's), pid, gpu_mem_mib, process_name, and on a MIG GPU
 gi, ci (its GPU and compute instance).
+A MIG instance ("mig", gpus/mig.py FIELDS): gpu (its GPU's index), gi, ci, dev, profile, uuid,
+mem_used_mib, mem_total_mib, sm, util_pct; "mig_error" where they could not be read.
 
 A new GPU field: its line in each source that reads it, its reading in the model, and its
 name here and in docs/json.md (docs/development.md, "A new GPU field").
@@ -59,6 +62,14 @@ def keyed_table(rows):
     fields = list(rows[0]) if rows else []
     used = [f for f in fields if f == fields[0] or any(row[f] is not None for row in rows)]
     return {"fields": used, "rows": [[row[f] for f in used] for row in rows]}
+
+
+def mig_hint(told, devices):
+    """The "mig" hint (strings only): "1" while a GPU has MIG on (the client then sends
+    gpus/mig.py), "0" once where the last poll said "1" and none has it now."""
+    if any(d.get("mig") for d in devices):
+        return {"mig": "1"}
+    return {"mig": "0"} if told.get("mig") == "1" else {}
 
 
 def collect_gpus(request):
