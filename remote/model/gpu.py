@@ -119,6 +119,18 @@ RECOVERY_ORDER = ("none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_re
 """NVML's nvmlGpuRecoveryAction_t values 0..7, by name (the NVML source sends the number)."""
 
 
+RECOVERY_WORDS = MappingProxyType({"reset": "gpu_reset", "reboot": "node_reboot"})
+"""nvidia-smi's gpu_recovery_action words that are not the name of their action."""
+
+
+def recovery_name(words: str) -> str:
+    """nvidia-smi's gpu_recovery_action words ('None' on driver 580, as captured; 'Reset',
+    'Reboot', 'Drain P2P', ...) → a name of RECOVERY_ACTIONS; words it does not know kept,
+    as lower_case."""
+    word = "_".join(words.lower().replace("-", " ").split())[:40]
+    return RECOVERY_WORDS.get(word, word)
+
+
 def recovery_action(name: str | None) -> RecoveryAction | None:
     """What `name` asks for; an action this gpuwatch does not know asks for a person."""
     if name is None:

@@ -36,8 +36,7 @@ from typing import Any
 
 BOX = Path(__file__).parent.parent / "box"
 PROBE_PATH = BOX / "probe.py"
-CORE = ("base", "host", "gpus/section", "gpus/nvidia_smi", "processes", "disks", "known_runs",
-        "probe")
+CORE = ("base", "host", "gpus/section", "processes", "disks", "known_runs", "probe")
 """The probe's files that every poll sends (the gpuwatch_probe part): what it always runs."""
 RUN_FILES = "gpuwatch_runs"
 """The part of the probe that reads runs' files (runs.py and checkpoints.py): sent only to a
@@ -45,6 +44,10 @@ poll that may read a run (modules_for; a quarter of the probe)."""
 RAW_RECORDS = "gpuwatch_events"
 """The reader that sends event files' new records raw (events.py: read_raw_records),
 sent only to a poll that reads event files without the decoder."""
+SMI = "gpuwatch_gpus_nvidia_smi"
+"""The probe's nvidia-smi reader (gpus/nvidia_smi.py): sent unless the last poll of the host
+read its GPUs through NVML (the request's "gpu_source"), which then goes instead: a box reads
+its GPUs through one of the two, and each poll carries that one (DESIGN §6's upload)."""
 NVML = "gpuwatch_gpus_nvml"
 """The probe's NVML reader (gpus/nvml.py): sent unless the last poll of the host said its
 python cannot import pynvml (most boxes' system python3; the probe then reads nvidia-smi, and
@@ -72,7 +75,7 @@ Python 3.6 and 3.7, PyPy; subprocess, 4 ms more CPU): sent unless the last poll 
 said its python has os.posix_spawnp."""
 PARTS = (("gpuwatch_tfevents", ("tfevents_proto", "tfevents")),
          ("gpuwatch_discover", ("discover_found", "discover")),
-         ("gpuwatch_probe", CORE),
+         ("gpuwatch_probe", CORE), (SMI, ("gpus/nvidia_smi",)),
          (RUN_FILES, ("runs", "checkpoints")), (RAW_RECORDS, ("events",)), (METRICS, ("metrics",)),
          (GLOB, ("globs",)), (NVML, ("gpus/nvml",)), (MIG, ("gpus/mig",)), (POPEN, ("popen",)),
          (CGROUP_V1, ("cgroup_v1",)), (KERNEL, ("kernel_log",)))
@@ -262,7 +265,8 @@ def modules_for(request: dict[str, Any]) -> tuple[str, ...]:
     (decodes_event_files), else, where a run reads event files, the
     probe's raw records part: in steady state their new records go raw; the metrics
     readers where a run names metrics files or discovery may find some; the NVML reader unless
-    the box said its python has no pynvml; the MIG reader where the box said a GPU has MIG on;
+    the box said its python has no pynvml, the nvidia-smi reader unless the last poll read
+    NVML; the MIG reader where the box said a GPU has MIG on;
     the subprocess part unless the box said its python has os.posix_spawnp;
     the cgroup v1 reader unless the box said its cgroups are v2; the kernel
     log's parser unless the box's last kernel log had no Xid or OOM line. A host's first poll,
@@ -282,9 +286,12 @@ def modules_for(request: dict[str, Any]) -> tuple[str, ...]:
     elif reads_event_files(request):
         wanted.add(RAW_RECORDS)
     wanted_want = request.get("want")
-    if request.get("pynvml") is not False and not (isinstance(wanted_want, dict) and (
-            wanted_want.get("nvml") is False or wanted_want.get("gpus") is False)):
+    no_gpus = isinstance(wanted_want, dict) and wanted_want.get("gpus") is False
+    if request.get("pynvml") is not False and not no_gpus and not (
+            isinstance(wanted_want, dict) and wanted_want.get("nvml") is False):
         wanted.add(NVML)
+    if not no_gpus and (NVML not in wanted or request.get("gpu_source") != "nvml"):
+        wanted.add(SMI)
     hints = request.get("gpu_hints")
     if isinstance(hints, dict) and hints.get("mig") == "1":
         wanted.add(MIG)

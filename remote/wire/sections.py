@@ -10,7 +10,14 @@ from types import MappingProxyType
 from typing import Any
 
 from ..model.discovered import Discovery, parse_discovery
-from ..model.gpu import RECOVERY_ORDER, EccCounts, MemoryRemap, MigInstance, PcieLink
+from ..model.gpu import (
+    RECOVERY_ORDER,
+    EccCounts,
+    MemoryRemap,
+    MigInstance,
+    PcieLink,
+    recovery_name,
+)
 from ..model.snapshot import (
     PROGRESS_KEYS,
     CgroupCounter,
@@ -56,13 +63,14 @@ def _flag(row: _Node, name: str) -> bool | None:
 
 
 def _recovery(row: _Node) -> str | None:
-    """The recovery action's name: nvidia-smi's words as the probe normalised them, or NVML's
+    """The recovery action's name: nvidia-smi's words (model.gpu.recovery_name), or NVML's
     nvmlGpuRecoveryAction_t number (model.gpu.RECOVERY_ORDER; one it does not know, as
     `action_N`)."""
     value = row.data.get("recovery")
     if isinstance(value, int) and not isinstance(value, bool):
         return RECOVERY_ORDER[value] if 0 <= value < len(RECOVERY_ORDER) else f"action_{value}"
-    return row.opt_str("recovery")
+    words = row.opt_str("recovery")
+    return None if words is None else recovery_name(words)
 
 
 def _some(row: _Node, *names: str) -> bool:

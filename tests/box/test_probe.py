@@ -31,6 +31,7 @@ from gpuwatch.remote.wire.bundle import (
     modules_for,
     strip_source,
 )
+from harness import smi_capture
 from harness.captures import capture
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -416,7 +417,7 @@ def test_fixture_box_document(box: Box):
                        "ecc_corr_vol": 0, "ecc_unc_vol": 0, "ecc_corr_agg": 0, "ecc_unc_agg": 0,
                        "remap_corr": 0, "remap_unc": 0, "remap_pending": False,
                        "remap_failed": False, "remap_hist": [0, 0, 0, 0, 640],
-                       "recovery": "none", "pcie_gen": 5, "pcie_gen_max": 5, "pcie_width": 16,
+                       "recovery": "None", "pcie_gen": 5, "pcie_gen_max": 5, "pcie_width": 16,
                        "pcie_width_max": 16}
     # retired pages are N/A on an H100 (it remaps rows): not sent at all, nor NVML's replays
     assert "retired_sbe" not in doc["gpus"]["devices"]["fields"]
@@ -532,10 +533,17 @@ def test_steady_8_gpu_box_fits_the_8k_budget(box: Box):
     # first; run identity by argv, cwd and descendants, and the runs' own cgroups 0.9 KB of
     # each; each listed process's CPU time and when the table was read 60 B of each (19.5 KB
     # here); the GPUs' memory health and PCIe fields, read by name with the fields a driver
-    # lacks left out, 0.8 KB of each (20.2 KB here). The steady bound is DESIGN §6's figure:
-    # <= 20 KB (20 * 1024 B) up on a steady poll.
+    # lacks left out, 0.8 KB of each (20.2 KB here); then the capture formats only tests read
+    # (headers, per-reason columns) went to tests/harness/smi_capture.py and each box gets one
+    # GPU reader, nvidia-smi's or NVML's (bundle.SMI): 19.5 KB here, with the kernel log's
+    # parser this box's Xid lines call for. The steady bound is DESIGN §6's figure: <= 20 KB
+    # up on a steady poll, NVML reader included.
     first, then = (len(build_stdin(r, trim=True)) for r in (box_request(box), steady))
-    assert first < 33 * 1024 and then <= 20 * 1024
+    assert first < 33 * 1024 and then <= 20_000
+    nvml = {**{k: v for k, v in steady.items() if k != "want"}, "pynvml": True,
+            "gpu_source": "nvml", "spawn": True, "cgroup": 2}
+    assert NVML in modules_for(nvml) and "gpuwatch_gpus_nvidia_smi" not in modules_for(nvml)
+    assert len(build_stdin(nvml, trim=True)) + len(build_command("python3")) <= 20_000
 
 
 def test_cgroup_path_absent_falls_back_to_root(box: Box):
@@ -977,6 +985,53 @@ def test_pynvml_is_found_in_site_packages_though_the_probe_starts_without_them(b
     assert "pynvml" not in not_asked.get("gpus", {}), not_asked["gpus"]
 
 
+def test_a_box_read_through_nvml_gets_no_nvidia_smi_reader(box: Box, tmp_path: Path):
+    """Each box gets one GPU reader: where the last poll read NVML, the nvidia-smi reader
+    stays home (2.8 KB of every poll). Should NVML fail then, that failure is the poll's GPU
+    error, in NVML's words, and the next poll (the client drops the hint) brings nvidia-smi's
+    reader again."""
+    from gpuwatch.remote.config.load import parse_config
+    from gpuwatch.remote.wire.collect import Collector
+    from gpuwatch.remote.wire.document import parse_probe_output
+
+    (tmp_path / "nvml").mkdir()
+    (tmp_path / "nvml" / "pynvml.py").write_text(FAKE_PYNVML)
+    env = {**{k: v for k, v in box.env().items() if k != "PYTHONPATH"},
+           "PYTHONPATH": str(tmp_path / "nvml")}
+    request = {**box_request(box, want={}), "pynvml": True, "gpu_source": "nvml"}
+    assert "gpuwatch_gpus_nvidia_smi" not in modules_for(request)
+    assert "gpuwatch_gpus_nvidia_smi" in modules_for({**request, "gpu_source": "nvidia-smi"})
+
+    def poll(req: dict) -> dict:
+        result = subprocess.run(["sh", "-c", build_command(sys.executable)],
+                                input=build_stdin(req, trim=True), env=env, capture_output=True,
+                                timeout=30)
+        assert result.returncode == 0, result.stderr.decode()
+        return json.loads(result.stdout)
+
+    doc = poll(request)
+    assert doc["gpus"]["source"] == "nvml" and len(rows(doc["gpus"]["devices"])) == 2
+    (tmp_path / "nvml" / "pynvml.py").write_text(FAKE_PYNVML.replace(
+        "def nvmlInit():", "class NVMLError_DriverNotLoaded(NVMLError):\n"
+        "    def __str__(self): return 'Driver Not Loaded'\n\n"
+        "def nvmlInit():\n    raise NVMLError_DriverNotLoaded()\n\n"
+        "def _was_nvmlInit():"))
+    failed = poll(request)
+    assert failed["gpus"]["error"].startswith("NVML failed (") and \
+        "nvidia-smi's reader comes with the next poll" in failed["gpus"]["error"]
+    host = parse_config('[hosts.box]\nssh = "box"\n').host("box")
+    assert host is not None
+    collector = Collector()
+    collector._learn(host, 0.0, parse_probe_output(json.dumps(doc).encode(), "box"), None)
+    assert collector._hints["box"]["gpu_source"] == "nvml"
+    snap = parse_probe_output(json.dumps(failed).encode(), "box")
+    assert snap.gpu_error is not None and snap.gpu_error.kind == "driver_not_loaded"
+    collector._learn(host, 0.0, snap, None)
+    assert "gpu_source" not in collector._hints["box"]  # nvidia-smi's reader goes again
+    again = poll({**request, "gpu_source": None})
+    assert again["gpus"]["source"] == "nvidia-smi" and "NVML" not in again.get("errors", {})
+
+
 def test_nvml_is_skipped_when_the_client_says_so(box: Box, tmp_path: Path):
     (tmp_path / "nvml").mkdir()
     (tmp_path / "nvml" / "pynvml.py").write_text(FAKE_PYNVML)
@@ -993,12 +1048,11 @@ def query_gpu_csvs() -> list[Path]:
 
 
 def capture_gpus(rel: str | Path) -> list[dict]:
-    parsed = probe.parse_smi_csv((captures() / rel).read_text(encoding="utf-8"))
-    return [probe.gpu_row(row) for row in parsed]
+    return smi_capture.gpu_rows((captures() / rel).read_text(encoding="utf-8"))
 
 
 def capture_apps(rel: str) -> list[dict]:
-    return [probe.app_row(row) for row in probe.parse_smi_csv((captures() / rel).read_text())]
+    return smi_capture.app_rows((captures() / rel).read_text())
 
 
 def test_every_captured_query_gpu_csv_parses():
@@ -1032,7 +1086,9 @@ def test_per_reason_columns_decode_without_the_bitmask():
     row = {"clocks_event_reasons.active": "[N/A]", "clocks_event_reasons.gpu_idle": "Not Active",
            "clocks_event_reasons.hw_slowdown": "Active",
            "clocks_event_reasons.sw_thermal_slowdown": "Active"}
-    assert probe.decode_reasons(row) == ["hw_slowdown", "sw_thermal_slowdown"]
+    mask = smi_capture.reasons_mask(row)
+    assert probe.decode_reasons({"clocks_event_reasons.active": mask}) == [
+        "hw_slowdown", "sw_thermal_slowdown"]
 
 
 def test_captured_compute_apps():
@@ -1268,7 +1324,7 @@ def test_hand_parsers_agree_with_the_regular_expressions_they_replaced():
     headers = ["".join(p) for n in range(6) for p in itertools.product(head, repeat=n)]
     headers += ["memory.used [MiB]", "index", "clocks_event_reasons.active", "0", "a [b] [c]"]
     for cell in headers:
-        assert probe.is_field_name(cell) == bool(field.match(cell)), repr(cell)
+        assert smi_capture.is_field_name(cell) == bool(field.match(cell)), repr(cell)
 
 
 def test_json_without_the_json_module_writes_and_reads_what_json_does():

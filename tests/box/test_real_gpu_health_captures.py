@@ -21,6 +21,7 @@ import pytest
 from gpuwatch.remote.box import names as probe
 from gpuwatch.remote.report import load_schema
 from gpuwatch.remote.wire.document import parse_probe_output
+from harness import smi_capture
 
 HEALTH = Path(__file__).parents[1] / "captures" / "h200-driver580" / "health"
 UUID = "GPU-d48083ae-ff64-2b37-05e9-ad53ff607aa4"
@@ -107,31 +108,33 @@ def h200_value_of() -> dict[str, str]:
 
 def test_the_h200s_health_fields_read_as_it_said_them() -> None:
     """Idle and under load, in both formats: no ECC error, no row remapped, nothing pending,
-    every bank with all its spare rows (3072 at 'max'), gpu_recovery_action 'None' (read as
-    the recovery action "none"), the link at gen 5 x16 of 5 x16; retired pages [N/A] (an H200
-    remaps rows instead), MIG off."""
+    every bank with all its spare rows (3072 at 'max'), gpu_recovery_action 'None' (sent as
+    said, read by the client as the recovery action "none"), the link at gen 5 x16 of 5 x16;
+    retired pages [N/A] (an H200 remaps rows instead), MIG off."""
     sets = queries()
     fields = sets["BASEQ"] + sets["HEALTHQ"]
     health = {"ecc_corr_vol": 0, "ecc_unc_vol": 0, "ecc_corr_agg": 0, "ecc_unc_agg": 0,
               "remap_corr": 0, "remap_unc": 0, "remap_pending": False, "remap_failed": False,
-              "recovery": "none", "pcie_gen": 5, "pcie_gen_max": 5, "pcie_width": 16,
+              "recovery": "None", "pcie_gen": 5, "pcie_gen_max": 5, "pcie_width": 16,
               "pcie_width_max": 16, "retired_pending": None, "mig": False,
               "persistence": True, "pci_bus_id": "00000000:00:06.0"}
     for phase in ("idle", "load"):
-        (with_units,) = [probe.gpu_row(r) for r in probe.parse_smi_csv(
-            text(f"{phase}.gpu-base+health.csv"))]
-        (bare,) = [probe.gpu_row(r) for r in probe.parse_smi_csv(
-            text(f"{phase}.gpu-base+health.noheader-nounits.csv"), fields)]
+        (with_units,) = smi_capture.gpu_rows(text(f"{phase}.gpu-base+health.csv"))
+        (bare,) = smi_capture.gpu_rows(
+            text(f"{phase}.gpu-base+health.noheader-nounits.csv"), fields)
         for row in (with_units, bare):  # two calls a moment apart: power, temp may move
             assert {k: row[k] for k in health} == health
+    from gpuwatch.remote.model.gpu import recovery_name
+
+    assert recovery_name(bare["recovery"]) == "none"  # the driver's words, the client's name
     assert "gpu_recovery_action" in text("idle.gpu-RECOVERY.csv").splitlines()[0]
     assert text("idle.gpu-RECOVERY.csv").splitlines()[1].endswith(", None")
-    (hist,) = [probe.gpu_row(r) for r in probe.parse_smi_csv(text("idle.gpu-HIST.csv"))]
+    (hist,) = smi_capture.gpu_rows(text("idle.gpu-HIST.csv"))
     assert hist["remap_hist"] == [3072, 0, 0, 0, 0]
-    (retired,) = [probe.gpu_row(r) for r in probe.parse_smi_csv(text("idle.gpu-RETIRED.csv"))]
+    (retired,) = smi_capture.gpu_rows(text("idle.gpu-RETIRED.csv"))
     assert (retired["retired_sbe"], retired["retired_dbe"], retired["retired_pending"]) == (
         None, None, None)
-    (pcie,) = [probe.gpu_row(r) for r in probe.parse_smi_csv(text("idle.gpu-PCIE.csv"))]
+    (pcie,) = smi_capture.gpu_rows(text("idle.gpu-PCIE.csv"))
     assert (pcie["pcie_gen"], pcie["pcie_gen_max"]) == (5, 5)  # gen.gpucurrent, gen.max
     assert "Bank Remap Availability Histogram" in text("q-d-ROW_REMAPPER.txt")
 
@@ -308,8 +311,8 @@ def test_per_process_utilisation_is_there_under_load_only() -> None:
     rows = [line.split() for line in text("pmon.txt").splitlines() if not line.startswith("#")]
     assert rows and all(r[1] == "832" and r[2] == "C" and int(r[3]) >= 90 and r[9] == "874"
                         for r in rows)
-    ((uuid, pid, mib, _),) = [tuple(probe.app_row(r).values()) for r in probe.parse_smi_csv(
-        text("load.apps.csv"))]
+    ((uuid, pid, mib, _),) = [tuple(a.values())
+                              for a in smi_capture.app_rows(text("load.apps.csv"))]
     assert (uuid, pid, mib) == (UUID, 832, 874)
 
 
@@ -322,7 +325,7 @@ def test_the_lead_s_once_json_follows_the_schema() -> None:
     doc = json.loads(text("once-local.json"))
     jsonschema.validate(doc, load_schema())
     (gpu,) = doc["hosts"][0]["gpus"]
-    (smi,) = [probe.gpu_row(r) for r in probe.parse_smi_csv(text("idle.gpu-base+health.csv"))]
+    (smi,) = smi_capture.gpu_rows(text("idle.gpu-base+health.csv"))
     assert (gpu["uuid"], gpu["mem_total_mib"], gpu["sm_clock_mhz"], gpu["power_limit_w"]) == (
         smi["uuid"], smi["mem_total_mib"], smi["sm_clock_mhz"], smi["power_limit_w"])
     assert gpu["persistence_mode"] is smi["persistence"] is True

@@ -137,6 +137,21 @@ def read_nvml(nvml, handle, index, ask, text):
     return rows, owners
 
 
+def add_smi(out, devices, apps, deadline):
+    """The nvidia-smi source's section `out` with the instances of its GPUs that have MIG on
+    (`mig`, or `mig_error` where they could not be read; the GPUs stand) and each compute
+    process's instance."""
+    if not any(d["mig"] for d in devices):
+        return
+    try:
+        rows, owners = read_smi(deadline)
+    except base.ProbeFailure as exc:
+        out["mig_error"] = base.describe(exc)
+        return
+    out["mig"] = base.load_module("gpus/section").keyed_table(rows)
+    place_apps(apps, owners, dict((d["index"], d["uuid"]) for d in devices))
+
+
 def place_apps(apps, owners, uuid_of):
     """Each compute process's instance (gi, ci) on its GPU, where `owners` says it; `uuid_of`:
     GPU index → uuid (the apps name their GPU by uuid)."""

@@ -87,7 +87,6 @@ def read_nvml(nvml, hints=None):
     """The gpus section from NVML (the contract: gpus/section.py); every call guarded
     (NotSupported → None for that field)."""
     section = base.load_module("gpus/section")
-    smi = base.load_module("gpus/nvidia_smi")
 
     def ask(fn, *args):
         try:
@@ -144,7 +143,7 @@ def read_nvml(nvml, hints=None):
                 "power_limit_w": scaled(ask(nvml.nvmlDeviceGetEnforcedPowerLimit, handle), 1000),
                 "temp_c": ask(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU),
                 "throttle_reasons": None if mask is None
-                else [name for bit, name in smi.REASON_BITS if mask & bit],
+                else [name for bit, name in section.REASON_BITS if mask & bit],
                 "mig": None if mig is None else mig[0] == nvml.NVML_DEVICE_MIG_ENABLE,
                 "pci_bus_id": None if pci is None else text(getattr(pci, "busId", None)),
                 "persistence": None if persistence is None else persistence == 1,  # ENABLED

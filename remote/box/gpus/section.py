@@ -55,6 +55,20 @@ base = sys.modules.get("gpuwatch_base") or __import__(
 
 DEFAULT_TIMEOUT_S = 5.0
 
+# NVML clocks event (formerly "throttle") reason bits, nvml.h nvmlClocksEventReason*: both
+# NVIDIA sources name the active ones by these
+REASON_BITS = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+)
+
 
 def keyed_table(rows):
     """Rows keyed by field name (each a dict of the same fields, in the same order) →
@@ -74,8 +88,10 @@ def mig_hint(told, devices):
 
 def collect_gpus(request):
     """The gpus section: NVML where this python imports pynvml and nvmlInit works, else
-    nvidia-smi (the simulator's box: always its stand-in nvidia-smi)."""
-    smi = base.load_module("gpus/nvidia_smi")
+    nvidia-smi (the simulator's box: always its stand-in nvidia-smi). The nvidia-smi reader
+    is not sent to a box whose last poll read NVML (wire/bundle.py SMI): should NVML fail
+    then, its failure is this poll's, and the next poll brings the reader."""
+    smi = base.optional("gpus/nvidia_smi")
     timeout_s = base.number_setting(request, "nvidia_smi_timeout_s", DEFAULT_TIMEOUT_S)
     deadline = time.monotonic() + timeout_s
     hints = request.get("gpu_hints") if isinstance(request.get("gpu_hints"), dict) else {}
@@ -108,6 +124,9 @@ def collect_gpus(request):
                     return section
                 except Exception as exc:  # no driver library, no GPU, hung: try nvidia-smi
                     nvml_problem = base.describe(exc)
+    if smi is None:
+        raise base.ProbeFailure("NVML failed (%s); nvidia-smi's reader comes with the next poll"
+                                % nvml_problem)
     started = time.monotonic()
     try:
         section = smi.read(hints, deadline)
