@@ -32,8 +32,8 @@ class GpuChoice:
 
 
 def _indexes(value: str, snap: HostSnapshot) -> list[int] | None:
-    """CUDA_VISIBLE_DEVICES → nvidia-smi indexes: numbers, or GPU UUIDs the snapshot lists;
-    None where an entry is neither (a MIG device, a typo: not ours to read)."""
+    """CUDA_VISIBLE_DEVICES → nvidia-smi indexes: numbers, GPU UUIDs the snapshot lists, or a
+    MIG instance's UUID (its GPU's index); None where an entry is none of these (a typo)."""
     out = []
     for part in (p.strip() for p in value.split(",")):
         if not part:
@@ -41,7 +41,9 @@ def _indexes(value: str, snap: HostSnapshot) -> list[int] | None:
         if part.isdecimal():
             out.append(int(part))
             continue
-        gpu = next((g for g in snap.gpus if g.uuid and g.uuid.lower() == part.lower()), None)
+        gpu = next((g for g in snap.gpus if (g.uuid and g.uuid.lower() == part.lower())
+                    or any(m.uuid and m.uuid.lower() == part.lower()
+                           for m in g.mig_instances)), None)
         if gpu is None:
             return None
         out.append(gpu.index)
