@@ -329,3 +329,56 @@ def test_the_lead_s_once_json_follows_the_schema() -> None:
     assert (gpu["uuid"], gpu["mem_total_mib"], gpu["sm_clock_mhz"], gpu["power_limit_w"]) == (
         smi["uuid"], smi["mem_total_mib"], smi["sm_clock_mhz"], smi["power_limit_w"])
     assert gpu["persistence_mode"] is smi["persistence"] is True
+
+
+# ---------------------------------------------------------------- the probe on a real H200
+
+
+def test_the_probes_two_paths_agree_on_the_h200s_health() -> None:
+    """The probe (main at 5b10b74, the health fields merged) on another lent H200, idle and
+    under load, through NVML and through nvidia-smi a moment apart: read by today's client,
+    both say the same health (NVML's numbers, nvidia-smi's words), and the JSON follows the
+    schema."""
+    import jsonschema
+
+    schema = load_schema()
+    for phase in ("idle", "load"):
+        snaps = [parse_probe_output(text(f"probe/{phase}.{path}.json").encode(), "h200")
+                 for path in ("nvml", "smi")]
+        assert [s.gpu_source for s in snaps] == ["nvml", "nvidia-smi"]
+        (a,), (b,) = (s.gpus for s in snaps)
+        assert a.uuid == b.uuid and a.name == "NVIDIA H200"
+        for gpu in (a, b):
+            assert gpu.recovery_action == "none" and gpu.mig is False
+            assert gpu.ecc is not None and gpu.ecc.uncorrected_volatile == 0
+            assert gpu.remap is not None and (gpu.remap.pending, gpu.remap.failed,
+                                              gpu.remap.histogram) == (
+                False, False, (3072, 0, 0, 0, 0))
+            assert gpu.pcie is not None and (gpu.pcie.gen, gpu.pcie.width) == (5, 16)
+            jsonschema.validate(gpu.to_json(), {**schema["$defs"]["gpu"],
+                                                "$defs": schema["$defs"]})
+        assert a.pcie is not None and a.pcie.replays == 0  # NVML only
+        if phase == "load":
+            assert a.throttle_reasons == b.throttle_reasons == ("sw_power_cap",)
+            assert [p.pid for p in snaps[0].gpu_processes] == \
+                [p.pid for p in snaps[1].gpu_processes]
+
+
+def test_driver_580s_table_without_mig() -> None:
+    """`nvidia-smi`'s table on a GPU without MIG: no MIG block, and its Processes block says
+    N/A for the instances, which the MIG reader places nowhere; the stand-in prints that block
+    as the driver does."""
+    from gpuwatch.remote.box.gpus import mig
+    from gpuwatch.remote.sim import nvidia_smi as smi
+
+    real = text("load.table.txt")
+    rows, owners = mig.parse_table(real)
+    assert rows == [] and owners == {}
+    line = next(x for x in real.splitlines() if "/opt/torch/.venv/bin/python3" in x)
+    pid = int(line.split()[4])
+    state = {"gpus": [{"mig.mode.current": False}], "compute_apps": [
+        {"gpu": 0, "pid": pid, "process_name": "/opt/torch/.venv/bin/python3",
+         "used_gpu_memory": 874}]}
+    out = smi.run([], state)[1]
+    processes = real[real.index("| Processes:"):]
+    assert out[out.index("| Processes:"):] == processes
