@@ -138,6 +138,9 @@ def _gpu_cell(snap: HostSnapshot) -> str:
     for g in snap.gpus:
         sm = (100 * g.sm_clock_mhz / g.sm_clock_max_mhz
               if g.sm_clock_mhz is not None and g.sm_clock_max_mhz else None)
+        if g.mig:  # the driver reports no util under MIG: its instances are counted instead
+            cells.append(f"{g.index}:MIG {len(g.mig_instances)} inst/{_num(sm)}")
+            continue
         cells.append(f"{g.index}:{_num(g.util_pct)}/{_num(sm)}")
     err = snap.gpu_error
     if err is not None:  # never "no GPU" for GPUs that could not be read
@@ -298,6 +301,16 @@ def _gpu_health_metrics(m: _Metrics, g: GpuSample, gl: dict[str, object]) -> Non
                   value, **gl)
         m.add("gpu_pcie_replays", "gauge", "PCIe replays since the driver loaded",
               g.pcie.replays, **gl)
+    if g.mig:
+        m.add("gpu_mig_instances", "gauge", "MIG instances of the GPU (MIG on)",
+              float(len(g.mig_instances)), **gl)
+        for inst in g.mig_instances:
+            il = dict(gl, gpu_instance=inst.gpu_instance, compute_instance=inst.compute_instance,
+                      profile=inst.profile)
+            m.add("gpu_mig_memory_used_mib", "gauge", "memory used in the MIG instance's GPU "
+                  "instance", inst.mem_used_mib, **il)
+            m.add("gpu_mig_memory_total_mib", "gauge", "memory of the MIG instance's GPU "
+                  "instance", inst.mem_total_mib, **il)
 
 
 def prometheus_text(reports: Sequence[HostReport], jobs: JobsReport | None = None) -> str:

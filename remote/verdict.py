@@ -20,7 +20,8 @@ from .textsafe import visible
 FINDING_WORDS = {  # most important first: of two findings of one severity, the cell names it
     "run.dead": "run died", "run.rank_dead": "a rank died", "run.restart_limit": "restarts used up",
     "gpu.lost": "GPU lost", "gpu.query_failed": "GPUs unreadable",
-    "gpu.driver_mismatch": "driver mismatch",
+    "gpu.driver_mismatch": "driver mismatch", "gpu.remap_failed": "GPU memory failed",
+    "gpu.recovery_action": "GPU needs recovery", "gpu.ecc_uncorrected": "ECC errors",
     "host.unreachable": "unreachable", "host.cgroup_oom": "OOM-killed",
     "run.loss_nan": "loss is NaN", "run.hung": "hung", "run.diverging": "diverging",
     "gpu.xid": "GPU error (Xid)", "run.stalled": "stalled", "gpu.vram_zombie": "VRAM zombie",
@@ -32,6 +33,8 @@ FINDING_WORDS = {  # most important first: of two findings of one severity, the 
     "ckpt.tmp_leftover": "partial checkpoint", "run.events_empty": "no events",
     "run.code_changed": "code changed", "host.cpu_oversubscribed": "CPU oversubscribed",
     "gpu.persistence_off": "persistence off", "run.slowed": "slowed",
+    "gpu.remap_pending": "GPU reset pending", "gpu.hw_slowdown_rate": "HW slowdown",
+    "gpu.pcie_degraded": "PCIe degraded", "run.straggler": "straggler",
     "run.overfitting": "overfitting", "run.loss_spike": "loss spikes", "run.plateau": "plateau",
 }
 """A finding's code in a few words, for a cell that names a host's worst problem."""

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuwatch.remote.config.schema import Config, HostConfig, RunConfig
+from gpuwatch.remote.model.gpu import EccCounts, MemoryRemap, MigInstance, PcieLink
 from gpuwatch.remote.model.snapshot import (
     CgroupInfo,
     Checkpoint,
@@ -165,9 +166,33 @@ MORE_HOSTS = (
     HostConfig(name="gpu-oom", ssh="gpu-oom", disks=("/", "/data"),
                runs=(run_config("gpt-sft"),)),
     HostConfig(name="gpu-driver", ssh="gpu-driver", disks=("/",), runs=(run_config("vit-l"),)),
+    HostConfig(name="gpu-mig", ssh="gpu-mig", disks=("/",), runs=(run_config("qwen-lora"),)),
 )
 """The demo's other troubles, for the snapshots (`config(more=True)`): a run its memory cgroup
-OOM-killed 75 s ago (demo-oom), and a driver upgraded under the running one (demo-driver)."""
+OOM-killed 75 s ago (demo-oom), a driver upgraded under the running one (demo-driver), and a
+box whose GPU 0 is split into MIG instances (one runs a LoRA fine-tune) beside a GPU 1 whose
+memory lost data: uncorrected ECC errors, a row remap pending, the driver asking for a reset,
+its link at x8 of x16."""
+
+MIG_PROFILES = (("3g.40gb", 2, 60, 40_448), ("2g.20gb", 3, 32, 20_096),
+                ("1g.10gb", 9, 16, 9_984), ("1g.10gb", 10, 16, 9_984))
+"""The H100 MIG layout of the exporter's capture: profile, GPU instance, SMs, memory (MiB)."""
+
+
+def mig_gpus(t_used: int = 30_100) -> tuple[GpuSample, GpuSample]:
+    """gpu-mig's two GPUs: GPU 0 with MIG on (no util; pid 7001 in GI 2), GPU 1 broken."""
+    instances = tuple(MigInstance(gpu_instance=gi, compute_instance=0, device=d, profile=p,
+                                  uuid=f"MIG-{d:08d}", mem_used_mib=t_used if gi == 2 else 9,
+                                  mem_total_mib=mem, sm_count=sm,
+                                  pids=(7001,) if gi == 2 else ())
+                      for d, (p, gi, sm, mem) in enumerate(MIG_PROFILES))
+    mig0 = replace(gpu(0, None, 1980, power=412.0, used=t_used + 27), mig=True,
+                   mig_instances=instances)
+    broken = replace(gpu(1, 0, 345, power=71.0, used=0, temp=33), recovery_action="gpu_reset",
+                     ecc=EccCounts(0, 2, 0, 2),
+                     remap=MemoryRemap(0, 1, True, False, (639, 1, 0, 0, 0)),
+                     pcie=PcieLink(5, 5, 8, 16, 0))
+    return mig0, broken
 
 
 def config(n_extra: int = 0, readonly: bool = False, more: bool = False) -> Config:
@@ -182,6 +207,12 @@ def more_snapshot(host: HostConfig, i: int) -> HostSnapshot:
     gpu-driver's run trains on while, from poll 58, the GPUs cannot be read."""
     t = NOW - (60 - i) * 10 - 1
     run = host.runs[0].name
+    if host.name == "gpu-mig":
+        return snapshot(host.name, t=t, gpus=mig_gpus(),
+                        processes=[process(7001, cmd="python train.py --lora qwen.yaml", run=run,
+                                           mem=30_100)],
+                        runs=[run_sample(run, pids=(7001,), steps=range(1, 300 + i * 5),
+                                         t_end=t)])
     alive = host.name == "gpu-driver" or i < 55
     snap = snapshot(host.name, t=t, gpus=[gpu(g, 97, 1950) for g in range(2)],
                     processes=[process(6001, cmd="python train.py --config sft.yaml",

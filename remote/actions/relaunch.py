@@ -18,6 +18,7 @@ from ..model.resume import relaunch_command
 from ..model.series import RunSeries
 from ..model.snapshot import Checkpoint, HostSnapshot, ProcessInfo
 from ..units import duration
+from .gpu_choice import choose_gpus
 from .types import (
     DEFAULT_LOG,
     PLACEHOLDERS,
@@ -71,9 +72,14 @@ def _script_words(template: str) -> tuple[str, ...]:
 
 
 def plan_relaunch(host: HostConfig, run_name: str, history: HostHistory,
-                  launch: LaunchRecord | None = None) -> ActionPlan:
+                  launch: LaunchRecord | None = None, *, elsewhere: bool = True) -> ActionPlan:
     """Start a dead run again, from its latest checkpoint when the template asks for one (or,
     for a discovered run, when its framework's resume argument is known).
+
+    Never on a GPU that is broken (a recovery action, a remap pending or failed, fallen off
+    the bus, U22): the plan moves the run to free healthy GPUs (CUDA_VISIBLE_DEVICES, said in
+    its notes) or, with `elsewhere` False (the watchdog: nobody confirms), is refused saying
+    where a person could start it (gpu_choice.choose_gpus).
 
     A configured run is started from its config (`relaunch`, `workdir`, `process`). A run that
     is not configured was discovered: `launch` is how the store recorded it was
@@ -82,7 +88,7 @@ def plan_relaunch(host: HostConfig, run_name: str, history: HostHistory,
     run = host.run(run_name)
     if run is None:
         if launch is not None and launch.run == run_name:
-            return _plan_relaunch_discovered(host, launch, history)
+            return _plan_relaunch_discovered(host, launch, history, elsewhere)
         return refused_plan("relaunch", host, (
             f"no run named {run_name!r} is configured for {host.name}, and gpuwatch never saw "
             "how a run of that name was started (it records a discovered run's cwd, argv and "
@@ -119,8 +125,13 @@ def plan_relaunch(host: HostConfig, run_name: str, history: HostHistory,
     if run.log is None:
         notes.append(f"run {run.name} has no `log` in the config: output goes to {log}")
     notes += _way_back_notes(run.relaunch, latest, before, anomaly)
+    gpus = choose_gpus(history, run.name, tuple(sorted(run.env.items())), command,
+                       elsewhere=elsewhere, how=f"`gpuwatch relaunch {host.name} {run.name}`")
+    if gpus.refusal is not None:
+        return refused_plan("relaunch", host, gpus.refusal)
+    notes[:0] = gpus.notes  # first: the person reads it before the rest
     spec = LaunchSpec(run=run.name, workdir=run.workdir, log=log, detach=run.detach,
-                      env=tuple(sorted(run.env.items())), process=run.process, scripts=scripts)
+                      env=gpus.env, process=run.process, scripts=scripts)
     return ActionPlan("relaunch", host.name, (), command, "", None, tuple(notes), spec)
 
 
@@ -168,7 +179,7 @@ def _way_back_notes(template: str, latest: Checkpoint | None, before: Checkpoint
 
 
 def _plan_relaunch_discovered(host: HostConfig, launch: LaunchRecord,
-                              history: HostHistory) -> ActionPlan:
+                              history: HostHistory, elsewhere: bool = True) -> ActionPlan:
     """A discovered run started again as it was started: the recorded cwd, argv (with the
     resume argument where the framework's convention is known) and environment, less the old
     login's variables and every secret-named one, which are named so the person knows what the
@@ -194,6 +205,11 @@ def _plan_relaunch_discovered(host: HostConfig, launch: LaunchRecord,
              f"{_ago(launch.recorded_at)}", *said]
     if launch.log is None:
         notes.append(f"its output went to no file at launch: now to {log}")
+    gpus = choose_gpus(history, name, launch.env, command, elsewhere=elsewhere,
+                       how=f"`gpuwatch relaunch {host.name} {name}`")
+    if gpus.refusal is not None:
+        return refused_plan("relaunch", host, gpus.refusal)
+    notes[:0] = gpus.notes  # first: the person reads it before the rest
     # A discovered run has no done marker: one whose framework wrote nothing of its end (and
     # that gpuwatch did not start) reads as dead when it ended on its own.
     tail = (series.tail or "").strip().splitlines()[-1:] if series else []
@@ -201,7 +217,7 @@ def _plan_relaunch_discovered(host: HostConfig, launch: LaunchRecord,
                  "written by its framework), but it may have: check the log's end before "
                  "confirming" + (f"; it ends: {tail[0][:160]}" if tail else ""))
     spec = LaunchSpec(run=name, workdir=launch.cwd, log=log, detach=launch.detach,
-                      env=launch.env, process=launch.process, scripts=launch.scripts,
+                      env=gpus.env, process=launch.process, scripts=launch.scripts,
                       in_workdir=True)
     return ActionPlan("relaunch", host.name, (), command, "", None, tuple(notes), spec)
 

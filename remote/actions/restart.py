@@ -335,7 +335,9 @@ class Watchdog:
 
     async def _restart(self, host: HostConfig, run: RunConfig, history: HostHistory, key: str,
                        records: Sequence[RestartRecord], now: float) -> list[WatchEvent]:
-        plan = actions.plan_relaunch(host, run.name, history)
+        # nobody confirms here: a run whose GPU broke is not moved to other GPUs (the refusal
+        # says where `gpuwatch relaunch` would start it)
+        plan = actions.plan_relaunch(host, run.name, history, elsewhere=False)
         if plan.refusal is not None:
             return self._once(host.name, run.name, key, "refused",
                               f"not restarted: {plan.refusal}", Severity.WARNING)

@@ -10,8 +10,8 @@ from typing import Any
 from . import base
 
 FILES = ("base", "host", "gpus/section", "gpus/nvidia_smi", "processes", "disks", "known_runs",
-         "runs", "checkpoints", "events", "metrics", "globs", "gpus/nvml", "popen", "cgroup_v1",
-         "kernel_log", "probe")
+         "runs", "checkpoints", "events", "metrics", "globs", "gpus/nvml", "gpus/mig", "popen",
+         "cgroup_v1", "kernel_log", "probe")
 
 
 def owner(name: str) -> types.ModuleType:

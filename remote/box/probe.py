@@ -2,8 +2,9 @@
 
 Stdlib only and Python 3.6+ (old boxes; nothing is installed there, U42): the client sends
 this file, the files of the sections it reads (base.py, host.py, gpus/section.py,
-gpus/nvidia_smi.py, processes.py, disks.py, known_runs.py) and those of the optional parts
-this poll needs (runs.py, metrics.py, gpus/nvml.py, ... see wire/bundle.py, modules_for), and
+processes.py, disks.py, known_runs.py) and those of the optional parts this poll needs (the
+box's GPU reader, gpus/nvidia_smi.py or gpus/nvml.py; runs.py, metrics.py, ... see
+wire/bundle.py, modules_for), and
 a JSON request over stdin each poll; each is installed as a gpuwatch_<name> module and reached
 through it. pynvml is used when it imports and nvmlInit works, else `nvidia-smi`. Nothing read
 from the box is ever executed or evaluated; only `nvidia-smi` and `dmesg` are run, from PATH,

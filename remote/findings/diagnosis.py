@@ -51,6 +51,7 @@ from ..model.death import (
 from ..model.history import Departure
 from ..model.processes import dies_with_session
 from ..model.snapshot import HostSnapshot, KernelEvent, same_gpu_ids
+from ..model.xid_catalog import xid_advice
 from . import nccl
 
 __all__ = ["CAUSES", "DEAD_GPU_XIDS", "EXCEPTION_PATTERNS", "TAIL_LINES",
@@ -177,8 +178,12 @@ def diagnose(before: HostSnapshot, now: HostSnapshot, pids: Sequence[int], *,
     xids = run_xids([e for e in events if e.kind == "xid"], pids, wanted, before, now)
     if xids:
         e = xids[-1]
+        advice = xid_advice(e.xid) if e.xid is not None else None  # the catalog's action
         return verdict("xid", xid=e.xid, pci=e.pci, gpu=xid_gpu(e, now, before), pid=e.pid,
-                       name=e.name, message=e.message, at=e.at)
+                       name=e.name, message=e.message, at=e.at,
+                       xid_name=advice.name if advice else None,
+                       action=advice.action.bucket if advice and advice.action else None,
+                       advice=advice.words() if advice else None)
 
     # 4b. no Xid line (a kernel log we cannot read, or none written), but a GPU of the run fell
     # out of the list in this very poll (U22)

@@ -9,7 +9,9 @@ from ..model.finding import Finding, Severity
 from ..model.gpu import recovery_action
 from ..model.history import HostHistory
 from ..model.snapshot import GpuSample, HostSnapshot, same_gpu_ids
+from ..model.xid_catalog import CATALOG, NAMES
 from .base import rule
+from .diagnosis import xid_gpu
 
 
 def _before(history: HostHistory, gpu: GpuSample) -> GpuSample | None:
@@ -219,3 +221,42 @@ def gpu_pcie_degraded(history: HostHistory) -> Iterable[Finding]:
             evidence={"gen": link.gen, "gen_max": link.gen_max, "width": link.width,
                       "width_max": link.width_max, "replays_rise": replays,
                       "pci_bus_id": gpu.pci_bus_id})
+
+
+REBOOT_XIDS = frozenset(code for code, bucket in CATALOG.items() if bucket == "RESTART_BM")
+"""Xids after which the catalog says only a reboot brings the GPU back (79: fallen off the
+bus): one logged since the box booted rules the GPU out until the boot id changes (U22)."""
+
+
+def unusable_gpus(history: HostHistory) -> dict[int, str]:
+    """GPUs nothing new should start on, by index, each with why in words: the driver asks for
+    a reset, a reboot or draining (its recovery action); memory rows wait for a reset (a remap
+    or page retirement pending) or ran out of spares (remap failed); or the kernel log says,
+    since this boot, that it fell off the bus (an Xid only a reboot cures). A relaunch and the
+    watchdog keep off them (actions/gpu_choice.py)."""
+    now = history.current
+    if now is None:
+        return {}
+    out: dict[int, str] = {}
+    for gpu in now.gpus:
+        action = recovery_action(gpu.recovery_action)
+        remap = gpu.remap
+        if action is not None and action.blocks_relaunch:
+            out[gpu.index] = f"the driver asks for {action.words}"
+        elif remap is not None and remap.failed:
+            out[gpu.index] = "its memory ran out of spare rows (row remapping failed)"
+        elif remap is not None and remap.needs_reset:
+            out[gpu.index] = "has memory rows waiting for a GPU reset (remap pending)"
+    for snap in history.snapshots:  # the kernel log of this boot, as far as history reaches
+        if snap.boot_id != now.boot_id:
+            continue
+        for event in snap.kernel_events:
+            if event.kind != "xid" or event.xid not in REBOOT_XIDS:
+                continue
+            index = xid_gpu(event, now, snap)
+            if index is not None and index not in out:
+                what = ("fell off the bus" if event.xid == 79 else
+                        f"had {NAMES.get(event.xid, 'an error the catalog cures by a reboot')}")
+                out[index] = (f"the kernel log says it {what} (Xid {event.xid}) since the box "
+                              f"booted: only a reboot brings it back")
+    return out

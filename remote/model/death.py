@@ -82,7 +82,8 @@ class Diagnosis:
         if self.cause == "xid":
             gpu = f"GPU {ev['gpu']} " if ev.get("gpu") is not None else ""
             who = f", reported for pid {ev['pid']} ({ev.get('name')})" if ev.get("pid") else ""
-            return f"NVIDIA Xid {ev.get('xid')} on {gpu}({ev.get('pci')}){who}"
+            said = f": {ev['advice']}" if ev.get("advice") else ""  # the catalog's action
+            return f"NVIDIA Xid {ev.get('xid')} on {gpu}({ev.get('pci')}){who}{said}"
         if self.cause == "gpu_lost":
             return (f"its GPU was lost or the driver stopped answering in the same poll "
                     f"({ev.get('gpu_error') or ev.get('message')}); the box needs a reboot")

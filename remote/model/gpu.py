@@ -1,5 +1,6 @@
-"""A GPU's health as plain data, whatever the vendor: memory errors (ECC), the rows or pages
-the memory set aside, the recovery the driver asks for, and the PCIe link.
+"""A GPU's health and partitions as plain data, whatever the vendor: memory errors (ECC), the
+rows or pages the memory set aside, the recovery the driver asks for, the PCIe link, and the
+MIG instances a GPU is split into.
 
 Read from the probe's GPU rows (wire/sections.py); None wherever the driver did not say.
 """
@@ -118,9 +119,62 @@ RECOVERY_ORDER = ("none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_re
 """NVML's nvmlGpuRecoveryAction_t values 0..7, by name (the NVML source sends the number)."""
 
 
+RECOVERY_WORDS = MappingProxyType({"reset": "gpu_reset", "reboot": "node_reboot"})
+"""nvidia-smi's gpu_recovery_action words that are not the name of their action."""
+
+
+def recovery_name(words: str) -> str:
+    """nvidia-smi's gpu_recovery_action words ('None' on driver 580, as captured; 'Reset',
+    'Reboot', 'Drain P2P', ...) → a name of RECOVERY_ACTIONS; words it does not know kept,
+    as lower_case."""
+    word = "_".join(words.lower().replace("-", " ").split())[:40]
+    return RECOVERY_WORDS.get(word, word)
+
+
 def recovery_action(name: str | None) -> RecoveryAction | None:
     """What `name` asks for; an action this gpuwatch does not know asks for a person."""
     if name is None:
         return None
     return RECOVERY_ACTIONS.get(name) or RecoveryAction(
         name.replace("_", " "), "see the driver's documentation for this recovery action", True)
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    """One MIG instance of a GPU with MIG on: a compute instance (ci) of a GPU instance (gi),
+    which owns a share of the memory (its compute instances share it) and of the SMs. The
+    driver reports no utilisation for it (util_pct None: "not reported under MIG")."""
+
+    gpu_instance: int | None
+    compute_instance: int | None
+    device: int | None
+    """The MIG device's index under its GPU (nvidia-smi -L's "Device N")."""
+    profile: str | None
+    """"3g.40gb": 3 of 7 compute slices and 40 GB; "1c.3g.71gb": 1 compute slice of a 3g."""
+    uuid: str | None
+    """MIG-...: what CUDA_VISIBLE_DEVICES names it by."""
+    mem_used_mib: int | None
+    mem_total_mib: int | None
+    sm_count: int | None
+    util_pct: float | None = None
+    pids: tuple[int, ...] = ()
+    """The compute processes running in it, as the driver places them."""
+
+    @property
+    def name(self) -> str:
+        """'GI 2/CI 0' (how nvidia-smi's tables name it)."""
+        return f"GI {_id(self.gpu_instance)}/CI {_id(self.compute_instance)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gpu_instance": self.gpu_instance, "compute_instance": self.compute_instance,
+                "device": self.device, "profile": self.profile, "uuid": self.uuid,
+                "mem_used_mib": self.mem_used_mib, "mem_total_mib": self.mem_total_mib,
+                "sm_count": self.sm_count, "util_pct": self.util_pct, "pids": list(self.pids)}
+
+
+def _id(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+MIG_UTIL_NOT_REPORTED = "not reported under MIG"
+"""What is said where a MIG GPU's or instance's utilisation would be: the driver gives none."""

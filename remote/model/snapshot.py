@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .discovery import Discovery
-from .gpu import EccCounts, MemoryRemap, PcieLink
+from .gpu import EccCounts, MemoryRemap, MigInstance, PcieLink
 
 
 class ProbeError(Exception):
@@ -162,6 +162,8 @@ class GpuSample:
     model.gpu.RECOVERY_ACTIONS); None where the driver does not say."""
     pcie: PcieLink | None = None
     vendor: str = "nvidia"
+    mig_instances: tuple[MigInstance, ...] = ()
+    """Its MIG instances, where MIG is on and the probe read them (model.gpu.MigInstance)."""
 
     def to_json(self) -> dict[str, Any]:
         reasons = None if self.throttle_reasons is None else list(self.throttle_reasons)
@@ -177,6 +179,7 @@ class GpuSample:
             "remap": None if self.remap is None else self.remap.to_json(),
             "recovery_action": self.recovery_action,
             "pcie": None if self.pcie is None else self.pcie.to_json(),
+            "mig_instances": [m.to_json() for m in self.mig_instances] if self.mig else None,
         }
 
 
@@ -190,6 +193,9 @@ class GpuProcess:
     pid: int
     gpu_mem_mib: int | None
     process_name: str | None
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+    """The MIG instance it runs in (a GPU with MIG on), where the driver says."""
 
 
 @dataclass(frozen=True, slots=True)

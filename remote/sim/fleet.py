@@ -29,6 +29,10 @@ and each box plays its scenario:
   library apart: nvidia-smi says "Driver/library version mismatch" (exit 18), as every box does
   until it is rebooted. A wedged driver is not "no GPU": gpuwatch says so, and refuses a
   relaunch there (every new CUDA process would fail).
+- ``demo-mig``: GPU 0 split into MIG instances (an H100's 3g.40gb, 2g.20gb, 2x 1g.10gb), a
+  LoRA fine-tune in the 3g.40gb: the GPU pane lists the instances, with the run's pid in its
+  own, and says the driver reports no util under MIG; GPU 1's memory lost data (2 uncorrected
+  ECC errors, a row remap pending): its findings, and no relaunch onto it.
 
 The simulated disks (/ and /data) are the simulator hook ``BOX/sim/statvfs.json`` (the probe
 reads it only under ``GPUWATCH_SIM_DIR``): ``{"/data": {"bytes_total": int, "bytes_free": int,
@@ -76,7 +80,7 @@ from gpuwatch.remote.sim.sshserver import BoxSshServer, write_key_pair
 __all__ = ["BOX_NAMES", "DemoBox", "DemoFleet", "DemoRun", "Timeline", "main"]
 
 BOX_NAMES = ("demo-healthy", "demo-capped", "demo-zombie", "demo-oom", "demo-disk",
-             "demo-driver")
+             "demo-driver", "demo-mig")
 """Every box of the demo, in the order the config lists them."""
 
 ROOT_MARKER = ".gpuwatch-demo-fleet"

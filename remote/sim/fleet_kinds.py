@@ -1,5 +1,6 @@
 """The kinds of box of the demo fleet (fleet.py), one per problem gpuwatch shows: healthy,
-capped, a zombie rank, an OOM kill, a full disk, a driver fault."""
+capped, a zombie rank, an OOM kill, a full disk, a driver fault, a MIG GPU beside one whose
+memory lost data."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from gpuwatch.remote.sim.fleet_box import (
     tree_bytes,
     write_history,
 )
-from gpuwatch.remote.sim.presets import Preset, h100_sxm
+from gpuwatch.remote.sim.presets import Preset, h100_mig, h100_sxm
 
 ZOMBIE_SOURCE = '''#!/usr/bin/env python3
 """gpuwatch --demo: a STAND-IN for rank 3 of a torchrun job whose launcher died.
@@ -304,7 +305,58 @@ class DriverBox(DemoBox):
         self.box.set_faults(driver="mismatch")
 
 
+class MigBox(DemoBox):
+    story = ("GPU 0 is split into MIG instances, a LoRA fine-tune in its 3g.40gb (the driver "
+             "reports no util under MIG); GPU 1's memory lost data: 2 uncorrected ECC errors "
+             "and a row remap waiting for a GPU reset, so nothing new should start on it")
+    RUN_MIB = 30_100
+    """What the fine-tune holds in its instance (GPU instance 2: 40448 MiB)."""
+
+    @classmethod
+    def make_gpus(cls) -> Preset:
+        preset = h100_mig()
+        broken = h100_sxm(2).gpus[1]
+        # the state of gpud's A10 capture (driver 535): uncorrectable rows remapped, a remap
+        # pending; the driver's recovery action stays "None", the only word captured for it
+        broken.update({"ecc.errors.uncorrected.volatile.total": 2,
+                       "ecc.errors.uncorrected.aggregate.total": 2,
+                       "remapped_rows.uncorrectable": 1, "remapped_rows.pending": True})
+        return Preset("H100 with MIG, and an H100 awaiting a reset", preset.driver_version,
+                      preset.cuda_version, [*preset.gpus, broken])
+
+    def prepare(self) -> None:
+        t = self.timeline
+        run = self.add_run("qwen-lora", trainer_args=(
+            "--step-s", f"{t.step_s:g}", "--save-every", str(t.save_every),
+            "--save-total-limit", "3", "--seed", "31"))
+        # a MIG instance is named by its UUID where a GPU would be by its index
+        run.env = {"CUDA_VISIBLE_DEVICES": self.box.gpus[0]["mig_devices"][0]["uuid"]}
+
+    async def launch(self) -> None:
+        await self.start_run(self.runs[0])
+
+    def step(self, procs: Mapping[int, RealProcess]) -> None:
+        live = bool(self.live.get("qwen-lora"))
+        instance = self.box.gpus[0]["mig_devices"][0]  # the 3g.40gb, GPU instance 2
+        instance["mem_used"] = self.RUN_MIB + self.rng.randint(-32, 32) if live else 17
+        # under MIG the driver gives no utilisation: clocks, power and memory only
+        if live:
+            self.gpu_busy(0, mem_mib=instance["mem_used"] + 27)
+        else:
+            self.gpu_idle(0, mem_mib=44)
+        self.set_gpu(0, {"utilization.gpu": None, "utilization.memory": None})
+        self.gpu_idle(1)
+
+    def sync_compute_apps(self, procs: Mapping[int, RealProcess]) -> None:
+        """The fine-tune's process listed in its instance (GPU instance 2, compute 0), as the
+        table's Processes block places it."""
+        super().sync_compute_apps(procs)
+        for app in self.box.state["compute_apps"]:
+            if app["gpu"] == 0:
+                app.update(gi=2, ci=0)
+
+
 BOX_KINDS: dict[str, type[DemoBox]] = {
     "demo-healthy": HealthyBox, "demo-capped": CappedBox, "demo-zombie": ZombieBox,
-    "demo-oom": OomBox, "demo-disk": DiskBox, "demo-driver": DriverBox,
+    "demo-oom": OomBox, "demo-disk": DiskBox, "demo-driver": DriverBox, "demo-mig": MigBox,
 }

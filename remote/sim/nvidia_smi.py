@@ -11,7 +11,7 @@ What it answers, formatted as real drivers print it (learnt from captured output
 
     --query-gpu=F1,F2,... --format=csv[,noheader][,nounits]   [-i|--id=INDEX|UUID|BUS_ID,...]
     --query-compute-apps=F1,...  --format=...
-    -L / --list-gpus, --version
+    -L / --list-gpus, --version, and no argument: the table (GPUs, MIG devices, processes)
 
 Stdlib only, Python 3.6+, imports nothing of gpuwatch: it must start as fast as a bare python3.
 """
@@ -248,6 +248,105 @@ def list_gpus(state: "State") -> "List[str]":
     return lines
 
 
+RULE = "+" + "-" * 89 + "+"
+GPU_RULE = "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"
+GPU_HEAD = (
+    "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
+    "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
+    "|                                         |                        |               MIG M. |",
+    "|=========================================+========================+======================|")
+MIG_RULE = "+" + "-" * 18 + "+" + "-" * 34 + "+" + "-" * 11 + "+" + "-" * 23 + "+"
+MIG_HEAD = (
+    "| GPU  GI  CI  MIG |              Shared Memory-Usage |        Vol|        Shared         |",
+    "|      ID  ID  Dev |                Shared BAR1-Usage | SM     Unc| CE ENC  DEC  OFA  JPG |",
+    "|                  |                                  |        ECC|                       |",
+    "|==================+==================================+===========+=======================|")
+PROC_HEAD = (
+    "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
+    "|        ID   ID                                                               Usage      |",
+    "|" + "=" * 89 + "|")
+
+
+def _boxed(text: str) -> str:
+    return "| " + text.ljust(88) + "|"
+
+
+def _onoff(value: "Any") -> str:
+    return "On" if value is True else "Off" if value is False else "N/A"
+
+
+def _num(value: "Any", fmt: str) -> str:
+    return "N/A" if value is None else fmt % value
+
+
+def table(state: "State", now: float) -> "List[str]":
+    """`nvidia-smi` with no argument: the GPUs, then their MIG devices (where MIG is on), then
+    the compute processes with their GPU and compute instance, as driver 590 prints them
+    (tests/test_sim_nvidia_smi.py checks the MIG and process blocks byte for byte against the
+    exporter's H100 and H200 MIG captures)."""
+    drv = str(state.get("driver_version", ""))
+    lines = [time.strftime("%a %b %d %H:%M:%S %Y", time.localtime(now)) + "       ", RULE,
+             "| NVIDIA-SMI %-23sDriver Version: %-15sCUDA Version: %-9s|" % (
+                 drv, drv, state.get("cuda_version", "")), GPU_RULE]
+    lines.extend(GPU_HEAD)
+    gpus = state.get("gpus", [])
+    for i, g in enumerate(gpus):
+        mig = g.get("mig.mode.current") is True
+        left = "%4d  %s" % (i, g.get("name"))
+        ecc = "On" if mig else _num(g.get("ecc.errors.uncorrected.volatile.total"), "%d")
+        power = "%sW / %4sW" % (_num(g.get("power.draw"), "%d"),
+                                _num(g.get("enforced.power.limit"), "%d"))
+        fan = _num(g.get("fan.speed"), "%d%%")
+        util = "N/A" if mig else _num(g.get("utilization.gpu"), "%d%%")
+        lines += [
+            "|%s%s  |   %s Off |%21s |" % (left, _onoff(g.get("persistence_mode")).rjust(
+                39 - len(left)), g.get("pci.bus_id", ""), ecc),
+            "| %3s   %2sC    %s%s |%23s |%8s %12s |" % (
+                fan, _num(g.get("temperature.gpu"), "%d"), g.get("pstate", "P0"),
+                power.rjust(24), "%sMiB / %6sMiB" % (_num(g.get("memory.used"), "%d"),
+                                                     _num(g.get("memory.total"), "%d")),
+                util, g.get("compute_mode", "Default")),
+            "|%41s|%24s|%21s |" % ("", "", "Enabled" if mig else "Disabled"), GPU_RULE]
+    devices = [(i, d) for i, g in enumerate(gpus) if g.get("mig.mode.current") is True
+               for d in g.get("mig_devices", [])]
+    if devices:
+        lines += ["", RULE, _boxed("MIG devices:"), MIG_RULE]
+        lines.extend(MIG_HEAD)
+        for j, (i, d) in enumerate(devices):
+            lines += [
+                "|%3d%5d%4d%4d  |%30s    |%3d%7s |%3d%4d%5d%5d%5d |" % (
+                    i, d.get("gi", 0), d.get("ci", 0), d.get("dev", j),
+                    "%dMiB / %5dMiB" % (d.get("mem_used", 0), d.get("mem_total", 0)),
+                    d.get("sm", 0), _num(d.get("sram_uncorrected", 0), "%d"), d.get("ce", 0),
+                    d.get("enc", 0), d.get("dec", 0), d.get("ofa", 0), d.get("jpg", 0)),
+                "|%18s|%30s    |%11s|%23s|" % ("", "%dMiB / %5dMiB" % (
+                    d.get("bar1_used", 0), d.get("bar1_total", 0)), "", ""),
+                MIG_RULE]
+    lines += ["", RULE, _boxed("Processes:")]
+    lines.extend(PROC_HEAD)
+    lost = lost_gpus(state)
+    apps = [a for a in state.get("compute_apps", []) if a.get("gpu", 0) < len(gpus)
+            and a.get("gpu", 0) not in lost
+            and not (a.get("follows_pid") and not process_lives(a.get("pid")))]
+    if not apps:
+        lines.append(_boxed(" No running processes found"))
+    for a in apps:
+        if a.get("gi") is None:
+            ids = "%5d   N/A  N/A%16d" % (a.get("gpu", 0), a.get("pid", 0))
+        else:
+            ids = "%5d%5d%5d%17d" % (a.get("gpu", 0), a.get("gi"), a.get("ci", 0),
+                                     a.get("pid", 0))
+        mem = _num(a.get("used_gpu_memory"), "%dMiB")
+        name = str(a.get("process_name", ""))
+        room = 50 - 3 - len(mem) - 2
+        if len(name) > room:  # nvidia-smi keeps the end of a long name
+            name = "..." + name[-(room - 3):]
+        lines.append("|" + ids + "%7s   " % a.get("type", "C") + name.ljust(room)
+                     + " " + mem + " |")
+    lines.append(RULE)
+    return lines
+
+
 def version(state: "State") -> "List[str]":
     drv = str(state.get("driver_version", ""))
     return [
@@ -307,6 +406,8 @@ def run(argv: "Sequence[str]", state: "State") -> "Tuple[int, str]":
             else:
                 lines = query_apps(state, opts["--query-compute-apps"], opts["--format"],
                                    opts.get("--id"))
+        elif not opts:
+            lines = table(state, time.time())
         else:
             lines = [__doc__.strip()]
     except UsageError as exc:

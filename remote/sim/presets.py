@@ -117,11 +117,17 @@ def h100_sxm(count: int = 8, driver: str = "590.48.01") -> Preset:
                   gpus)
 
 
+MIG_H100 = (  # profile, GI, SMs, memory and BAR1 MiB, CE/DEC/JPG: the exporter's H100 capture
+    ("3g.40gb", 2, 60, 40448, 24739, 3), ("2g.20gb", 3, 32, 20096, 12369, 2),
+    ("1g.10gb", 9, 16, 9984, 6184, 1), ("1g.10gb", 10, 16, 9984, 6184, 1))
+
+
 def h100_mig(driver: str = "590.48.01") -> Preset:
     """One H100 split into MIG instances 3g.40gb + 2g.20gb + 2x 1g.10gb.
 
     With MIG on, the driver reports no whole-GPU utilization ([N/A]); compute apps still name
-    the parent GPU's UUID (both as the captures show).
+    the parent GPU's UUID; the table's MIG devices block gives each instance's memory and SMs
+    and its Processes block each process's instance (all as the captures show).
     """
     gpu = _datacenter(0, name="NVIDIA H100 80GB HBM3", bus="18", device_id="0x233010DE",
                       sub_id="0x16C110DE", mem_total=81559, mem_reserved=479, sm_max=1980,
@@ -131,9 +137,10 @@ def h100_mig(driver: str = "590.48.01") -> Preset:
         "utilization.gpu": None, "utilization.memory": None, "utilization.encoder": None,
         "utilization.decoder": None, "utilization.jpeg": None, "utilization.ofa": None,
         "mig_devices": [
-            {"profile": p, "uuid": _uuid("MIG", j), "gi": gi, "ci": 0}
-            for j, (p, gi) in enumerate((("3g.40gb", 2), ("2g.20gb", 3), ("1g.10gb", 9),
-                                         ("1g.10gb", 10)))
+            {"profile": p, "uuid": _uuid("MIG", j), "gi": gi, "ci": 0, "dev": j, "sm": sm,
+             "mem_used": 9 if j > 1 else 17, "mem_total": mem, "bar1_used": 0,
+             "bar1_total": bar1, "ce": engines, "dec": engines, "jpg": engines}
+            for j, (p, gi, sm, mem, bar1, engines) in enumerate(MIG_H100)
         ],
     })
     return Preset("H100 with MIG", driver, "13.1", [gpu])

@@ -38,8 +38,7 @@ from .. import paths
 
 BOX = Path(__file__).parent.parent / "box"
 PROBE_PATH = BOX / "probe.py"
-CORE = ("base", "host", "gpus/section", "gpus/nvidia_smi", "processes", "disks", "known_runs",
-        "probe")
+CORE = ("base", "host", "gpus/section", "processes", "disks", "known_runs", "probe")
 """The probe's files that every poll sends (the gpuwatch_probe part): what it always runs."""
 RUN_FILES = "gpuwatch_runs"
 """The part of the probe that reads runs' files (runs.py and checkpoints.py): sent only to a
@@ -47,6 +46,10 @@ poll that may read a run (modules_for; a quarter of the probe)."""
 RAW_RECORDS = "gpuwatch_events"
 """The reader that sends event files' new records raw (events.py: read_raw_records),
 sent only to a poll that reads event files without the decoder."""
+SMI = "gpuwatch_gpus_nvidia_smi"
+"""The probe's nvidia-smi reader (gpus/nvidia_smi.py): sent unless the last poll of the host
+read its GPUs through NVML (the request's "gpu_source"), which then goes instead: a box reads
+its GPUs through one of the two, and each poll carries that one (DESIGN §6's upload)."""
 NVML = "gpuwatch_gpus_nvml"
 """The probe's NVML reader (gpus/nvml.py): sent unless the last poll of the host said its
 python cannot import pynvml (most boxes' system python3; the probe then reads nvidia-smi, and
@@ -65,20 +68,24 @@ KERNEL = "gpuwatch_kernel_log"
 """The probe's parser of NVIDIA Xid and OOM kill lines (kernel_log.py): sent unless the last
 poll of the host saw no such line in its kernel log (most boxes; one that has some then sends
 them raw, and the client parses them, model.snapshot)."""
+MIG = "gpuwatch_gpus_mig"
+"""The reader of MIG instances (gpus/mig.py): sent only where the last poll of the host said a
+GPU has MIG on (the GPU source's hint "mig")."""
 POPEN = "gpuwatch_popen"
 """The probe's way to run nvidia-smi and dmesg where os.posix_spawnp is missing (popen.py;
 Python 3.6 and 3.7, PyPy; subprocess, 4 ms more CPU): sent unless the last poll of the host
 said its python has os.posix_spawnp."""
 PARTS = (("gpuwatch_tfevents", ("tfevents_proto", "tfevents")),
          ("gpuwatch_discover", ("discover_found", "discover")),
-         ("gpuwatch_probe", CORE),
+         ("gpuwatch_probe", CORE), (SMI, ("gpus/nvidia_smi",)),
          (RUN_FILES, ("runs", "checkpoints")), (RAW_RECORDS, ("events",)), (METRICS, ("metrics",)),
-         (GLOB, ("globs",)), (NVML, ("gpus/nvml",)), (POPEN, ("popen",)),
+         (GLOB, ("globs",)), (NVML, ("gpus/nvml",)), (MIG, ("gpus/mig",)), (POPEN, ("popen",)),
          (CGROUP_V1, ("cgroup_v1",)), (KERNEL, ("kernel_log",)))
 """What modules_for picks from, in its order: each part is the files of box/ it names."""
 FILES = ("tfevents_proto", "tfevents", "base", "gpus/section", "gpus/nvidia_smi", "gpus/nvml",
-         "host", "disks", "kernel_log", "cgroup_v1", "popen", "runs", "checkpoints", "metrics",
-         "processes", "events", "known_runs", "discover_found", "discover", "globs", "probe")
+         "gpus/mig", "host", "disks", "kernel_log", "cgroup_v1", "popen", "runs", "checkpoints",
+         "metrics", "processes", "events", "known_runs", "discover_found", "discover", "globs",
+         "probe")
 """The order the loader installs them in: base.py before the rest, a file after those it
 binds at its top (`host = base.load_module("host")`), probe.py last, whose main() runs; else
 the order that zlib packs best (tens of bytes of every poll)."""
@@ -260,8 +267,10 @@ def modules_for(request: dict[str, Any]) -> tuple[str, ...]:
     (decodes_event_files), else, where a run reads event files, the
     probe's raw records part: in steady state their new records go raw; the metrics
     readers where a run names metrics files or discovery may find some; the NVML reader unless
-    the box said its python has no pynvml; the subprocess part unless the box said its python
-    has os.posix_spawnp; the cgroup v1 reader unless the box said its cgroups are v2; the kernel
+    the box said its python has no pynvml, the nvidia-smi reader unless the last poll read
+    NVML; the MIG reader where the box said a GPU has MIG on;
+    the subprocess part unless the box said its python has os.posix_spawnp;
+    the cgroup v1 reader unless the box said its cgroups are v2; the kernel
     log's parser unless the box's last kernel log had no Xid or OOM line. A host's first poll,
     knowing nothing yet, gets whatever it may need."""
     discover = wants_discovery(request) and not isinstance(request.get("discovery_reuse"), dict)
@@ -279,9 +288,15 @@ def modules_for(request: dict[str, Any]) -> tuple[str, ...]:
     elif reads_event_files(request):
         wanted.add(RAW_RECORDS)
     wanted_want = request.get("want")
-    if request.get("pynvml") is not False and not (isinstance(wanted_want, dict) and (
-            wanted_want.get("nvml") is False or wanted_want.get("gpus") is False)):
+    no_gpus = isinstance(wanted_want, dict) and wanted_want.get("gpus") is False
+    if request.get("pynvml") is not False and not no_gpus and not (
+            isinstance(wanted_want, dict) and wanted_want.get("nvml") is False):
         wanted.add(NVML)
+    if not no_gpus and (NVML not in wanted or request.get("gpu_source") != "nvml"):
+        wanted.add(SMI)
+    hints = request.get("gpu_hints")
+    if isinstance(hints, dict) and hints.get("mig") == "1":
+        wanted.add(MIG)
     if request.get("spawn") is not True:
         wanted.add(POPEN)
     if request.get("cgroup") != 2:

@@ -31,7 +31,7 @@ MAX_STDOUT = 4 * 1024 * 1024
 MAX_STDERR = 64 * 1024
 DEFAULT_SSH_CONFIG = SshSettings().config_file
 CARRIED_HINTS = ("gpu_hints", "pynvml", "pynvml_dir", "spawn", "cgroup",
-                 "kernel_lines", "run_cgroups")
+                 "kernel_lines", "run_cgroups", "gpu_source")
 """What a box says of itself that the next poll's request carries back (Collector.memory)."""
 RUN_CGROUPS = 8
 """The runs' cgroups a request names at most (the probe reads as many, probe.RUN_CGROUPS)."""
@@ -265,6 +265,11 @@ class Collector:
         """Keep what the box said of itself for the next poll's request."""
         if snapshot.gpu_hints:  # the GPU source's lessons (the fields its driver lacks)
             self._hints.setdefault(host.name, {})["gpu_hints"] = dict(snapshot.gpu_hints)
+        # the nvidia-smi reader stays home while NVML reads the GPUs (bundle.SMI)
+        if snapshot.gpu_source == "nvml":
+            self._hints.setdefault(host.name, {})["gpu_source"] = "nvml"
+        else:
+            self._hints.get(host.name, {}).pop("gpu_source", None)
         if snapshot.pynvml is not None:  # the NVML reader goes only where it imports
             hints = self._hints.setdefault(host.name, {})
             hints["pynvml"] = snapshot.pynvml

@@ -48,6 +48,7 @@ from .sections import (
     parse_gpu,
     parse_gpu_processes,
     parse_kernel_events,
+    parse_mig,
     parse_process,
     parse_runs,
     parse_scripts,
@@ -251,6 +252,13 @@ def _snapshot(doc: Node, host: str) -> HostSnapshot:
     apps = parse_gpu_processes(gpu_section, gpus) if gpu_section else ()
     if gpu_section and gpu_section.opt_str("apps_error"):
         errors["gpus.apps"] = gpu_section.get_str("apps_error")
+    if gpu_section:
+        try:  # a bad MIG table loses the instances only, never the GPUs
+            gpus = parse_mig(gpu_section, gpus, apps)
+        except BadDocument as bad:
+            errors["gpus.mig"] = f"{bad.where}: {bad.problem}"
+        if gpu_section.opt_str("mig_error"):
+            errors["gpus.mig"] = gpu_section.get_str("mig_error")
     procs = _section(doc, "processes", errors)
     use = gpu_use_of(apps)
     cgroup = _section(doc, "cgroup", errors)

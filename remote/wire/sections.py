@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
 from ..model.discovery import Discovery, parse_discovery
-from ..model.gpu import RECOVERY_ORDER, EccCounts, MemoryRemap, PcieLink
+from ..model.gpu import (
+    RECOVERY_ORDER,
+    EccCounts,
+    MemoryRemap,
+    MigInstance,
+    PcieLink,
+    recovery_name,
+)
 from ..model.snapshot import (
     PROGRESS_KEYS,
     CgroupCounter,
@@ -64,13 +72,14 @@ def _flag(row: Node, name: str) -> bool | None:
 
 
 def _recovery(row: Node) -> str | None:
-    """The recovery action's name: nvidia-smi's words as the probe normalised them, or NVML's
+    """The recovery action's name: nvidia-smi's words (model.gpu.recovery_name), or NVML's
     nvmlGpuRecoveryAction_t number (model.gpu.RECOVERY_ORDER; one it does not know, as
     `action_N`)."""
     value = row.data.get("recovery")
     if isinstance(value, int) and not isinstance(value, bool):
         return RECOVERY_ORDER[value] if 0 <= value < len(RECOVERY_ORDER) else f"action_{value}"
-    return row.opt_str("recovery")
+    words = row.opt_str("recovery")
+    return None if words is None else recovery_name(words)
 
 
 def _some(row: Node, *names: str) -> bool:
@@ -113,8 +122,29 @@ def parse_gpu_processes(section: Node, gpus: tuple[GpuSample, ...]) -> tuple[Gpu
     return tuple(
         GpuProcess(gpu_index=index_of.get(row.opt_str("uuid")), uuid=row.opt_str("uuid"),
                    pid=row.get_int("pid"), gpu_mem_mib=row.opt_int("gpu_mem_mib"),
-                   process_name=row.opt_str("process_name"))
+                   process_name=row.opt_str("process_name"), gpu_instance=row.opt_int("gi"),
+                   compute_instance=row.opt_int("ci"))
         for row in section.table("apps"))
+
+
+def parse_mig(section: Node, gpus: tuple[GpuSample, ...],
+         apps: tuple[GpuProcess, ...]) -> tuple[GpuSample, ...]:
+    """The GPUs with their MIG instances (the section's "mig" table) under them, each with the
+    pids the driver places in it; the GPUs as they were where the probe sent none."""
+    if "mig" not in section.data:
+        return gpus
+    under: dict[int, list[MigInstance]] = {}
+    for row in section.table("mig"):
+        gpu, gi, ci = row.get_int("gpu"), row.opt_int("gi"), row.opt_int("ci")
+        pids = tuple(sorted({a.pid for a in apps if a.gpu_index == gpu and gi is not None
+                             and (a.gpu_instance, a.compute_instance) == (gi, ci)}))
+        under.setdefault(gpu, []).append(MigInstance(
+            gpu_instance=gi, compute_instance=ci, device=row.opt_int("dev"),
+            profile=row.opt_str("profile"), uuid=row.opt_str("uuid"),
+            mem_used_mib=row.opt_int("mem_used_mib"), mem_total_mib=row.opt_int("mem_total_mib"),
+            sm_count=row.opt_int("sm"), util_pct=row.opt_float("util_pct"), pids=pids))
+    return tuple(replace(g, mig_instances=tuple(under[g.index])) if g.index in under else g
+                 for g in gpus)
 
 
 def gpu_use_of(apps: tuple[GpuProcess, ...]) -> dict[int, tuple[int | None, int | None]]:

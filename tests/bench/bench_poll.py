@@ -71,7 +71,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 rows: list[tuple[str, str, str, str]] = []
 
-UP_BYTES = 20 * 1024
+UP_BYTES = 20_000
 UP_TARGET = "<= 20 KB"
 """DESIGN §6: bytes up per steady poll of an 8-GPU box, the NVML reader included."""
 
@@ -293,8 +293,8 @@ def busy_box_figures(tmp_path: Path, sshd_factory: Callable[..., SshdBox]) -> li
     received = median([float(o.bytes_received) for o in outcomes])
     row("  bytes sent per poll, steady", f"{sent / 1024:.1f} KB", UP_TARGET, sent <= UP_BYTES)
     nvml = len(probe_bundle.build_command("python3")) + len(probe_bundle.build_stdin(
-        {**steady, "pynvml": True, "want": {}}, trim=True))
-    row("    the same where the box's python imports pynvml (the NVML reader goes)",
+        {**steady, "pynvml": True, "gpu_source": "nvml", "want": {}}, trim=True))
+    row("    the same where the box reads its GPUs through NVML (its reader goes instead)",
         f"{nvml / 1024:.1f} KB", UP_TARGET, nvml <= UP_BYTES)
     row("  bytes received per poll, steady", f"{received / 1024:.1f} KB", "<= 8 KB",
         received <= 8 * 1024)
@@ -685,14 +685,14 @@ def figures(tmp_path: Path, sshd_factory: Callable[..., SshdBox]) -> list[Row]:
         # python3), so no NVML reader goes; the figure with it is printed too
         request = {**build_request(HostConfig("gpu1", "box1", runs=(run,))), **told,
                    "discovery_reuse": reuse, "pynvml": False, "want": {"nvml": False}}
-        with_nvml = {**request, "pynvml": True, "want": {}}
+        nvml = {**request, "pynvml": True, "gpu_source": "nvml", "want": {}}
         if run.events:  # steady, the run's state says its new records may go raw
             request["runs"][0]["raw"] = True
-            with_nvml["runs"] = request["runs"]
-        n, n_nvml = up(request), up(with_nvml)
+            nvml["runs"] = request["runs"]
+        n, with_nvml = up(request), up(nvml)
         row(f"  {what}", f"{n / 1024:.1f} KB", UP_TARGET, n <= UP_BYTES)
-        row("    the same where the box's python imports pynvml (the NVML reader goes)",
-            f"{n_nvml / 1024:.1f} KB", UP_TARGET, n_nvml <= UP_BYTES)
+        row("    the same where the box reads its GPUs through NVML (its reader goes instead)",
+            f"{with_nvml / 1024:.1f} KB", UP_TARGET, with_nvml <= UP_BYTES)
     event_run_polls(tmp_path, host)
     ssh_config_figures(sshd, host)
 

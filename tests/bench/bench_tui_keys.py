@@ -109,7 +109,7 @@ def test_key_latency_of_the_real_demo_in_tmux(tmp_path: Path) -> None:
 
     with gpuwatch_in_tmux(tmp_path, ["--demo", "--interval", "5"], label="keys",
                           size=SIZE) as tmux:  # type: ignore[arg-type]
-        tmux.wait(demo_polled, "the six demo hosts polled", 120)
+        tmux.wait(demo_polled, "every demo host polled", 120)
         name = tmux.name
         tmux.keys("p", pause=PAUSED_S)  # polling paused (the rows keep their order)
         print(f"\ngpuwatch --demo in tmux {SIZE[0]}x{SIZE[1]}, {REPEATS} repeats, median of each")

@@ -31,6 +31,7 @@ from gpuwatch.remote.wire.bundle import (
     modules_for,
     strip_source,
 )
+from harness import smi_capture
 from harness.captures import capture
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -106,8 +107,9 @@ class Box:
                 "GPUWATCH_SYSFS": str(self.sys), "GPUWATCH_ETC": str(self.etc)}
 
 
-# the probe's query, answered as a driver 580 H100 answers it (tests/data/gpu_health): the
-# memory health and PCIe fields after persistence_mode, all healthy here
+# the probe's query, answered as driver 580 answers it (an H200's real answer:
+# tests/captures/h200-driver580/health): the memory health and PCIe fields after
+# persistence_mode, all healthy here
 GPU_CSV = """\
 0, {}, NVIDIA H100 80GB HBM3, 100, 70211, 81559, 1980, 1980, 652.31, 700.00, 61, 0x0000000000000000, Disabled, 00000000:1B:00.0, Enabled, 0, 0, 0, 0, [N/A], [N/A], [N/A], 0, 0, No, No, 0, 0, 0, 0, 640, None, 5, 5, 16, 16
 1, {}, NVIDIA H100 80GB HBM3, 98, 70105, 81559, 1410, 1980, 699.87, 700.00, 86, 0x0000000000000044, Disabled, 00000000:43:00.0, Enabled, 0, 0, 0, 0, [N/A], [N/A], [N/A], 0, 0, No, No, 0, 0, 0, 0, 640, None, 5, 5, 16, 16
@@ -183,12 +185,38 @@ def build_box(root: Path) -> Box:
     box.write("apps.csv", APPS_CSV)
     box.write("dmesg.log", DMESG)
     box.tool("dmesg", f'cat "{root}/dmesg.log"\n')
+    table, listed = mig_outputs()
+    box.write("table.txt", table)
+    box.write("list.txt", listed)
     box.tool("nvidia-smi", f'echo "$1" >> "{root}/smi.calls"\n'
                            f'case "$1" in\n'
                            f'  --query-gpu=*) cat "{root}/gpus.csv" ;;\n'
                            f'  --query-compute-apps=*) cat "{root}/apps.csv" ;;\n'
+                           f'  "") cat "{root}/table.txt" ;;\n'
+                           f'  -L) cat "{root}/list.txt" ;;\n'
                            f'esac\n')
     return box
+
+
+def mig_outputs() -> tuple[str, str]:
+    """GPU 2 (MIG on) as `nvidia-smi` and `nvidia-smi -L` print it: the exporter's H100 MIG
+    capture (driver 590) with its GPU index 2, and its load's processes replaced by this box's
+    pid 922 (python3.10, 70000 MiB) in GPU instance 2."""
+    real = (captures() / H100_MIG / "load__table.txt").read_text()
+    lines = []
+    for line in real.splitlines():
+        if line.startswith("|  0 "):
+            line = "|  2 " + line[5:]
+        if line.startswith("|    0    2    0"):
+            if "21180" not in line:
+                continue
+            line = line.replace("    0    2    0            21180", "    2    2    0" + "922".rjust(
+                17)).replace("/root/tools/memhog", "python3.10".ljust(18)).replace(
+                "    2296MiB", "   70000MiB")
+        lines.append(line)
+    listed = (captures() / H100_MIG / "capabilities__list-L.txt").read_text()
+    return "\n".join(lines) + "\n", listed.replace("GPU 0: ", "GPU 2: ", 1).replace(
+        "GPU-00000000-0000-0000-0000-000000000000", UUIDS[2])
 
 
 def old_driver_smi(box: Box) -> None:
@@ -375,7 +403,11 @@ def test_fixture_box_document(box: Box):
                            "uptime_s": 86400.25, "loadavg": [3.1, 2.95, 2.8], "btime": BTIME}
 
     gpus = {g["index"]: g for g in rows(doc["gpus"]["devices"])}
-    assert doc["gpus"]["source"] == "nvidia-smi" and "hints" not in doc["gpus"]  # lacks none
+    # lacks no field; GPU 2 has MIG on (this poll has every module: its instances are read)
+    assert doc["gpus"]["source"] == "nvidia-smi" and doc["gpus"]["hints"] == {"mig": "1"}
+    assert [(m["gpu"], m["gi"], m["profile"]) for m in rows(doc["gpus"]["mig"])] == [
+        (2, 2, "3g.40gb"), (2, 3, "2g.20gb"), (2, 9, "1g.10gb"), (2, 10, "1g.10gb")]
+    assert next(a for a in rows(doc["gpus"]["apps"]) if a["pid"] == 922)["gi"] == 2
     assert sorted(gpus) == list(range(8))
     assert gpus[0] == {"index": 0, "uuid": UUIDS[0], "name": "NVIDIA H100 80GB HBM3",
                        "util_pct": 100, "mem_used_mib": 70211, "mem_total_mib": 81559,
@@ -385,7 +417,7 @@ def test_fixture_box_document(box: Box):
                        "ecc_corr_vol": 0, "ecc_unc_vol": 0, "ecc_corr_agg": 0, "ecc_unc_agg": 0,
                        "remap_corr": 0, "remap_unc": 0, "remap_pending": False,
                        "remap_failed": False, "remap_hist": [0, 0, 0, 0, 640],
-                       "recovery": "none", "pcie_gen": 5, "pcie_gen_max": 5, "pcie_width": 16,
+                       "recovery": "None", "pcie_gen": 5, "pcie_gen_max": 5, "pcie_width": 16,
                        "pcie_width_max": 16}
     # retired pages are N/A on an H100 (it remaps rows): not sent at all, nor NVML's replays
     assert "retired_sbe" not in doc["gpus"]["devices"]["fields"]
@@ -398,7 +430,8 @@ def test_fixture_box_document(box: Box):
     assert gpus[7]["util_pct"] is None and gpus[7]["throttle_reasons"] is None
     assert gpus[7]["mig"] is None
     apps = rows(doc["gpus"]["apps"])
-    evil_app = {"uuid": UUIDS[3], "pid": 1100, "gpu_mem_mib": 1200, "process_name": "evil, name"}
+    evil_app = {"uuid": UUIDS[3], "pid": 1100, "gpu_mem_mib": 1200, "process_name": "evil, name",
+                "gi": None, "ci": None}  # not on a MIG GPU: no instance
     assert evil_app in apps
 
     procs = {p["pid"]: p for p in rows(doc["processes"]["procs"])}
@@ -480,9 +513,10 @@ def test_steady_8_gpu_box_fits_the_8k_budget(box: Box):
     client asks for."""
     steady = steady_request(box_request(box), box.env())
     doc = run_probe(steady, box.env()).stdout
-    # 8.1 KB uncompressed since the kernel rows name their cgroup and its limit;
-    # what goes over the wire is compressed (the client asks for it), checked below
-    assert len(doc) <= 9 * 1024 and json.loads(doc)["discovered"][0]["name"] == "evil-name-x"
+    # 8.1 KB uncompressed since the kernel rows name their cgroup and its limit, 8.6 KB since
+    # the GPUs' health fields, 9.2 KB since GPU 2's four MIG instances (0.4 KB) and each app's
+    # instance; what goes over the wire is compressed (the client asks for it), checked below
+    assert len(doc) <= 9.5 * 1024 and json.loads(doc)["discovered"][0]["name"] == "evil-name-x"
     for rank in range(1, 8):
         for worker in range(6):
             box.process(3000 + 10 * rank + worker, "pt_data_worker", 920 + rank, uid=1000,
@@ -499,11 +533,17 @@ def test_steady_8_gpu_box_fits_the_8k_budget(box: Box):
     # first; run identity by argv, cwd and descendants, and the runs' own cgroups 0.9 KB of
     # each; each listed process's CPU time and when the table was read 60 B of each (19.5 KB
     # here); the GPUs' memory health and PCIe fields, read by name with the fields a driver
-    # lacks left out, 0.8 KB of each; the exit record's ownership and link checks 0.4 KB of
-    # each (20.6 KB here). The steady bound is DESIGN §6's figure: <= 20 KB (20 * 1024 B) up
-    # on a steady poll.
+    # lacks left out, 0.8 KB of each (20.2 KB here); then the capture formats only tests read
+    # (headers, per-reason columns) went to tests/harness/smi_capture.py and each box gets one
+    # GPU reader, nvidia-smi's or NVML's (bundle.SMI): 19.5 KB here, with the kernel log's
+    # parser this box's Xid lines call for. The steady bound is DESIGN §6's figure: <= 20 KB
+    # up on a steady poll, NVML reader included.
     first, then = (len(build_stdin(r, trim=True)) for r in (box_request(box), steady))
-    assert first < 33 * 1024 and then <= 20 * 1024
+    assert first < 33 * 1024 and then <= 20_000
+    nvml = {**{k: v for k, v in steady.items() if k != "want"}, "pynvml": True,
+            "gpu_source": "nvml", "spawn": True, "cgroup": 2}
+    assert NVML in modules_for(nvml) and "gpuwatch_gpus_nvidia_smi" not in modules_for(nvml)
+    assert len(build_stdin(nvml, trim=True)) + len(build_command("python3")) <= 20_000
 
 
 def test_cgroup_path_absent_falls_back_to_root(box: Box):
@@ -605,10 +645,11 @@ def test_old_driver_falls_back_to_throttle_reason_names(box: Box):
     old_driver_smi(box)
     doc = probe_doc(box_request(box), box.env())
     assert doc["errors"] == {}
-    assert doc["gpus"]["hints"] == {"lacks": "clocks_event_reasons.active"}
+    # GPU 2 has MIG on: its hint beside the lesson (and one call more, for the MIG table)
+    assert doc["gpus"]["hints"] == {"lacks": "clocks_event_reasons.active", "mig": "1"}
     assert rows(doc["gpus"]["devices"])[1]["throttle_reasons"] == ["sw_power_cap",
                                                                    "hw_thermal_slowdown"]
-    calls = (box.root / "smi.calls").read_text().splitlines()
+    calls = [c for c in (box.root / "smi.calls").read_text().splitlines() if c]
     assert [c.split("=")[0] for c in calls] == ["--query-gpu", "--query-gpu",
                                                 "--query-compute-apps"]
     assert "clocks_event_reasons.active" in calls[0]
@@ -618,7 +659,7 @@ def test_old_driver_falls_back_to_throttle_reason_names(box: Box):
 def test_reason_hint_from_last_poll_saves_the_failing_call(box: Box):
     old_driver_smi(box)
     probe_doc(box_request(box, gpu_hints={"lacks": "clocks_event_reasons.active"}), box.env())
-    calls = (box.root / "smi.calls").read_text().splitlines()
+    calls = [c for c in (box.root / "smi.calls").read_text().splitlines() if c]  # not MIG's
     assert len(calls) == 2 and "clocks_throttle_reasons.active" in calls[0]
 
 
@@ -946,6 +987,53 @@ def test_pynvml_is_found_in_site_packages_though_the_probe_starts_without_them(b
     assert "pynvml" not in not_asked.get("gpus", {}), not_asked["gpus"]
 
 
+def test_a_box_read_through_nvml_gets_no_nvidia_smi_reader(box: Box, tmp_path: Path):
+    """Each box gets one GPU reader: where the last poll read NVML, the nvidia-smi reader
+    stays home (2.8 KB of every poll). Should NVML fail then, that failure is the poll's GPU
+    error, in NVML's words, and the next poll (the client drops the hint) brings nvidia-smi's
+    reader again."""
+    from gpuwatch.remote.config.load import parse_config
+    from gpuwatch.remote.wire.collect import Collector
+    from gpuwatch.remote.wire.document import parse_probe_output
+
+    (tmp_path / "nvml").mkdir()
+    (tmp_path / "nvml" / "pynvml.py").write_text(FAKE_PYNVML)
+    env = {**{k: v for k, v in box.env().items() if k != "PYTHONPATH"},
+           "PYTHONPATH": str(tmp_path / "nvml")}
+    request = {**box_request(box, want={}), "pynvml": True, "gpu_source": "nvml"}
+    assert "gpuwatch_gpus_nvidia_smi" not in modules_for(request)
+    assert "gpuwatch_gpus_nvidia_smi" in modules_for({**request, "gpu_source": "nvidia-smi"})
+
+    def poll(req: dict) -> dict:
+        result = subprocess.run(["sh", "-c", build_command(sys.executable)],
+                                input=build_stdin(req, trim=True), env=env, capture_output=True,
+                                timeout=30)
+        assert result.returncode == 0, result.stderr.decode()
+        return json.loads(result.stdout)
+
+    doc = poll(request)
+    assert doc["gpus"]["source"] == "nvml" and len(rows(doc["gpus"]["devices"])) == 2
+    (tmp_path / "nvml" / "pynvml.py").write_text(FAKE_PYNVML.replace(
+        "def nvmlInit():", "class NVMLError_DriverNotLoaded(NVMLError):\n"
+        "    def __str__(self): return 'Driver Not Loaded'\n\n"
+        "def nvmlInit():\n    raise NVMLError_DriverNotLoaded()\n\n"
+        "def _was_nvmlInit():"))
+    failed = poll(request)
+    assert failed["gpus"]["error"].startswith("NVML failed (") and \
+        "nvidia-smi's reader comes with the next poll" in failed["gpus"]["error"]
+    host = parse_config('[hosts.box]\nssh = "box"\n').host("box")
+    assert host is not None
+    collector = Collector()
+    collector._learn(host, 0.0, parse_probe_output(json.dumps(doc).encode(), "box"), None)
+    assert collector._hints["box"]["gpu_source"] == "nvml"
+    snap = parse_probe_output(json.dumps(failed).encode(), "box")
+    assert snap.gpu_error is not None and snap.gpu_error.kind == "driver_not_loaded"
+    collector._learn(host, 0.0, snap, None)
+    assert "gpu_source" not in collector._hints["box"]  # nvidia-smi's reader goes again
+    again = poll({**request, "gpu_source": None})
+    assert again["gpus"]["source"] == "nvidia-smi" and "NVML" not in again.get("errors", {})
+
+
 def test_nvml_is_skipped_when_the_client_says_so(box: Box, tmp_path: Path):
     (tmp_path / "nvml").mkdir()
     (tmp_path / "nvml" / "pynvml.py").write_text(FAKE_PYNVML)
@@ -962,12 +1050,11 @@ def query_gpu_csvs() -> list[Path]:
 
 
 def capture_gpus(rel: str | Path) -> list[dict]:
-    parsed = probe.parse_smi_csv((captures() / rel).read_text(encoding="utf-8"))
-    return [probe.gpu_row(row) for row in parsed]
+    return smi_capture.gpu_rows((captures() / rel).read_text(encoding="utf-8"))
 
 
 def capture_apps(rel: str) -> list[dict]:
-    return [probe.app_row(row) for row in probe.parse_smi_csv((captures() / rel).read_text())]
+    return smi_capture.app_rows((captures() / rel).read_text())
 
 
 def test_every_captured_query_gpu_csv_parses():
@@ -1001,7 +1088,9 @@ def test_per_reason_columns_decode_without_the_bitmask():
     row = {"clocks_event_reasons.active": "[N/A]", "clocks_event_reasons.gpu_idle": "Not Active",
            "clocks_event_reasons.hw_slowdown": "Active",
            "clocks_event_reasons.sw_thermal_slowdown": "Active"}
-    assert probe.decode_reasons(row) == ["hw_slowdown", "sw_thermal_slowdown"]
+    mask = smi_capture.reasons_mask(row)
+    assert probe.decode_reasons({"clocks_event_reasons.active": mask}) == [
+        "hw_slowdown", "sw_thermal_slowdown"]
 
 
 def test_captured_compute_apps():
@@ -1237,7 +1326,7 @@ def test_hand_parsers_agree_with_the_regular_expressions_they_replaced():
     headers = ["".join(p) for n in range(6) for p in itertools.product(head, repeat=n)]
     headers += ["memory.used [MiB]", "index", "clocks_event_reasons.active", "0", "a [b] [c]"]
     for cell in headers:
-        assert probe.is_field_name(cell) == bool(field.match(cell)), repr(cell)
+        assert smi_capture.is_field_name(cell) == bool(field.match(cell)), repr(cell)
 
 
 def test_json_without_the_json_module_writes_and_reads_what_json_does():

@@ -18,6 +18,7 @@ import pytest
 from gpuwatch.remote.box import names as probe
 from gpuwatch.remote.report import load_schema
 from gpuwatch.remote.wire.document import parse_probe_output
+from harness import smi_capture
 
 CAPTURES = Path(__file__).parents[1] / "captures"
 GPUS = ("h100-driver580", "h200-driver580")
@@ -36,7 +37,7 @@ def queries(gpu: str) -> tuple[list[str], list[str], list[str]]:
 
 
 def gpu_rows(text: str, fields: list[str] | None = None) -> list[dict[str, Any]]:
-    return [probe.gpu_row(row) for row in probe.parse_smi_csv(text, fields)]
+    return smi_capture.gpu_rows(text, fields)
 
 
 def probe_doc(gpu: str, name: str) -> dict[str, Any]:
@@ -50,7 +51,8 @@ def devices(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 SINCE_CAPTURED = tuple(probe.SMI_GPU_QUERY[probe.SMI_GPU_QUERY.index("persistence_mode"):])
 """Fields the probe asks for since these captures were taken (persistence mode, and the
-memory health and PCIe fields after it, whose formats tests/data/gpu_health holds). The
+memory health and PCIe fields after it, whose formats the H200's health capture holds:
+tests/captures/h200-driver580/health, test_real_gpu_health_captures.py). The
 real captures of every field (tests/data/captures exporter-captures, `persistence_mode` among
 them) hold their format; the next run of tests/device/run.sh on a lent GPU takes these again
 with them, and this tuple empties."""
@@ -134,9 +136,8 @@ def test_compute_apps_both_formats(gpu: str) -> None:
     _, _, apps = queries(gpu)
     for label, want_mib in (("load1", 3046), ("orphan", 6754), ("idle", None),
                             ("after-reap", None)):
-        with_units = [probe.app_row(r) for r in probe.parse_smi_csv(smi(gpu, f"{label}.apps.csv"))]
-        bare = [probe.app_row(r) for r in probe.parse_smi_csv(
-            smi(gpu, f"{label}.apps.noheader-nounits.csv"), apps)]
+        with_units = smi_capture.app_rows(smi(gpu, f"{label}.apps.csv"))
+        bare = smi_capture.app_rows(smi(gpu, f"{label}.apps.noheader-nounits.csv"), apps)
         assert with_units == bare  # the same call twice: the same process
         if want_mib is None:
             assert bare == []  # a header alone, or nothing at all

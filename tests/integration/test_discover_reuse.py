@@ -37,9 +37,11 @@ from gpuwatch.remote.wire.bundle import (
     CGROUP_V1,
     KERNEL,
     METRICS,
+    MIG,
     NVML,
     POPEN,
     RUN_FILES,
+    SMI,
     build_command,
     build_stdin,
     modules_for,
@@ -152,7 +154,8 @@ def test_the_second_poll_of_an_unchanged_box_sends_no_discover_module(rig: Rig) 
     for _ in range(2):
         steady = rig.poll()
         # one exec, without the module (and without the event decoder: no run reads events)
-        assert rig.shipped == [("gpuwatch_probe", RUN_FILES, KERNEL)]  # its dmesg has Xids
+        # ... its GPU 2 has MIG on (its reader goes), its dmesg has Xids
+        assert rig.shipped == [("gpuwatch_probe", SMI, RUN_FILES, MIG, KERNEL)]
         assert "discovery_reuse" in rig.sent[0]
         assert steady.snapshot.discovery_need is None
         # ... and still the same runs, alive, with their processes
@@ -171,11 +174,12 @@ def test_a_box_without_runs_gets_the_probe_without_its_run_files_part(rig: Rig) 
     rig.collector = Collector()
     rig.collector._hints["box"] = {"want": {"nvml": False}}
     rig.poll()  # the first: the box's python version not known yet, the part for < 3.8 goes
-    assert rig.shipped == [("gpuwatch_tfevents", DISCOVER, "gpuwatch_probe", RUN_FILES, METRICS,
-                            POPEN, CGROUP_V1, KERNEL)]
+    assert rig.shipped == [("gpuwatch_tfevents", DISCOVER, "gpuwatch_probe", SMI, RUN_FILES,
+                            METRICS, POPEN, CGROUP_V1, KERNEL)]
     outcome = rig.poll()
-    assert rig.shipped == [("gpuwatch_probe", KERNEL)]  # its dmesg has Xid lines
-    assert outcome.snapshot.runs == () and outcome.bytes_sent < 16 * 1024
+    assert rig.shipped == [("gpuwatch_probe", SMI, MIG, KERNEL)]  # MIG on GPU 2, Xid lines
+    # 16 KB, and the MIG reader (1.7 KB) this box's GPU 2 calls for
+    assert outcome.snapshot.runs == () and outcome.bytes_sent < 18 * 1024
 
 
 def test_new_dataloader_workers_need_no_module(rig: Rig) -> None:
@@ -280,16 +284,16 @@ def test_what_the_box_said_keeps_parts_it_does_not_need_off_the_wire(rig: Rig) -
     rig.poll()
     assert {POPEN, CGROUP_V1, KERNEL} <= set(rig.shipped[0])
     rig.poll()
-    assert rig.shipped == [("gpuwatch_probe", RUN_FILES)]
+    assert rig.shipped == [("gpuwatch_probe", SMI, RUN_FILES, MIG)]
     xid = "[ 9999.000001] NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python, GPU has fallen"
     rig.box.tool("dmesg", f"echo '{xid} off the bus'\n")
     outcome = rig.poll()
-    assert rig.shipped == [("gpuwatch_probe", RUN_FILES)]  # the parser stayed home
+    assert rig.shipped == [("gpuwatch_probe", SMI, RUN_FILES, MIG)]  # the parser stayed home
     assert outcome.snapshot is not None and outcome.snapshot.kernel_lines == 1
     (event,) = outcome.snapshot.kernel_events
     assert event.kind == "xid" and event.xid == 79 and outcome.snapshot.xid_counts == {79: 1}
     rig.poll()
-    assert rig.shipped == [("gpuwatch_probe", RUN_FILES, KERNEL)]
+    assert rig.shipped == [("gpuwatch_probe", SMI, RUN_FILES, MIG, KERNEL)]
 
 
 def test_a_cron_once_resumes_what_the_last_run_learnt_from_the_store(
@@ -309,7 +313,8 @@ def test_a_cron_once_resumes_what_the_last_run_learnt_from_the_store(
     rig.sent = []
     second = asyncio.run(poll_once(config, store))
     # NVML goes on: this python imports pynvml (nvidia-ml-py, a dependency), as a box's may
-    assert rig.shipped == [("gpuwatch_probe", RUN_FILES, NVML)], rig.shipped
+    # (and fails here, no driver: nvidia-smi read the GPUs, so its reader goes too)
+    assert rig.shipped == [("gpuwatch_probe", SMI, RUN_FILES, NVML, MIG)], rig.shipped
     names = [sorted(r["name"] for r in result.reports[0].runs) for result in (first, second)]
     assert names[0] == names[1] == ["evil-name-x", "pretrain", "train"]
     carried = store.host_state("box").counters["collector"]

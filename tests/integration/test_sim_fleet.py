@@ -276,6 +276,55 @@ async def test_the_capped_gpu_is_capped_from_the_first_poll(start_fleet: StartFl
     assert "gpu.util_without_clock" in {f.code for f in second.findings}
 
 
+async def test_demo_mig_shows_its_instances_and_a_gpu_nothing_should_start_on(
+        start_fleet: StartFleet, tmp_path: Path) -> None:
+    """demo-mig polled as `--once` polls it, over SSH: the first poll says GPU 0 has MIG on
+    (its reader comes with the next), the second reads its four instances with the
+    fine-tune's pid in the 3g.40gb; GPU 1's lost data is its findings, and a relaunch plan
+    keeps off it."""
+    from gpuwatch.remote.config.load import load_file
+    from gpuwatch.remote.findings.gpu_health import unusable_gpus
+    from gpuwatch.remote.store import Store
+    from gpuwatch.tui.cli.once import poll_once
+
+    fleet = await start_fleet("demo-mig")
+    config = load_file(fleet.config_path)
+    with Store.open(tmp_path / "mig.sqlite3") as store:
+        await wait_for_run(fleet, config, store, "qwen-lora")
+        report = (await poll_once(config, store)).reports[0]
+    snap = report.outcome.snapshot
+    assert snap is not None
+    mig, broken = snap.gpus
+    assert mig.mig is True and mig.util_pct is None
+    assert [m.profile for m in mig.mig_instances] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    (run,) = [r for r in snap.runs if r.name == "qwen-lora"]
+    assert mig.mig_instances[0].pids == run.pids and run.pids
+    assert all(m.pids == () for m in mig.mig_instances[1:])
+    assert broken.remap is not None and broken.remap.pending is True
+    codes = {f.code for f in report.findings}
+    assert {"gpu.remap_pending", "gpu.ecc_uncorrected"} <= codes
+    from gpuwatch.remote.model.history import HostHistory
+
+    history = HostHistory("demo-mig")
+    history.record(snap, time.time())
+    assert set(unusable_gpus(history)) == {1}
+
+
+async def wait_for_run(fleet: DemoFleet, config: Any, store: Any, name: str) -> None:
+    """Poll until the run is seen alive (its trainer started) and the MIG reader has come."""
+    from gpuwatch.tui.cli.once import poll_once
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        report = (await poll_once(config, store)).reports[0]
+        snap = report.outcome.snapshot
+        if snap is not None and any(r.name == name and r.pids for r in snap.runs) and \
+                snap.gpus and snap.gpus[0].mig_instances:
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"{name} never seen running with its MIG instances")
+
+
 async def test_bounded_concurrency_queues_commands(start_fleet: StartFleet) -> None:
     fleet = await start_fleet("demo-healthy")
 
@@ -687,6 +736,7 @@ DEMO_FINDINGS = {  # what each box of the demo is there to show (README), and mu
     "demo-oom": "run.dead",
     "demo-disk": "disk.low",
     "demo-driver": "gpu.driver_mismatch",
+    "demo-mig": "gpu.remap_pending",
 }
 
 

@@ -21,7 +21,7 @@ from textual.pilot import Pilot
 SIZES = {"80x24": (80, 24), "160x48": (160, 48)}
 THEMES = ("gpuwatch-dark", "gpuwatch-light")
 HOSTS = ("gpu-healthy", "gpu-capped", "gpu-zombie", "gpu-down", "gpu-new", "gpu-oom",
-         "gpu-driver")
+         "gpu-driver", "gpu-mig")
 
 
 @pytest.fixture(autouse=True)
@@ -76,6 +76,7 @@ def test_host_view(snap_compare: Any, host: str, size: str, theme: str) -> None:
     # gpu-capped: U21 (util 100 % at 37 % clock), a throttle reason, box text that looks like
     # markup in a command line and a log line; gpu-zombie: VRAM a dead run left behind;
     # gpu-down: could not be polled; gpu-new: never polled; gpu-oom: a run its memory cgroup
-    # OOM-killed; gpu-driver: the GPUs unreadable after a driver upgrade, its run going on.
+    # OOM-killed; gpu-driver: the GPUs unreadable after a driver upgrade, its run going on;
+    # gpu-mig: a MIG GPU's instances as rows, and a GPU whose health fields all say something.
     assert snap_compare(snapshot_app(theme), terminal_size=SIZES[size],
                         run_before=before(host))

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from gpuwatch.remote.sim.fleet import BOX_NAMES
 from harness.captures import missing
 
 pytestmark = [pytest.mark.slow]
@@ -178,12 +179,13 @@ POLLED = ("● ok", "▲ ", "✖ ")
 def demo_polled(screen: str) -> bool:
     """Every demo host polled: its state says ok or names its worst problem."""
     rows = [line for line in screen.splitlines() if line.lstrip().startswith("demo-")]
-    return len(rows) == 6 and all(any(mark in row for mark in POLLED) for row in rows)
+    return len(rows) == len(BOX_NAMES) and all(any(mark in row for mark in POLLED)
+                                               for row in rows)
 
 
 def test_demo_in_tmux_relaunch_reap_and_quit(demo: Tmux) -> None:
     tmux = demo
-    fleet = tmux.wait(demo_polled, "the six demo hosts polled", 90)
+    fleet = tmux.wait(demo_polled, "every demo host polled", 90)
     for host in ("demo-healthy", "demo-capped", "demo-zombie", "demo-oom", "demo-disk"):
         assert host in fleet
 
@@ -241,7 +243,7 @@ def test_the_demo_tells_its_stories_early_and_shows_nothing_of_this_machine(
     took is printed, not asserted (a plain test asserts no wall-clock time; README says when)."""
     with gpuwatch_in_tmux(tmp_path, ["--demo"], label="story", size=(160, 48)) as tmux:
         start = time.monotonic()
-        first = tmux.wait(demo_polled, "the six demo hosts polled", 90)
+        first = tmux.wait(demo_polled, "every demo host polled", 90)
         capped = next(line for line in first.splitlines() if "demo-capped" in line)
         assert "100%" in capped and re.search(r"\b3\d%", capped), capped  # SM clock ~37%
         said = {}
@@ -276,9 +278,9 @@ def test_80x24_reaches_every_pane_by_keys_and_cuts_no_fleet_column(tmp_path: Pat
     pane's title comes on screen by its number key, by Tab from the pane before it and by
     Shift+Tab from the one after it."""
     with demo_in_tmux(tmp_path, label="small", size=(80, 24)) as tmux:
-        fleet = tmux.wait(demo_polled, "the six demo hosts polled", 90)
+        fleet = tmux.wait(demo_polled, "every demo host polled", 90)
         rows = [line for line in fleet.splitlines() if line.lstrip().startswith("demo-")]
-        assert len(rows) == 6, fleet
+        assert len(rows) == len(BOX_NAMES), fleet
         for line in rows:
             assert len(line.rstrip()) <= 80
             for run in ("llama-7b", "vit-huge", "bert-ddp", "gpt2-xl"):
@@ -365,7 +367,7 @@ def test_a_demo_whose_terminal_closes_removes_its_fleet_and_temp_folder(tmp_path
     temp.mkdir()
     with gpuwatch_in_tmux(tmp_path, ["--demo"], env={"TMPDIR": str(temp)},
                           label="hup") as tmux:
-        tmux.wait(demo_polled, "the six demo hosts polled", 120)
+        tmux.wait(demo_polled, "every demo host polled", 120)
         assert [p.name for p in temp.iterdir() if p.name.startswith("gpuwatch-demo-")]
         subprocess.run(["tmux", "kill-session", "-t", tmux.name], check=True)
         deadline = time.monotonic() + 120  # the fleet's servers stop first (seconds)

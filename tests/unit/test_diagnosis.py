@@ -103,6 +103,21 @@ def test_xid_on_its_gpu(tmp_path: Path) -> None:
     cause, evidence = dead(w)
     assert cause == "xid" and evidence["xid"] == 79 and evidence["gpu"] == 0
     assert w.one("gpu.xid").severity == Severity.CRITICAL
+    # the death carries NVIDIA's catalog action, said in run.dead too
+    assert (evidence["xid_name"], evidence["action"]) == ("the GPU has fallen off the bus",
+                                                          "RESTART_BM")
+    assert "catalog (Xids 1-162) says reboot the machine" in w.one("run.dead").message
+
+
+def test_an_xid_the_catalog_lacks_says_so_in_the_death(tmp_path: Path) -> None:
+    box = box_at(tmp_path)
+    w = running(tmp_path, box)
+    box.xid(0, 200)
+    box.remove_process(600)
+    w.poll()
+    cause, evidence = dead(w)
+    assert cause == "xid" and evidence["xid"] == 200 and evidence["action"] is None
+    assert "Xid 200: not in NVIDIA's Xid catalog" in w.one("run.dead").message
 
 
 def test_xid_on_another_gpu_is_not_the_cause(tmp_path: Path) -> None:
@@ -166,6 +181,8 @@ def test_captured_xid_naming_the_runs_pid_is_the_cause(tmp_path: Path) -> None:
     assert cause == "xid" and evidence["xid"] == 43
     assert (evidence["pid"], evidence["name"], evidence["gpu"]) == (2815167, "pt_main_thread", 0)
     assert "pid 2815167 (pt_main_thread)" in w.one("run.dead").message
+    assert evidence["action"] == "IGNORE" and evidence["advice"].startswith(
+        "Xid 43 (the GPU stopped processing (the application's channel was reset)): NVIDIA's")
 
 
 def test_xid_31_naming_the_runs_pid_on_another_gpu_is_the_cause(tmp_path: Path) -> None:

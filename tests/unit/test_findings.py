@@ -16,6 +16,7 @@ from gpuwatch.remote.model.finding import Finding, Severity
 from gpuwatch.remote.model.history import HostHistory, PollFailure
 from gpuwatch.remote.model.snapshot import GpuSample
 from gpuwatch.remote.sim import Box, SimProcess, h100_sxm, training_process, util_without_clock
+from harness import smi_capture
 from harness.captures import capture
 
 NOW = time.time()
@@ -124,7 +125,7 @@ def _history_of(gpus: list[GpuSample], polls: int = 2) -> HostHistory:
 
 
 def _real_gpus(*parts: str) -> list[GpuSample]:
-    rows = probe.parse_smi_csv(capture(*parts).read_text(encoding="utf-8", errors="replace"))
+    rows = smi_capture.rows(capture(*parts).read_text(encoding="utf-8", errors="replace"))
     out = []
     for row in rows:
         values = {k: v for k, v in probe.gpu_row(row).items()

@@ -243,3 +243,15 @@ def test_hw_slowdown_is_a_rate_over_a_window_not_one_sample() -> None:
     assert f.evidence["hw_slowdown_polls"] == 9 and f.evidence["rate_per_min"] == pytest.approx(
         9 / (17 * 10 / 60), 0.01)
     assert "hw_slowdown" in f.message and "the provider has to check" in f.message
+
+
+def test_nvidia_smis_recovery_words_are_named_by_the_client() -> None:
+    """The probe sends gpu_recovery_action's words as printed ('None' on driver 580,
+    tests/captures/h200-driver580/health); the client names the action."""
+    from gpuwatch.remote.model.gpu import recovery_name
+
+    assert [recovery_name(w) for w in ("None", "Reset", "Reboot", "Drain P2P", "Drain-And-Reset",
+                                       "Some New Word")] == [
+        "none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset", "some_new_word"]
+    (gpu,) = snapshot([a10_row(recovery="Reboot")]).gpus
+    assert gpu.recovery_action == "node_reboot"

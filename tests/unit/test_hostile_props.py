@@ -9,7 +9,8 @@ documented error, and what the probe makes of a hostile file is a document the c
   a bad entry is skipped, and the probe's answer parses;
 - the event-file decoders (tfevents, tfevents_fast; raw_events on the client): DecodeError is
   theirs to report per record, never to raise;
-- the nvidia-smi and kernel-log parsers (probe.parse_smi_csv and gpu_row, parse_kernel_log):
+- the nvidia-smi and kernel-log parsers (probe.parse_smi_csv and gpu_row, through the
+  capture reader tests/harness/smi_capture.py; parse_kernel_log):
   never raise; every number they give is within what the client reads.
 
 Derandomized and bounded (a few seconds each): the same examples on every run.
@@ -39,6 +40,7 @@ from gpuwatch.remote.wire import raw_events, tfevents_fast
 from gpuwatch.remote.wire.collect import PollOutcome
 from gpuwatch.remote.wire.document import parse_probe_output
 from gpuwatch.remote.wire.reader import MAX_DEPTH, MAX_NUMBER_DIGITS
+from harness import smi_capture
 from hostile_docs import CAPTURES, real_document
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -429,8 +431,8 @@ def test_nvidia_smi_output_is_parsed_into_numbers_in_range(data: st.DataObject) 
         lines.append(", ".join(data.draw(SMI_CELL) for _ in range(
             data.draw(st.integers(len(fields) - 1, len(fields) + 1)))))
     text = "\n".join(lines + data.draw(st.lists(st.text(max_size=30), max_size=2)))
-    rows = [probe.gpu_row(row) for row in probe.parse_smi_csv(text, fields)]
-    apps = [probe.app_row(row) for row in probe.parse_smi_csv(text, list(probe.SMI_APP_QUERY))]
+    rows = smi_capture.gpu_rows(text, fields)  # the probe's own reader, past a header
+    apps = smi_capture.app_rows(text, list(probe.SMI_APP_QUERY))
     for cell in (c for row in rows + apps for c in row.values()):
         if isinstance(cell, (int, float)) and not isinstance(cell, bool):
             assert math.isfinite(cell) and abs(cell) < 2**53, cell

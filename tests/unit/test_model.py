@@ -21,7 +21,7 @@ DESIGN_GPU_KEYS = ["index", "uuid", "name", "util_pct", "mem_used_mib", "mem_tot
                    "sm_clock_mhz", "sm_clock_max_mhz", "power_w", "power_limit_w", "temp_c",
                    "throttle_reasons", "mig", "persistence_mode",
                    # the third milestone's GPU health fields, additive (DESIGN §3)
-                   "vendor", "ecc", "remap", "recovery_action", "pcie"]
+                   "vendor", "ecc", "remap", "recovery_action", "pcie", "mig_instances"]
 DESIGN_PROCESS_KEYS = ["pid", "ppid", "user", "state", "started_at", "gpu_index", "gpu_mem_mib",
                        "cmd", "run", "zombie", "cpu_pct"]  # cpu_pct: added to gpuwatch/1 later
 DESIGN_DISK_KEYS = ["path", "mount", "bytes_total", "bytes_free", "inodes_total", "inodes_free"]
@@ -47,7 +47,7 @@ def test_snapshot_of_a_fixture_box(box: Box):
     assert snap.host == "gpu1" and snap.hostname == "gpu-box-7" and snap.boot_id == BOOT_ID
     assert snap.section_errors == {} and snap.uptime_s == 86400.25 and snap.poll_s is None
     assert snap.probe_s is not None and snap.probe_cpu_s is not None
-    assert snap.gpu_source == "nvidia-smi" and snap.gpu_hints == {}
+    assert snap.gpu_source == "nvidia-smi" and snap.gpu_hints == {"mig": "1"}  # GPU 2
 
     gpus = {g.index: g for g in snap.gpus}
     assert gpus[1].throttle_reasons == ("sw_power_cap", "hw_thermal_slowdown")
@@ -133,7 +133,10 @@ def test_gpu_table_without_the_process_list(box: Box):
                            f'*) echo "Unknown Error"; exit 255 ;; esac\n')
     snap = snapshot(box)
     assert len(snap.gpus) == 8 and snap.gpu_processes == ()
-    assert snap.section_errors == {"gpus.apps": "nvidia-smi compute-apps exited 255: Unknown Error"}
+    # the same tool fails the table MIG's instances come from (GPU 2): said apart, GPUs stand
+    assert snap.section_errors == {
+        "gpus.apps": "nvidia-smi compute-apps exited 255: Unknown Error",
+        "gpus.mig": "nvidia-smi's table has no MIG devices (exit 255: Unknown Error)"}
 
 
 # ---------------------------------------------------------------- garbage and foreign documents

@@ -29,6 +29,7 @@ from gpuwatch.remote.wire import raw_events
 from gpuwatch.remote.wire.bundle import (
     RAW_RECORDS,
     RUN_FILES,
+    SMI,
     build_command,
     build_stdin,
     modules_for,
@@ -311,9 +312,9 @@ def test_modules_for_ships_the_decoder_only_when_needed():
     assert "gpuwatch_tfevents" in modules_for(request(events))  # a run's first poll
     assert RAW_RECORDS not in modules_for(request(events))
     assert modules_for(request({**events, "raw": True})) == (
-        "gpuwatch_probe", RUN_FILES, RAW_RECORDS)  # steady: no decoder, the raw reader
+        "gpuwatch_probe", SMI, RUN_FILES, RAW_RECORDS)  # steady: no decoder, the raw reader
     assert modules_for(request({"name": "r", "log": "/x", "raw": True})) == (
-        "gpuwatch_probe", RUN_FILES)  # no event files: neither
+        "gpuwatch_probe", SMI, RUN_FILES)  # no event files: neither
     assert "gpuwatch_tfevents" not in modules_for(request({**events, "raw": True},
                                                           "discovered_runs"))
     assert "gpuwatch_tfevents" in modules_for(request(events, "discovered_runs"))

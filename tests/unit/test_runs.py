@@ -495,7 +495,7 @@ def test_a_run_with_a_checkpoint_glob_does_not_import_re(workdir: Path):
                     checkpoints="outputs/checkpoint-*")
     request = {"v": 1, "want": {**QUIET, "discover": False},
                "runs": [run_request(run, RunSeries("r"))]}
-    assert modules_for(request)[:3] == ("gpuwatch_probe", RUN_FILES, GLOB)
+    assert modules_for(request)[:3] == ("gpuwatch_probe", RUN_FILES, GLOB)  # no GPU: no reader
     plain = {**request, "runs": [run_request(RunConfig("r", workdir=str(workdir),
                                                        checkpoints="outputs"), None)]}
     assert GLOB not in modules_for(plain)  # a plain path: no glob goes

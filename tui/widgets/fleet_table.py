@@ -300,8 +300,13 @@ class FleetTable(DataTable[Text]):
             return [Text(none, style=muted), Text("", style=muted), Text("", style=muted)]
         utils = [g.util_pct for g in snap.gpus]
         clocks = [pct(g.sm_clock_mhz, g.sm_clock_max_mhz) for g in snap.gpus]
-        util = Text("".join(level_char(u) for u in utils), style=colour(self.app, "util"))
+        # a MIG GPU reports no util (M), its instances are counted after the mean
+        util = Text("".join("M" if g.mig and g.util_pct is None else level_char(g.util_pct)
+                            for g in snap.gpus), style=colour(self.app, "util"))
         util.append(f" {_mean(utils)}")
+        instances = sum(len(g.mig_instances) for g in snap.gpus)
+        if instances:
+            util.append(f" {instances} MIG", style=colour(self.app, "text-muted"))
         clock = Text("".join(level_char(c) for c in clocks), style=colour(self.app, "sm-clock"))
         clock.append(f" {_mean(clocks)}")
         used = sum(g.mem_used_mib or 0 for g in snap.gpus)

@@ -1,5 +1,8 @@
 """GpuPanel: small multiples, one block per GPU: util against SM clock (% of max) over time,
-power against its limit, temperature, VRAM and the throttle reasons decoded.
+power against its limit, temperature, VRAM and the throttle reasons decoded; its health where
+it says something (uncorrected memory errors, memory rows waiting for a reset or out of spares,
+the recovery the driver asks for, a PCIe link below its best), and a MIG GPU's instances as
+rows under it.
 
 U21: util says "a kernel ran", not "the SMs were busy"; a capped GPU shows tall util beside a
 short clock. The two sparklines share one 0-100 scale so the gap is the finding.
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import textwrap
 
+from gpuwatch.remote.model.gpu import MIG_UTIL_NOT_REPORTED, MigInstance, recovery_action
 from gpuwatch.remote.model.snapshot import GpuSample
 from gpuwatch.remote.units import duration, mib_pair
 from rich.text import Text
@@ -93,8 +97,11 @@ class GpuPanel(TextPane):
                 self.say_span(history[-width:])
             out.append("\n")
             out.append("util".ljust(LABEL), style=util_c)
-            out.append(sparkline([p.util_pct for p in history], width), style=util_c)
-            out.append(_num(util), style=util_c)
+            if g.mig and util is None:  # the driver gives none: said, not a blank strip
+                out.append(MIG_UTIL_NOT_REPORTED, style=muted)
+            else:
+                out.append(sparkline([p.util_pct for p in history], width), style=util_c)
+                out.append(_num(util), style=util_c)
             out.append("\n")
             out.append("clock".ljust(LABEL), style=clock_c)
             out.append(sparkline([p.clock_pct for p in history], width), style=clock_c)
@@ -113,7 +120,33 @@ class GpuPanel(TextPane):
                 out.append("power".ljust(LABEL), style=colour(self.app, "power"))
                 out.append(bar(g.power_w / g.power_limit_w, width),
                            style=colour(self.app, "power"))
+            for glyph, level, said in health_lines(g):
+                out.append("\n")
+                out.append(f"{glyph} ".rjust(LABEL), style=colour(self.app, level))
+                out.append(said, style=colour(self.app, level))
+            for inst in g.mig_instances:
+                out.append("\n")
+                out.append_text(self.instance_row(inst))
         return out
+
+    def instance_row(self, inst: MigInstance) -> Text:
+        """A MIG instance under its GPU: profile, which instance, the processes the driver
+        places in it, its SMs and its memory (cut first where the pane is narrow)."""
+        row = Text("  └ ", style=colour(self.app, "text-muted"))
+        row.append(visible(inst.profile or "?").ljust(8), style="bold")  # box text
+        row.append(f"GI{_ident(inst.gpu_instance)}/CI{_ident(inst.compute_instance)}".ljust(9))
+        pids = ",".join(map(str, inst.pids))
+        row.append(f"pid {pids}" if pids else "idle", style="" if pids else
+                   colour(self.app, "text-muted"))
+        if inst.util_pct is not None:
+            row.append(f" {inst.util_pct:.0f}%", style=colour(self.app, "util"))
+        if inst.sm_count is not None:
+            row.append(f"  {inst.sm_count} SM")
+        if inst.mem_total_mib:
+            row.append(f"  {mib_pair(inst.mem_used_mib, inst.mem_total_mib)}",
+                       style=colour(self.app, "vram"))
+        return row
+
 
     def say_span(self, shown: list[GpuPoint]) -> None:
         """The strips' time scale, under the pane: one column per poll, so the span is the
@@ -124,11 +157,44 @@ class GpuPanel(TextPane):
             self.parent.border_subtitle = said  # type: ignore[attr-defined]
 
 
+def health_lines(g: GpuSample) -> list[tuple[str, str, str]]:
+    """(glyph, colour, words) for each health field of a GPU that says something: nothing for
+    a healthy GPU, whose pane stays as it was."""
+    out = []
+    action = recovery_action(g.recovery_action)
+    if action is not None and action.blocks_relaunch:
+        out.append(("✖", "error", f"driver asks for {action.words}"))
+    remap = g.remap
+    if remap is not None and remap.failed:
+        out.append(("✖", "error", "remap failed: no spare rows, replace it"))
+    elif remap is not None and remap.needs_reset:
+        what = "rows" if remap.pending else "pages"
+        out.append(("⚠", "warning", f"remap pending: {what} wait for a GPU reset"))
+    ecc = g.ecc
+    if ecc is not None and ecc.uncorrected_volatile:
+        n = ecc.uncorrected_volatile
+        out.append(("✖", "error", f"ECC: {n} uncorrected since driver load"))
+    elif ecc is not None and ecc.uncorrected_aggregate:
+        out.append(("·", "text-muted", f"ECC: {ecc.uncorrected_aggregate} uncorrected in "
+                                       f"its life"))
+    link = g.pcie
+    if link is not None and link.width and link.width_max and link.width < link.width_max:
+        out.append(("⚠", "warning", f"PCIe x{link.width} of x{link.width_max} lanes"))
+    elif link is not None and link.gen and link.gen_max and link.gen < link.gen_max and \
+            (g.util_pct or 0) >= 50:  # the generation drops at idle to save power
+        out.append(("⚠", "warning", f"PCIe gen {link.gen} of {link.gen_max} while busy"))
+    return out
+
+
 def short_gpu_name(name: str | None) -> str:
     """"H100 80GB HBM3" for "NVIDIA H100 80GB HBM3": every GPU here is NVIDIA's."""
     if not name:
         return "?"
     return name.removeprefix("NVIDIA ").strip() or name
+
+
+def _ident(value: int | None) -> str:
+    return "?" if value is None else str(value)
 
 
 def _num(value: float | None) -> str:

@@ -10,37 +10,14 @@ import time
 
 base = sys.modules.get("gpuwatch_base") or __import__(
     __package__.rpartition(".")[0] + ".base", fromlist=["_"])
+section = base.load_module("gpus/section")
 
 
 # ---------------------------------------------------------------- nvidia-smi
 
-# NVML clocks event (formerly "throttle") reason bits, nvml.h nvmlClocksEventReason*.
-REASON_BITS = (
-    (0x1, "gpu_idle"),
-    (0x2, "applications_clocks_setting"),
-    (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"),
-    (0x20, "sw_thermal_slowdown"),
-    (0x40, "hw_thermal_slowdown"),
-    (0x80, "hw_power_brake_slowdown"),
-    (0x100, "display_clock_setting"),
-)
-# The header spells it used_gpu_memory (used_memory is an accepted alias).
 SMI_APP_QUERY = ("gpu_uuid", "pid", "used_gpu_memory", "process_name")
-# Canonical names: headers print the long forms, old drivers the throttle family.
-SMI_ALIASES = {"clocks.current.sm": "clocks.sm", "used_memory": "used_gpu_memory"}
 NA_VALUES = ("", "N/A", "ERR!", "Unknown Error", "Not Supported")
-DIGITS = frozenset("0123456789")
 LETTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
-NAME_CHARS = LETTERS | DIGITS | frozenset("_.")
-
-
-def canonical_field(header):
-    """'memory.used [MiB]' → 'memory.used'; old reason names → the new family."""
-    name = header.split(" [", 1)[0].strip()
-    name = SMI_ALIASES.get(name, name)
-    return name.replace("clocks_throttle_reasons.", "clocks_event_reasons.")
 
 
 def smi_value(raw):
@@ -69,65 +46,39 @@ def smi_number(raw):
     return float(text) if dot else int(text)
 
 
-def is_field_name(cell):
-    """A header cell of nvidia-smi's CSV: 'index', 'memory.used [MiB]'."""
-    name, bracket, unit = cell.partition(" [")
-    if bracket and (not unit.endswith("]") or "]" in unit[:-1]):
-        return False
-    return bool(name) and name[0] not in DIGITS and name[0] != "." and \
-        NAME_CHARS.issuperset(name)
-
-
-def parse_smi_csv(text, fields=None):
-    """nvidia-smi --format=csv output → list of {canonical field: raw value}.
-
-    nvidia-smi does not quote, so the last column (a process name) may hold commas: split
-    at most len(fields)-1 times. A header line, when present, names the fields.
-    """
-    lines = [line for line in text.splitlines() if line.strip()]
-    if lines and all(is_field_name(cell.strip()) for cell in lines[0].split(",")):
-        fields = [cell.strip() for cell in lines.pop(0).split(",")]
-    if fields is None:
-        return []
-    names = [canonical_field(f) for f in fields]
+def parse_smi_csv(text, fields):
+    """nvidia-smi --format=csv,noheader output → list of {field: raw value}, a field asked by
+    its older name (OLDER) under its own. (A header's units and aliases, which the probe never
+    asks for, are the tests' to read: tests/harness/smi_capture.py.) nvidia-smi does not quote,
+    so the last column (a process name) may hold commas: split at most len(fields)-1 times; a
+    line of another length is no row."""
+    newer = dict((old, new) for new, old in OLDER.items())
+    names = [newer.get(f, f) for f in fields]
     rows = []
-    for line in lines:
+    for line in text.splitlines():
         cells = line.split(",", len(names) - 1)
-        if len(cells) == len(names):
+        if line.strip() and len(cells) == len(names):
             rows.append(dict(zip(names, (cell.strip() for cell in cells))))
     return rows
 
 
 def decode_reasons(row):
-    """Active clock event reasons, from the bitmask or else the per-reason columns."""
+    """Active clock event reasons, from the bitmask (None where the driver did not say)."""
     mask = smi_value(row.get("clocks_event_reasons.active", ""))
-    if mask is not None:
-        try:
-            bits = int(mask, 16)
-        except ValueError:
-            bits = None
-        if bits is not None:
-            return [name for bit, name in REASON_BITS if bits & bit]
-    named = [name for _, name in REASON_BITS if "clocks_event_reasons." + name in row]
-    if not named:
-        return None
-    return [name for name in named if row["clocks_event_reasons." + name] == "Active"]
-
-
-def first_number(row, *names):
-    for name in names:
-        value = smi_number(row.get(name))
-        if value is not None:
-            return value
-    return None
+    try:
+        bits = int(mask, 16) if mask is not None else None
+    except ValueError:
+        bits = None
+    return None if bits is None else [name for bit, name in section.REASON_BITS if bits & bit]
 
 
 def read_field(row, names, kind):
-    """One field of a GPU row from the nvidia-smi fields `names`, read as `kind`: n a number
-    (the first of the names that has one), t text, e a bool ('Enabled' / 'Disabled', 'Yes' /
-    'No'), r the reasons, a the recovery action, h a list of numbers (the histogram)."""
+    """One field of a GPU row from the nvidia-smi fields `names`, read as `kind`: n a number,
+    t text (the recovery action's words too: the client reads them, model.gpu.recovery_name),
+    e a bool ('Enabled' / 'Disabled', 'Yes' / 'No'), r the reasons, h a list of numbers (the
+    histogram)."""
     if kind == "n":
-        return first_number(row, *names)
+        return smi_number(row.get(names[0]))
     if kind == "r":
         return decode_reasons(row)
     if kind == "h":
@@ -136,11 +87,6 @@ def read_field(row, names, kind):
     value = smi_value(row.get(names[0]) or "")
     if kind == "e":
         return None if value is None else value in ("Enabled", "Yes", "Active", "Pending")
-    if kind == "a" and value is not None:
-        # gpu_recovery_action's words ('None', 'Reset', 'Reboot', 'Drain P2P', ...) → a name
-        # of model.gpu.RECOVERY_ACTIONS; words it does not know kept, as lower_case
-        word = "_".join(value.lower().replace("-", " ").split())[:40]
-        return {"reset": "gpu_reset", "reboot": "node_reboot"}.get(word, word)
     return value
 
 
@@ -177,17 +123,13 @@ remap_unc remapped_rows.uncorrectable n
 remap_pending remapped_rows.pending e
 remap_failed remapped_rows.failure e
 remap_hist H h
-recovery gpu_recovery_action a
+recovery gpu_recovery_action t
 pcie_gen pcie.link.gen.gpucurrent n
 pcie_gen_max pcie.link.gen.max n
 pcie_width pcie.link.width.current n
 pcie_width_max pcie.link.width.max n
 """.replace(" H ", " remapped_rows.histogram." + ",remapped_rows.histogram.".join(
     ("max", "high", "partial", "low", "none")) + " ").strip().splitlines())
-# Read where a row has them, never asked: power.draw and enforced.power.limit are in every
-# capture from driver 465 to 610; power.draw.instant/average only on newer drivers.
-READ_ALSO = {"power_w": ",power.draw.average,power.draw.instant",
-             "power_limit_w": ",power.limit", "pcie_gen": ",pcie.link.gen.current"}
 # A field's name on drivers older than it: clocks_event_reasons.* came with R535 (older drivers
 # know the throttle family only), pcie.link.gen.gpucurrent with R550.
 OLDER = {"clocks_event_reasons.active": "clocks_throttle_reasons.active",
@@ -200,8 +142,7 @@ SMI_GPU_QUERY = tuple(name for _, names, _ in GPU_QUERY for name in names.split(
 
 def gpu_row(row):
     """One nvidia-smi row (any driver, units or not) → a GPU row keyed by field name."""
-    return {field: read_field(row, (names + READ_ALSO.get(field, "")).split(","), kind)
-            for field, names, kind in GPU_QUERY}
+    return {field: read_field(row, names.split(","), kind) for field, names, kind in GPU_QUERY}
 
 
 def app_row(row):
@@ -294,16 +235,23 @@ def smi_apps(deadline):
 
 def read(hints, deadline):
     """The gpus section from nvidia-smi (the contract: gpus/section.py)."""
-    section_module = base.load_module("gpus/section")
     devices, lost, lacks = smi_gpus(hints, deadline)
-    section = {"source": "nvidia-smi", "vendor": "nvidia",
-               "devices": section_module.keyed_table(devices)}
+    out = {"source": "nvidia-smi", "vendor": "nvidia", "devices": section.keyed_table(devices)}
+    hints = section.mig_hint(hints, devices)
     if lacks:
-        section["hints"] = {"lacks": ",".join(lacks)}
+        hints["lacks"] = ",".join(lacks)
+    if hints:
+        out["hints"] = hints
     if lost:
-        section["lost"] = lost
+        out["lost"] = lost
     try:
-        section["apps"] = section_module.keyed_table(smi_apps(deadline))
+        apps = smi_apps(deadline)
     except base.ProbeFailure as exc:  # the GPU table stands without the process list
-        section["apps_error"] = base.describe(exc)
-    return section
+        apps = None
+        out["apps_error"] = base.describe(exc)
+    mig = base.optional("gpus/mig")
+    if mig is not None:
+        mig.add_smi(out, devices, apps or (), deadline)
+    if apps is not None:
+        out["apps"] = section.keyed_table(apps)
+    return out

@@ -87,7 +87,6 @@ def read_nvml(nvml, hints=None):
     """The gpus section from NVML (the contract: gpus/section.py); every call guarded
     (NotSupported → None for that field)."""
     section = base.load_module("gpus/section")
-    smi = base.load_module("gpus/nvidia_smi")
 
     def ask(fn, *args):
         try:
@@ -119,9 +118,10 @@ def read_nvml(nvml, hints=None):
     v2 = getattr(nvml, "nvmlMemory_v2", None)
     reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
         nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    mig = base.optional("gpus/mig")  # sent where the last poll saw MIG on
     nvml.nvmlInit()
     try:
-        devices, apps = [], []
+        devices, apps, instances = [], [], []
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             uuid = text(ask(nvml.nvmlDeviceGetUUID, handle))
@@ -143,7 +143,7 @@ def read_nvml(nvml, hints=None):
                 "power_limit_w": scaled(ask(nvml.nvmlDeviceGetEnforcedPowerLimit, handle), 1000),
                 "temp_c": ask(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU),
                 "throttle_reasons": None if mask is None
-                else [name for bit, name in smi.REASON_BITS if mask & bit],
+                else [name for bit, name in section.REASON_BITS if mask & bit],
                 "mig": None if mig is None else mig[0] == nvml.NVML_DEVICE_MIG_ENABLE,
                 "pci_bus_id": None if pci is None else text(getattr(pci, "busId", None)),
                 "persistence": None if persistence is None else persistence == 1,  # ENABLED
@@ -163,8 +163,18 @@ def read_nvml(nvml, hints=None):
                 apps.append({"uuid": uuid, "pid": app.pid,
                              "gpu_mem_mib": None if used is None else used >> 20,
                              "process_name": text(name)})
-        return {"source": "nvml", "vendor": "nvidia",
-                "devices": section.keyed_table(devices),
-                "apps": section.keyed_table(apps)}
+            if row["mig"] and mig is not None:
+                rows, owners = mig.read_nvml(nvml, handle, index, ask, text)
+                instances.extend(rows)
+                mig.place_apps(apps, owners, {index: uuid})
+        out = {"source": "nvml", "vendor": "nvidia", "devices": section.keyed_table(devices),
+               "apps": section.keyed_table(apps)}
+        if instances:
+            out["mig"] = section.keyed_table(instances)
+        told = hints if isinstance(hints, dict) else {}
+        out_hints = section.mig_hint(told, devices)
+        if out_hints:
+            out["hints"] = out_hints
+        return out
     finally:
         ask(nvml.nvmlShutdown)

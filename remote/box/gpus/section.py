@@ -14,9 +14,10 @@ A source is one file of box/gpus/ (nvidia_smi.py, nvml.py; another vendor's besi
   read, a field it cannot read (the driver lacks it, N/A, Not Supported) is None or absent for
   that GPU only, and a column that is None in every row is not sent. The client reads rows by
   name (wire/sections.py), so no two files agree by position.
-- "hints": what the source learnt of this box that saves the next poll work (the reason
-  family the driver knows, the fields it lacks); the client sends them back as the request's
-  "gpu_hints" and the source reads them first. Strings only (the client keeps strings).
+- "hints": what the source learnt of this box that saves the next poll work (the fields its
+  driver lacks; "mig": "1" while a GPU has MIG on, so gpus/mig.py comes with the next poll);
+  the client sends them back as the request's "gpu_hints" and the source reads them first.
+  Strings only (the client keeps strings).
 - It raises base.ProbeFailure for "the GPUs could not be read", with `detail` saying what the
   client classifies (model.snapshot.classify_gpu_error): "exit", "said", "timeout", "missing",
   "lost". A box without GPUs of the source's vendor is "missing".
@@ -37,6 +38,8 @@ them by name, wire/sections.py `_gpu`):
     pcie_gen, pcie_gen_max, pcie_width, pcie_width_max, pcie_replays: the PCIe link.
 A compute process (apps): uuid (its GPU's), pid, gpu_mem_mib, process_name, and on a MIG GPU
 gi, ci (its GPU and compute instance).
+A MIG instance ("mig", gpus/mig.py FIELDS): gpu (its GPU's index), gi, ci, dev, profile, uuid,
+mem_used_mib, mem_total_mib, sm, util_pct; "mig_error" where they could not be read.
 
 A new GPU field: its line in each source that reads it, its reading in the model, and its
 name here and in docs/json.md (docs/development.md, "A new GPU field").
@@ -52,6 +55,20 @@ base = sys.modules.get("gpuwatch_base") or __import__(
 
 DEFAULT_TIMEOUT_S = 5.0
 
+# NVML clocks event (formerly "throttle") reason bits, nvml.h nvmlClocksEventReason*: both
+# NVIDIA sources name the active ones by these
+REASON_BITS = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+)
+
 
 def keyed_table(rows):
     """Rows keyed by field name (each a dict of the same fields, in the same order) →
@@ -61,10 +78,20 @@ def keyed_table(rows):
     return {"fields": used, "rows": [[row[f] for f in used] for row in rows]}
 
 
+def mig_hint(told, devices):
+    """The "mig" hint (strings only): "1" while a GPU has MIG on (the client then sends
+    gpus/mig.py), "0" once where the last poll said "1" and none has it now."""
+    if any(d.get("mig") for d in devices):
+        return {"mig": "1"}
+    return {"mig": "0"} if told.get("mig") == "1" else {}
+
+
 def collect_gpus(request):
     """The gpus section: NVML where this python imports pynvml and nvmlInit works, else
-    nvidia-smi (the simulator's box: always its stand-in nvidia-smi)."""
-    smi = base.load_module("gpus/nvidia_smi")
+    nvidia-smi (the simulator's box: always its stand-in nvidia-smi). The nvidia-smi reader
+    is not sent to a box whose last poll read NVML (wire/bundle.py SMI): should NVML fail
+    then, its failure is this poll's, and the next poll brings the reader."""
+    smi = base.optional("gpus/nvidia_smi")
     timeout_s = base.number_setting(request, "nvidia_smi_timeout_s", DEFAULT_TIMEOUT_S)
     deadline = time.monotonic() + timeout_s
     hints = request.get("gpu_hints") if isinstance(request.get("gpu_hints"), dict) else {}
@@ -97,6 +124,9 @@ def collect_gpus(request):
                     return section
                 except Exception as exc:  # no driver library, no GPU, hung: try nvidia-smi
                     nvml_problem = base.describe(exc)
+    if smi is None:
+        raise base.ProbeFailure("NVML failed (%s); nvidia-smi's reader comes with the next poll"
+                                % nvml_problem)
     started = time.monotonic()
     try:
         section = smi.read(hints, deadline)
