@@ -29,14 +29,15 @@ from gpuwatch.tui.screens.confirm import ConfirmAction
 from gpuwatch.tui.screens.fleet import FleetScreen
 from gpuwatch.tui.screens.help import HelpScreen
 from gpuwatch.tui.screens.host import PANES, HostScreen
+from gpuwatch.tui.textual_compat import FooterKey
 from gpuwatch.tui.widgets.fleet_table import FleetTable
 from gpuwatch.tui.widgets.key_footer import KeyFooter
 from gpuwatch.tui.widgets.log_tail import LogTail
 from gpuwatch.tui.widgets.loss_pane import SMOOTHING, LossPane
 from gpuwatch.tui.widgets.process_table import ProcessTable
+from harness.toasts import record_toasts, toasts_of
+from harness.waiting import wait_for_async
 from textual.pilot import Pilot
-from textual.widgets._footer import FooterKey
-from textual.widgets._toast import Toast, ToastRack
 
 SIZE = (200, 50)
 
@@ -65,7 +66,9 @@ class FakeCollector:
 def make_app(cfg: Config | None = None, **kwargs: Any) -> GpuwatchApp:
     cfg = cfg or fx.config()
     kwargs.setdefault("poll", False)
-    return build_app(cfg, store=fx.seeded_store(cfg), clock=fx.clock, **kwargs)
+    app = build_app(cfg, store=fx.seeded_store(cfg), clock=fx.clock, **kwargs)
+    record_toasts(app)
+    return app
 
 
 async def feed(pilot: Pilot[Any], outcomes: list[PollOutcome]) -> None:
@@ -92,7 +95,13 @@ def screen_text(app: GpuwatchApp) -> str:
 
 
 def notes(app: GpuwatchApp) -> list[str]:
-    return [n.message for n in app._notifications]
+    """Every toast the app said, in order, as it was asked to say it."""
+    return toasts_of(app).messages
+
+
+async def toast_saying(app: GpuwatchApp, text: str) -> str:
+    """The first toast that says `text`, once there is one."""
+    return await toasts_of(app).saying(text)
 
 
 # ----------------------------------------------------------------------------- fleet view
@@ -238,9 +247,7 @@ async def test_z_on_a_host_whose_gpus_cannot_be_read_says_it_cannot_tell() -> No
         names = list(app.hosts)
         for _ in range(names.index("gpu-driver")):
             await pilot.press("down")
-        await pilot.press("z")
-        await pilot.pause()
-        said = notes(app)[-1]
+        said = await toast_after(pilot, "z")
         assert "cannot tell what holds VRAM on gpu-driver" in said and "driver mismatch" in said
         assert "nothing to reap" not in said
 
@@ -249,13 +256,12 @@ async def test_host_view_keys_on_the_fleet_say_where_they_act() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await feed(pilot, fx.latest(app.config))
-        for key, said in (("right_square_bracket", "[ ] change tag"), ("s", "s S smooth"),
-                          ("l", "l turn log-y"), ("x", "x switch the x axis"),
-                          ("3", "1-7 jump to a pane")):
-            await pilot.press(key)
-            await pilot.pause()
-            assert notes(app)[-1].startswith(said), (key, notes(app)[-1])
-            assert "open a host (Enter) first" in notes(app)[-1]
+        for key, words in (("right_square_bracket", "[ ] change tag"), ("s", "s S smooth"),
+                           ("l", "l turn log-y"), ("x", "x switch the x axis"),
+                           ("3", "1-7 jump to a pane")):
+            said = await toast_after(pilot, key)
+            assert said.startswith(words), (key, said)
+            assert "open a host (Enter) first" in said
         assert isinstance(app.screen, FleetScreen)
         await pilot.press("slash", "s", "x")  # typed into the filter: text, no toast
         await pilot.pause()
@@ -401,14 +407,14 @@ async def test_k_is_greyed_until_a_process_is_selected_and_asks_with_cancel_defa
         await pilot.press("enter")  # Enter on the default button: Cancel
         await pilot.pause()
         assert isinstance(app.screen, HostScreen) and fake_execute == []
-        assert any("cancelled" in n for n in notes(app))
+        await toast_saying(app, "cancelled")
         await pilot.press("K")
         await pilot.pause()
         await pilot.press("tab", "enter")  # a deliberate step to the Kill button
         await app.workers.wait_for_complete()
         assert [c[0] for c in fake_execute] == ["execute"]
         assert fake_execute[0][1].kind == "kill" and fake_execute[0][1].targets[0].pid == 4121
-        assert "sent kill to gpu-healthy" in notes(app)
+        await wait_for_async(lambda: "sent kill to gpu-healthy" in notes(app))
 
 
 async def test_kill_confirmation_shows_box_text_literally(
@@ -455,7 +461,7 @@ async def test_z_reaps_the_zombie_then_polls_and_reports_the_verified_outcome(
         await app.workers.wait_for_complete()
         assert [c[0] for c in fake_execute] == ["execute", "verify"]
         assert collector.calls["gpu-zombie"] > before  # poll_now after the action
-        assert "verified reap on gpu-zombie" in notes(app)
+        await wait_for_async(lambda: "verified reap on gpu-zombie" in notes(app))
 
 
 async def test_z_on_the_fleet_view_and_greyed_without_zombies(
@@ -575,7 +581,7 @@ async def test_theme_flag_and_unknown_theme_warns(tmp_path: Path) -> None:
     app = make_app(theme="no-such-theme", themes_dir=tmp_path)
     async with app.run_test(size=SIZE):
         assert app.theme == "gpuwatch-dark"
-        assert any("No theme named 'no-such-theme'" in n for n in notes(app))
+        await toast_saying(app, "No theme named 'no-such-theme'")
 
 
 async def test_user_themes_load_and_a_broken_one_is_a_warning(tmp_path: Path) -> None:
@@ -590,8 +596,11 @@ async def test_user_themes_load_and_a_broken_one_is_a_warning(tmp_path: Path) ->
         assert app.theme == "solar"
         assert app.theme_variables["util"] == "#859900"
         assert app.theme_variables["sm-clock"]  # defaulted: the plots still have colours
-        warnings = [n for n in notes(app) if "not loaded" in n]
-        assert len(warnings) == 2 and any("broken.toml" in w for w in warnings)
+        def warnings() -> list[str]:
+            return [n for n in notes(app) if "not loaded" in n]
+
+        await wait_for_async(lambda: len(warnings()) >= 2, what="two themes not loaded")
+        assert len(warnings()) == 2 and any("broken.toml" in w for w in warnings())
         assert "solar" in app.theme_names
 
 
@@ -759,11 +768,11 @@ async def test_a_discovered_run_gets_a_tab_shows_what_was_found_and_p_pins_it(
         await pilot.pause()
         text = config_path.read_text()
         assert text.startswith("# mine\n")  # the person's file is kept
-        assert "sft.py" in text and "pinned run sft[bold] of gpu-healthy" in " ".join(notes(app))
+        assert "sft.py" in text
+        await toast_saying(app, "pinned run sft[bold] of gpu-healthy")
         await pilot.press("P")  # again: already configured, said, file unchanged
-        await pilot.pause()
+        await toast_saying(app, "already configured")
         assert config_path.read_text() == text
-        assert any("already configured" in n for n in notes(app))
 
 
 def test_a_discovered_run_left_behind_as_a_zombie_is_shown_so_not_as_running() -> None:
@@ -806,16 +815,16 @@ async def test_a_failed_relaunchs_log_line_is_shown_as_written_not_as_markup(
         assert isinstance(app.screen, ConfirmAction) and app.screen.refusal is None
         await pilot.press("tab", "enter")
         await app.workers.wait_for_complete()
-        await pilot.pause()
-        assert [n for n in notes(app) if "exited at once" in n] == [
-            "run bert-ddp started but exited at once with status 1; last lines of train.log: "
-            "saving to [/data/ckpt/step-100] \\x1b]2;PWNED\\x07[@click=app.quit]x[/]"]
-        await pilot.pause()
-        await pilot.pause()
-        rack = app.screen.get_child_by_type(ToastRack)
-        toasts = [str(t.render()) for t in rack.query(Toast)]
-        assert any(n.endswith("saving to [/data/ckpt/step-100] \\x1b]2;PWNED\\x07"
-                              "[@click=app.quit]x[/]") for n in toasts), toasts
+        assert await toast_saying(app, "exited at once") == (  # what the app was asked to say
+            f"run bert-ddp started but exited at once with status 1; last lines of train.log: "
+            f"{line}")
+
+        def drawn() -> list[str]:  # and what the toast on the screen shows of it
+            return [str(t.render()) for t in app.screen.query("ToastRack Toast")]
+
+        await wait_for_async(lambda: any(
+            n.endswith("saving to [/data/ckpt/step-100] \\x1b]2;PWNED\\x07[@click=app.quit]x[/]")
+            for n in drawn()), what="the toast drawn, the box's text visible and not markup")
     assert app.return_code in (0, None)  # it did not die of the toast
 
 
@@ -904,13 +913,11 @@ def footer_keys(app: GpuwatchApp) -> set[str]:
 
 
 async def toast_after(pilot: Pilot[Any], key: str) -> str:
-    """The one toast a key brings up (and that it brought one)."""
-    app = pilot.app
-    assert isinstance(app, GpuwatchApp)
-    before = len(app._notifications)
+    """The one toast a key brings up (waited for: the key brought one)."""
+    toasts = toasts_of(pilot.app)
+    before = len(toasts)
     await pilot.press(key)
-    await pilot.pause()
-    said = notes(app)[before:]
+    said = await toasts.said_since(before)
     assert len(said) == 1, (key, said)
     return said[0]
 
@@ -998,16 +1005,18 @@ async def test_R_while_paused_says_polling_is_paused_and_claims_no_poll() -> Non
     collector = FakeCollector(fx.latest(cfg))
     app = make_app(cfg, poll=True, collector=collector)  # type: ignore[arg-type]
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("p")
-        await pilot.pause(0.2)
+        assert (await toast_after(pilot, "p")).startswith("polling paused")
+        feed = app.feed
+        assert feed is not None and feed.paused
+        # A poll under way as p was pressed lands; then none starts while paused.
+        await wait_for_async(lambda: not feed.poller.in_flight(), what="no poll under way")
         calls = dict(collector.calls)
         said = await toast_after(pilot, "R")
         assert "polling is paused" in said and "p resumes" in said and "polling all" not in said
         await open_host(pilot, "gpu-capped")
         said = await toast_after(pilot, "R")
         assert "paused" in said and "polling gpu-capped" not in said
-        await pilot.pause(0.2)
-        assert dict(collector.calls) == calls
+        assert dict(collector.calls) == calls and not feed.poller.in_flight()
 
 
 def test_user_text_says_things_in_words_not_gotcha_codes() -> None:
@@ -1365,12 +1374,12 @@ async def test_the_terminal_driver_resumes_on_sigcont_only_after_a_suspend(
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTSTP, signal.SIGCONT)}
     try:
         driver = driver_class(make_app())
-        driver._sigcont_application()  # with the hang-up: never suspended
+        driver.on_sigcont()  # with the hang-up: never suspended
         assert resumed == []
-        driver._sigtstp_application()
-        driver._sigcont_application()  # fg
+        driver.on_sigtstp()
+        driver.on_sigcont()  # fg
         assert resumed == [True]
-        driver._sigcont_application()
+        driver.on_sigcont()
         assert resumed == [True]
     finally:
         for s, handler in handlers.items():
