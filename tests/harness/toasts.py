@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from .waiting import LIMIT_S, wait_for_async
+from .waiting import TIMEOUT_S, wait_for_async
 
 
 @dataclass(frozen=True)
@@ -38,15 +38,16 @@ class ToastLog:
     def messages(self) -> list[str]:
         return [t.message for t in self.toasts]
 
-    async def said_since(self, count: int, limit_s: float = LIMIT_S) -> list[str]:
+    async def said_since(self, count: int,
+                         timeout: float = TIMEOUT_S) -> list[str]:  # noqa: ASYNC109
         """The messages after the first `count`, once there is at least one."""
-        return await wait_for_async(lambda: self.messages[count:], limit_s,
+        return await wait_for_async(lambda: self.messages[count:], timeout,
                                     f"a toast after the {count} said before")
 
-    async def saying(self, text: str, limit_s: float = LIMIT_S) -> str:
+    async def saying(self, text: str, timeout: float = TIMEOUT_S) -> str:  # noqa: ASYNC109
         """The first message that contains `text`, once there is one."""
         return await wait_for_async(lambda: next((m for m in self.messages if text in m), ""),
-                                    limit_s, f"a toast saying {text!r}")
+                                    timeout, f"a toast saying {text!r}")
 
 
 _LOGS: WeakKeyDictionary[Any, ToastLog] = WeakKeyDictionary()

@@ -20,53 +20,54 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-LIMIT_S = 30.0
+TIMEOUT_S = 30.0
 """Long enough for a busy 2-core machine; a passing test never waits it out."""
 FIRST_LOOK_S = 0.01
 LONGEST_GAP_S = 0.25
 """Between two looks: short at first (most things are quick), longer while it takes."""
 
 
-def _gaps(limit_s: float) -> Iterator[float]:
-    """The pauses between looks until `limit_s` seconds have gone by (then it stops)."""
-    deadline = time.monotonic() + limit_s
+def _gaps(timeout: float) -> Iterator[float]:
+    """The pauses between looks until `timeout` seconds have gone by (then it stops)."""
+    deadline = time.monotonic() + timeout
     gap = FIRST_LOOK_S
     while (left := deadline - time.monotonic()) > 0:
         yield min(gap, left)
         gap = min(gap * 2, LONGEST_GAP_S)
 
 
-def _timed_out(what: str | Callable[..., object], limit_s: float, last: object) -> AssertionError:
+def _timed_out(what: str | Callable[..., object], timeout: float, last: object) -> AssertionError:
     name = what if isinstance(what, str) else getattr(what, "__name__", repr(what))
     seen = repr(last)
     if len(seen) > 2000:
         seen = seen[:2000] + "…"
-    return AssertionError(f"timed out after {limit_s:g} s waiting for {name}; last seen: {seen}")
+    return AssertionError(f"timed out after {timeout:g} s waiting for {name}; last seen: {seen}")
 
 
-def wait_for(condition: Callable[[], T], limit_s: float = LIMIT_S, what: str = "") -> T:
-    """Call `condition` until it returns something true, and return that; fail after `limit_s`
+def wait_for(condition: Callable[[], T], timeout: float = TIMEOUT_S, what: str = "") -> T:
+    """Call `condition` until it returns something true, and return that; fail after `timeout`
     seconds naming `what` (or the condition) and the last value it returned."""
     last = condition()
     if last:
         return last
-    for gap in _gaps(limit_s):
+    for gap in _gaps(timeout):
         time.sleep(gap)
         last = condition()
         if last:
             return last
-    raise _timed_out(what or condition, limit_s, last)
+    raise _timed_out(what or condition, timeout, last)
 
 
-async def wait_for_async(condition: Callable[[], T], limit_s: float = LIMIT_S,
+async def wait_for_async(condition: Callable[[], T],
+                         timeout: float = TIMEOUT_S,  # noqa: ASYNC109 (a deadline of looks)
                          what: str = "") -> T:
     """`wait_for` for a test running in the event loop: the loop runs between two looks."""
     last = condition()
     if last:
         return last
-    for gap in _gaps(limit_s):
+    for gap in _gaps(timeout):
         await asyncio.sleep(gap)
         last = condition()
         if last:
             return last
-    raise _timed_out(what or condition, limit_s, last)
+    raise _timed_out(what or condition, timeout, last)
