@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from gpuwatch.remote.sim import Box, h100_sxm, training_process
 from harness.sshd import SshdBox
-from test_once_sshd import gpuwatch, ssh_config, start_box
+from harness.sshd_cli import gpuwatch, ssh_config, start_box
 
 SCRIPT = """\
 import sys, time
