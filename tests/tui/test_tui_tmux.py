@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from harness.captures import missing
+from harness.waiting import wait_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -63,15 +64,17 @@ class Tmux:
             time.sleep(pause)
 
     def wait(self, test: Callable[[str], bool], what: str, limit_s: float = 60.0) -> str:
-        deadline = time.monotonic() + limit_s
         screen = ""
-        while time.monotonic() < deadline:
+
+        def shown() -> str:
+            nonlocal screen
             screen = self.capture()
-            if test(screen):
-                return screen
-            time.sleep(0.25)
-        raise AssertionError(f"timed out after {limit_s:g} s waiting for {what}; "
-                             f"the screen:\n{screen}")
+            return screen if test(screen) else ""
+
+        try:
+            return wait_for(shown, limit_s, what)
+        except AssertionError as timed_out:
+            raise AssertionError(f"{timed_out}; the screen:\n{screen}") from None
 
     def wait_for(self, text: str, limit_s: float = 60.0) -> str:
         return self.wait(lambda s: text in s, repr(text), limit_s)
@@ -140,9 +143,7 @@ def gpuwatch_in_tmux(folder: Path, args: list[str], env: dict[str, str] | None =
     if raw is not None:
         subprocess.run(["tmux", "pipe-pane", "-o", "-t", name,
                         f"cat >> {shlex.quote(str(raw))}"], check=True)
-        deadline = time.monotonic() + 10
-        while not raw.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(raw.exists, what="tmux piping the pane to a file")
     try:
         yield Tmux(name, folder / "tasks.txt")
     finally:
@@ -162,13 +163,13 @@ def open_host(tmux: Tmux, name: str) -> str:
         if tmux.capture().lstrip().startswith("gpuwatch ·"):
             break
         tmux.keys("Escape", pause=1.0)
-    tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view", 10)
+    tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view")
     tmux.keys("/", "C-u")
     tmux.type(name)
     tmux.keys("Enter")
-    tmux.wait(lambda s: f"1 shown (filter {name!r})" in s, f"the fleet filtered to {name}", 10)
+    tmux.wait(lambda s: f"1 shown (filter {name!r})" in s, f"the fleet filtered to {name}")
     tmux.keys("Enter")
-    return tmux.wait(lambda s: s.lstrip().startswith(name), f"the host view of {name}", 10)
+    return tmux.wait(lambda s: s.lstrip().startswith(name), f"the host view of {name}")
 
 
 POLLED = ("● ok", "▲ ", "✖ ")
@@ -197,7 +198,7 @@ def test_demo_in_tmux_relaunch_reap_and_quit(demo: Tmux) -> None:
     open_host(tmux, "demo-oom")
     tmux.wait_for("gpt2-xl † dead", 150)
     tmux.keys("r")
-    modal = tmux.wait_for("Relaunch run gpt2-xl on demo-oom?", 10)
+    modal = tmux.wait_for("Relaunch run gpt2-xl on demo-oom?")
     assert "Cancel" in modal and "--resume" in modal
     tmux.keys("Tab", "Enter")
     tmux.wait_for("gpt2-xl ▶ running", 60)
@@ -207,14 +208,14 @@ def test_demo_in_tmux_relaunch_reap_and_quit(demo: Tmux) -> None:
     open_host(tmux, "demo-zombie")
     tmux.wait_for("zombie VRAM", 60)
     tmux.keys("z")
-    tmux.wait_for("Reap the zombie VRAM holders on demo-zombie?", 10)
+    tmux.wait_for("Reap the zombie VRAM holders on demo-zombie?")
     tmux.keys("Tab", "Enter")
     tmux.wait(lambda s: "zombie VRAM" not in s and "GPU3 H100 80GB HBM3" in s
               and "VRAM 0.0/80 GiB" in s.split("GPU3", 1)[1][:120], "GPU 3's VRAM back", 60)
     # Back to the fleet view before q: an Escape still unread when q arrives reaches the app as
     # one "ESC q" read, which a terminal parser rightly takes for alt+q (CI saw exactly that).
     tmux.keys("Escape")
-    tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view", 10)
+    tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view")
 
     # q: the TUI leaves the screen and the process exits 0 (the demo fleet then ends its
     # processes). The time it takes is printed, not asserted: a plain test asserts no wall-clock
@@ -254,17 +255,17 @@ def test_80x24_reaches_every_pane_by_keys_and_cuts_no_fleet_column(tmp_path: Pat
         assert "─ GPUs ─" in screen
         for n, title in enumerate(PANES, 1):
             tmux.keys(str(n))
-            tmux.wait_for(f"─ {title} ─", 5)
+            tmux.wait_for(f"─ {title} ─")
         tmux.keys("1")
-        tmux.wait_for("─ GPUs ─", 5)
+        tmux.wait_for("─ GPUs ─")
         for title in PANES[1:]:
             tmux.keys("Tab")
-            tmux.wait_for(f"─ {title} ─", 5)
+            tmux.wait_for(f"─ {title} ─")
         for title in reversed(PANES[:-1]):
             tmux.keys("BTab")
-            tmux.wait_for(f"─ {title} ─", 5)
+            tmux.wait_for(f"─ {title} ─")
         tmux.keys("Escape")
-        tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view", 10)
+        tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view")
         tmux.keys("q", pause=0)
         tmux.wait_for("GPUWATCH-EXITED-0", 30)
 
@@ -296,16 +297,16 @@ def test_box_text_reaches_the_terminal_inert(tmp_path: Path) -> None:
         # as written, escapes visible
         tmux.keys("Down")
         tmux.keys("K")
-        modal = tmux.wait_for(f"Kill process {hb.PID} on evil?", 10)
+        modal = tmux.wait_for(f"Kill process {hb.PID} on evil?")
         assert f"--tag={hb.SHOWN}" in modal
         tmux.keys("Escape")
-        tmux.wait(lambda s: "Kill cancelled" in s, "the kill cancelled", 10)
+        tmux.wait(lambda s: "Kill cancelled" in s, "the kill cancelled")
         title = subprocess.run(["tmux", "display-message", "-p", "-t", tmux.name,
                                 "#{pane_title}"], capture_output=True, text=True,
                                check=True).stdout
         assert hb.TITLE not in title
         tmux.keys("Escape")
-        tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view", 10)
+        tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view")
         tmux.keys("q", pause=0)
         tmux.wait_for("GPUWATCH-EXITED-0", 30)
     out = raw.read_bytes()
@@ -328,8 +329,7 @@ def test_a_demo_whose_terminal_closes_removes_its_fleet_and_temp_folder(tmp_path
         tmux.wait(demo_polled, "the six demo hosts polled", 120)
         assert [p.name for p in temp.iterdir() if p.name.startswith("gpuwatch-demo-")]
         subprocess.run(["tmux", "kill-session", "-t", tmux.name], check=True)
-        deadline = time.monotonic() + 120  # the fleet's servers stop first (seconds)
-        while time.monotonic() < deadline and any(
-                p.name.startswith("gpuwatch-demo-") for p in temp.iterdir()):
-            time.sleep(0.2)
-    assert not [p.name for p in temp.iterdir() if p.name.startswith("gpuwatch-demo-")]
+        # The fleet's servers stop first (seconds), then its folder goes.
+        wait_for(lambda: not [p.name for p in temp.iterdir()
+                              if p.name.startswith("gpuwatch-demo-")],
+                 120, "the demo's temporary folder removed")
