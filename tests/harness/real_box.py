@@ -45,8 +45,7 @@ with open("launches.jsonl", "a") as fh:
         "env": {k: os.environ.get(k) for k in
                 ("PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES", "WANDB_API_KEY")},
         "stdin": os.readlink("/proc/self/fd/0"), "stdout": os.readlink("/proc/self/fd/1"),
-    }) + "
-")
+    }) + "\n")
 step = int(resume.rsplit("-", 1)[-1]) if resume else 0
 os.makedirs("ckpt", exist_ok=True)
 while True:

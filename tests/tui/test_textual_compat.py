@@ -333,10 +333,11 @@ def test_no_module_of_the_tui_but_the_compat_one_reaches_textual_internals() -> 
     assert any("_css_update_count" in hit for hit in reaches(COMPAT, compat, every))
 
 
-def test_no_tui_test_reaches_textual_internals() -> None:
+def test_no_tui_test_nor_the_harness_reaches_textual_internals() -> None:
     """Tests record toasts through the app's own notify and name FooterKey from the compat
     module; only this canary names Textual's internals."""
     every = frozenset().union(*(textual_private_names(c) for c in textual_classes()))
-    found = [hit for path in sorted(TESTS.glob("*.py")) if path != Path(__file__)
-             for hit in reaches(path, None, every)]
+    paths = [*sorted(TESTS.glob("*.py")), *sorted((TESTS.parent / "harness").glob("*.py"))]
+    assert len(paths) > 10
+    found = [hit for path in paths if path != Path(__file__) for hit in reaches(path, None, every)]
     assert found == [], "\n".join(found)

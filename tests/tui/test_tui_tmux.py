@@ -189,9 +189,8 @@ def test_demo_in_tmux_relaunch_reap_and_quit(demo: Tmux) -> None:
         assert host in fleet
 
     # Every pane of the host view is on screen at 200x50.
-    screen = open_host(tmux, "demo-healthy")
-    for title in PANES:
-        assert f"─ {title} ─" in screen, title
+    open_host(tmux, "demo-healthy")
+    tmux.wait(lambda s: all(f"─ {title} ─" in s for title in PANES), "every pane on screen")
     tmux.keys("Escape")
 
     # The OOM box's run dies a minute in; relaunch it with r and confirm, see it running again.
