@@ -44,23 +44,30 @@ signal.signal(signal.SIGUSR1, _dump_tasks)
 """
 
 
+def tmux_cmd(session: str, *args: str, check: bool = True,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`tmux ARGS` on the session's own server (`-L`, named as the session): another tmux user
+    of this machine (another test run, its kill-server) cannot end it."""
+    return subprocess.run(["tmux", "-L", session, *args], capture_output=True, text=True,
+                          check=check, env=env)
+
+
 class Tmux:
     def __init__(self, name: str, tasks: Path | None = None) -> None:
         self.name = name
         self.tasks = tasks  # where the gpuwatch in it writes its asyncio tasks (TASK_DUMP)
 
     def capture(self) -> str:
-        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name],
-                              capture_output=True, text=True, check=False).stdout
+        return tmux_cmd(self.name, "capture-pane", "-p", "-t", self.name, check=False).stdout
 
     def type(self, text: str) -> None:
         """Type text literally (no key names)."""
-        subprocess.run(["tmux", "send-keys", "-t", self.name, "-l", text], check=True)
+        tmux_cmd(self.name, "send-keys", "-t", self.name, "-l", text)
         time.sleep(0.3)
 
     def keys(self, *keys: str, pause: float = 0.3) -> None:
         for key in keys:
-            subprocess.run(["tmux", "send-keys", "-t", self.name, key], check=True)
+            tmux_cmd(self.name, "send-keys", "-t", self.name, key)
             time.sleep(pause)
 
     def wait(self, test: Callable[[str], bool], what: str, limit_s: float = 60.0) -> str:
@@ -84,8 +91,8 @@ class Tmux:
         task's stack (TASK_DUMP: what threads cannot show, an idle event loop awaiting one),
         then SIGABRT makes its faulthandler (PYTHONFAULTHANDLER=1) print every thread's into
         the pane; both are returned."""
-        shell = subprocess.run(["tmux", "list-panes", "-t", self.name, "-F", "#{pane_pid}"],
-                               capture_output=True, text=True, check=False).stdout.split()
+        shell = tmux_cmd(self.name, "list-panes", "-t", self.name, "-F", "#{pane_pid}",
+                     check=False).stdout.split()
         for pid in Path("/proc").iterdir():
             try:
                 stat = (pid / "stat").read_text()
@@ -97,8 +104,8 @@ class Tmux:
             except (OSError, ValueError):
                 continue
         time.sleep(2)
-        pane = subprocess.run(["tmux", "capture-pane", "-p", "-S", "-400", "-t", self.name],
-                              capture_output=True, text=True, check=False).stdout
+        pane = tmux_cmd(self.name, "capture-pane", "-p", "-S", "-400", "-t", self.name,
+                    check=False).stdout
         if self.tasks is not None and self.tasks.exists():
             pane += "\n" + self.tasks.read_text()
         return pane
@@ -122,7 +129,8 @@ def gpuwatch_in_tmux(folder: Path, args: list[str], env: dict[str, str] | None =
     config and state under folder, `env` added to its environment); on exit it prints
     GPUWATCH-EXITED-<code>. With
     `raw`, every byte it writes to the terminal is copied there too (tmux pipe-pane), escape
-    sequences and all. Killed at the end."""
+    sequences and all. The session has a tmux server of its own, so that no other tmux user of
+    this machine can end it; killed at the end."""
     if shutil.which("tmux") is None:
         missing("tmux is not installed (apt-get install tmux)")
     name = f"gpuwatch-{label}-{uuid.uuid4().hex[:8]}"
@@ -137,17 +145,15 @@ def gpuwatch_in_tmux(folder: Path, args: list[str], env: dict[str, str] | None =
     ready = f"while [ ! -e {shlex.quote(str(raw))} ]; do sleep 0.05; done; " if raw else ""
     command = (f"{ready}env PYTHONFAULTHANDLER=1 {exports} {GPUWATCH} {go}; "
                "echo GPUWATCH-EXITED-$?; sleep 600")
-    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", str(size[0]), "-y",
-                    str(size[1]), command],
-                   check=True, env={**os.environ, **env})
+    tmux_cmd(name, "new-session", "-d", "-s", name, "-x", str(size[0]), "-y", str(size[1]), command,
+         env={**os.environ, **env})
     if raw is not None:
-        subprocess.run(["tmux", "pipe-pane", "-o", "-t", name,
-                        f"cat >> {shlex.quote(str(raw))}"], check=True)
+        tmux_cmd(name, "pipe-pane", "-o", "-t", name, f"cat >> {shlex.quote(str(raw))}")
         wait_for(raw.exists, what="tmux piping the pane to a file")
     try:
         yield Tmux(name, folder / "tasks.txt")
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", name], check=False)
+        tmux_cmd(name, "kill-server", check=False)
 
 
 @pytest.fixture
@@ -300,9 +306,8 @@ def test_box_text_reaches_the_terminal_inert(tmp_path: Path) -> None:
         assert f"--tag={hb.SHOWN}" in modal
         tmux.keys("Escape")
         tmux.wait(lambda s: "Kill cancelled" in s, "the kill cancelled")
-        title = subprocess.run(["tmux", "display-message", "-p", "-t", tmux.name,
-                                "#{pane_title}"], capture_output=True, text=True,
-                               check=True).stdout
+        title = tmux_cmd(tmux.name, "display-message", "-p", "-t", tmux.name,
+                         "#{pane_title}").stdout
         assert hb.TITLE not in title
         tmux.keys("Escape")
         tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view")
@@ -327,7 +332,7 @@ def test_a_demo_whose_terminal_closes_removes_its_fleet_and_temp_folder(tmp_path
                           label="hup") as tmux:
         tmux.wait(demo_polled, "the six demo hosts polled", 120)
         assert [p.name for p in temp.iterdir() if p.name.startswith("gpuwatch-demo-")]
-        subprocess.run(["tmux", "kill-session", "-t", tmux.name], check=True)
+        tmux_cmd(tmux.name, "kill-session", "-t", tmux.name)
         # The fleet's servers stop first (seconds), then its folder goes.
         wait_for(lambda: not [p.name for p in temp.iterdir()
                               if p.name.startswith("gpuwatch-demo-")],
