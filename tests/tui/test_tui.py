@@ -524,27 +524,29 @@ async def test_p_pauses_and_R_polls_now() -> None:
     cfg = fx.config()
     collector = FakeCollector(fx.latest(cfg))
     app = make_app(cfg, poll=True, collector=collector)  # type: ignore[arg-type]
+    def polled(times: int) -> bool:
+        return all(collector.calls[h.name] == times for h in cfg.hosts)
+
     async with app.run_test(size=SIZE) as pilot:
-        for _ in range(50):
-            await pilot.pause(0.02)
-            if all(collector.calls[h.name] for h in cfg.hosts):
-                break
-        assert all(collector.calls[h.name] == 1 for h in cfg.hosts)
+        await wait_for_async(lambda: all(collector.calls[h.name] for h in cfg.hosts),
+                             what="every host's first poll")
+        assert polled(1)
         await pilot.press("R")  # fleet view: every host
-        await pilot.pause(0.2)
-        assert all(collector.calls[h.name] == 2 for h in cfg.hosts)
+        await wait_for_async(lambda: polled(2), what="every host polled again")
         await pilot.press("p")
         assert app.paused and "PAUSED" in str(app.screen.query_one("#fleet-title").render())
+        feed = app.feed
+        assert feed is not None
+        await wait_for_async(lambda: not feed.poller.in_flight(), what="no poll under way")
         await pilot.press("R")
-        await pilot.pause(0.2)
-        assert all(collector.calls[h.name] == 2 for h in cfg.hosts)  # paused: nothing goes out
+        assert polled(2) and not feed.poller.in_flight()  # paused: nothing goes out
         await pilot.press("p")
-        await pilot.pause(0.2)
-        assert not app.paused and all(collector.calls[h.name] == 3 for h in cfg.hosts)
+        await wait_for_async(lambda: polled(3), what="every host polled on resuming")
+        assert not app.paused
         await open_host(pilot, "gpu-capped")
         await pilot.press("R")  # host view: that host only
-        await pilot.pause(0.2)
-        assert collector.calls["gpu-capped"] == 4 and collector.calls["gpu-healthy"] == 3
+        await wait_for_async(lambda: collector.calls["gpu-capped"] == 4, what="gpu-capped polled")
+        assert collector.calls["gpu-healthy"] == 3
         assert app.hosts["gpu-capped"].status(fx.NOW, 10).kind == "ok"
 
 
@@ -879,7 +881,7 @@ async def test_log_follows_the_tail_pauses_when_scrolled_up_and_end_or_G_follows
         await pilot.press("7")
         assert app.focused is log
         await pilot.press("pageup")
-        await pilot.pause(0.3)
+        await wait_for_async(lambda: not log.following, what="the log scrolled up")
         # (in words of its own: "paused" is the polling's, p)
         assert not log.following and "scrolled up" in str(pane.border_subtitle)
         assert "paused" not in str(pane.border_subtitle)
@@ -892,19 +894,18 @@ async def test_log_follows_the_tail_pauses_when_scrolled_up_and_end_or_G_follows
         assert log.unseen == 10 and "↓ 10 new lines" in str(pane.border_subtitle)
         # End follows again, at once and from then on.
         await pilot.press("end")
-        await pilot.pause(0.5)
-        assert log.following and not str(pane.border_subtitle)
-        assert "step 60 |" in screen_text(app)
+        await wait_for_async(lambda: log.following and "step 60 |" in screen_text(app),
+                             what="the log following again, its end on screen")
+        assert not str(pane.border_subtitle)
         await feed(pilot, [with_tail(capped, log_lines(31, 70))])
         await pilot.pause()
         assert "step 70 |" in screen_text(app)
         # So does G.
         await pilot.press("up", "up")
-        await pilot.pause(0.3)
-        assert not log.following
+        await wait_for_async(lambda: not log.following, what="the log scrolled up")
         await pilot.press("G")
-        await pilot.pause(0.3)
-        assert log.following and log.scroll_y == log.max_scroll_y
+        await wait_for_async(lambda: log.following and log.scroll_y == log.max_scroll_y,
+                             what="the log following again, at its end")
 
 
 # ----------------------------------------------------------------------------- no silent keys
@@ -1240,10 +1241,8 @@ async def test_paused_the_state_still_names_the_worst_and_the_title_says_the_age
     app = build_app(cfg, store=fx.seeded_store(cfg), clock=lambda: now[0],
                     collector=collector)  # type: ignore[arg-type]
     async with app.run_test(size=(80, 24)) as pilot:
-        for _ in range(50):
-            await pilot.pause(0.02)
-            if all(collector.calls[h.name] for h in cfg.hosts):
-                break
+        await wait_for_async(lambda: all(collector.calls[h.name] for h in cfg.hosts),
+                             what="every host's first poll")
         screen = app.screen
         assert isinstance(screen, FleetScreen)
         table = screen.table

@@ -44,30 +44,31 @@ signal.signal(signal.SIGUSR1, _dump_tasks)
 """
 
 
-def tmux_cmd(session: str, *args: str, check: bool = True,
+def tmux_cmd(socket: Path, *args: str, check: bool = True,
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`tmux ARGS` on the session's own server (`-L`, named as the session): another tmux user
-    of this machine (another test run, its kill-server) cannot end it."""
-    return subprocess.run(["tmux", "-L", session, *args], capture_output=True, text=True,
+    """`tmux ARGS` on the test's own tmux server (its socket in the test's folder): another
+    tmux user of this machine (another test run, its kill-server) cannot end it."""
+    return subprocess.run(["tmux", "-S", str(socket), *args], capture_output=True, text=True,
                           check=check, env=env)
 
 
 class Tmux:
-    def __init__(self, name: str, tasks: Path | None = None) -> None:
+    def __init__(self, name: str, socket: Path, tasks: Path | None = None) -> None:
         self.name = name
+        self.socket = socket
         self.tasks = tasks  # where the gpuwatch in it writes its asyncio tasks (TASK_DUMP)
 
     def capture(self) -> str:
-        return tmux_cmd(self.name, "capture-pane", "-p", "-t", self.name, check=False).stdout
+        return tmux_cmd(self.socket, "capture-pane", "-p", "-t", self.name, check=False).stdout
 
     def type(self, text: str) -> None:
         """Type text literally (no key names)."""
-        tmux_cmd(self.name, "send-keys", "-t", self.name, "-l", text)
+        tmux_cmd(self.socket, "send-keys", "-t", self.name, "-l", text)
         time.sleep(0.3)
 
     def keys(self, *keys: str, pause: float = 0.3) -> None:
         for key in keys:
-            tmux_cmd(self.name, "send-keys", "-t", self.name, key)
+            tmux_cmd(self.socket, "send-keys", "-t", self.name, key)
             time.sleep(pause)
 
     def wait(self, test: Callable[[str], bool], what: str, limit_s: float = 60.0) -> str:
@@ -91,7 +92,7 @@ class Tmux:
         task's stack (TASK_DUMP: what threads cannot show, an idle event loop awaiting one),
         then SIGABRT makes its faulthandler (PYTHONFAULTHANDLER=1) print every thread's into
         the pane; both are returned."""
-        shell = tmux_cmd(self.name, "list-panes", "-t", self.name, "-F", "#{pane_pid}",
+        shell = tmux_cmd(self.socket, "list-panes", "-t", self.name, "-F", "#{pane_pid}",
                      check=False).stdout.split()
         for pid in Path("/proc").iterdir():
             try:
@@ -104,7 +105,7 @@ class Tmux:
             except (OSError, ValueError):
                 continue
         time.sleep(2)
-        pane = tmux_cmd(self.name, "capture-pane", "-p", "-S", "-400", "-t", self.name,
+        pane = tmux_cmd(self.socket, "capture-pane", "-p", "-S", "-400", "-t", self.name,
                     check=False).stdout
         if self.tasks is not None and self.tasks.exists():
             pane += "\n" + self.tasks.read_text()
@@ -134,6 +135,7 @@ def gpuwatch_in_tmux(folder: Path, args: list[str], env: dict[str, str] | None =
     if shutil.which("tmux") is None:
         missing("tmux is not installed (apt-get install tmux)")
     name = f"gpuwatch-{label}-{uuid.uuid4().hex[:8]}"
+    socket = folder / "tmux.sock"
     aid = folder / "task-dump"
     aid.mkdir(parents=True, exist_ok=True)
     (aid / "sitecustomize.py").write_text(TASK_DUMP.format(out=str(folder / "tasks.txt")))
@@ -145,15 +147,15 @@ def gpuwatch_in_tmux(folder: Path, args: list[str], env: dict[str, str] | None =
     ready = f"while [ ! -e {shlex.quote(str(raw))} ]; do sleep 0.05; done; " if raw else ""
     command = (f"{ready}env PYTHONFAULTHANDLER=1 {exports} {GPUWATCH} {go}; "
                "echo GPUWATCH-EXITED-$?; sleep 600")
-    tmux_cmd(name, "new-session", "-d", "-s", name, "-x", str(size[0]), "-y", str(size[1]), command,
-         env={**os.environ, **env})
+    tmux_cmd(socket, "new-session", "-d", "-s", name, "-x", str(size[0]), "-y", str(size[1]),
+             command, env={**os.environ, **env})
     if raw is not None:
-        tmux_cmd(name, "pipe-pane", "-o", "-t", name, f"cat >> {shlex.quote(str(raw))}")
+        tmux_cmd(socket, "pipe-pane", "-o", "-t", name, f"cat >> {shlex.quote(str(raw))}")
         wait_for(raw.exists, what="tmux piping the pane to a file")
     try:
-        yield Tmux(name, folder / "tasks.txt")
+        yield Tmux(name, socket, folder / "tasks.txt")
     finally:
-        tmux_cmd(name, "kill-server", check=False)
+        tmux_cmd(socket, "kill-server", check=False)
 
 
 @pytest.fixture
@@ -306,7 +308,7 @@ def test_box_text_reaches_the_terminal_inert(tmp_path: Path) -> None:
         assert f"--tag={hb.SHOWN}" in modal
         tmux.keys("Escape")
         tmux.wait(lambda s: "Kill cancelled" in s, "the kill cancelled")
-        title = tmux_cmd(tmux.name, "display-message", "-p", "-t", tmux.name,
+        title = tmux_cmd(tmux.socket, "display-message", "-p", "-t", tmux.name,
                          "#{pane_title}").stdout
         assert hb.TITLE not in title
         tmux.keys("Escape")
@@ -332,7 +334,7 @@ def test_a_demo_whose_terminal_closes_removes_its_fleet_and_temp_folder(tmp_path
                           label="hup") as tmux:
         tmux.wait(demo_polled, "the six demo hosts polled", 120)
         assert [p.name for p in temp.iterdir() if p.name.startswith("gpuwatch-demo-")]
-        tmux_cmd(tmux.name, "kill-session", "-t", tmux.name)
+        tmux_cmd(tmux.socket, "kill-session", "-t", tmux.name)
         # The fleet's servers stop first (seconds), then its folder goes.
         wait_for(lambda: not [p.name for p in temp.iterdir()
                               if p.name.startswith("gpuwatch-demo-")],
