@@ -8,6 +8,7 @@ import gc
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -44,11 +45,13 @@ SIZE = (200, 50)
 
 class FakeCollector:
     """Answers polls with the fixture's outcomes at once, stamped with the real time (the app
-    waits for a poll that began after an action ended)."""
+    waits for a poll that began after an action ended), or with `stamp`'s."""
 
-    def __init__(self, outcomes: list[PollOutcome]) -> None:
+    def __init__(self, outcomes: list[PollOutcome],
+                 stamp: Callable[[], float] = time.time) -> None:
         self.outcomes = {o.host.name: o for o in outcomes}
         self.calls: Counter[str] = Counter()
+        self.stamp = stamp
 
     def memory(self, host: HostConfig) -> dict[str, Any]:  # what a Collector keeps in the store
         return {}
@@ -60,7 +63,7 @@ class FakeCollector:
         self.calls[host.name] += 1
         await asyncio.sleep(0)
         outcome = self.outcomes.get(host.name) or fx.failed(host, fx.NOW)
-        return replace(outcome, started_at=time.time())
+        return replace(outcome, started_at=self.stamp())
 
 
 def make_app(cfg: Config | None = None, **kwargs: Any) -> GpuwatchApp:
@@ -1237,15 +1240,17 @@ async def test_paused_the_state_still_names_the_worst_and_the_title_says_the_age
     and in the title."""
     cfg = fx.config()
     now = [fx.NOW]
-    collector = FakeCollector(fx.latest(cfg))
+    # Every poll stamped alike: their data is equally old, however the polls were spread out.
+    collector = FakeCollector(fx.latest(cfg), stamp=lambda: fx.NOW)
     app = build_app(cfg, store=fx.seeded_store(cfg), clock=lambda: now[0],
                     collector=collector)  # type: ignore[arg-type]
     async with app.run_test(size=(80, 24)) as pilot:
-        await wait_for_async(lambda: all(collector.calls[h.name] for h in cfg.hosts),
-                             what="every host's first poll")
         screen = app.screen
         assert isinstance(screen, FleetScreen)
         table = screen.table
+        await wait_for_async(lambda: not [h for h in cfg.hosts if "not polled yet" in
+                                          table.get_cell(h.name, "state").plain],
+                             what="every host's first poll on screen")
         before = {h: table.get_cell(h, "state").plain for h in ("gpu-zombie", "gpu-down")}
         await pilot.press("p")
         await pilot.pause()
