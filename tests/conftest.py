@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
-# The tests live in layers (unit/, box/, integration/, tui/) and some share helpers across them
-# (test_once_sshd's box, test_actions' rig): every layer's folder is importable by module name.
+# The tests live in layers (unit/, box/, integration/, tui/); what several share lives in
+# harness/ (and in the helper modules beside this file), never in another test module. Every
+# layer's folder stays importable by module name while test_watchdog's helpers (trainer,
+# first_launch, rounds_until), which test_notify borrows, have not moved there yet.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 for _layer in ("unit", "box", "integration", "tui"):
     if os.path.join(_HERE, _layer) not in sys.path:

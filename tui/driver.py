@@ -11,19 +11,18 @@ that SIGTSTP suspended.
 
 from __future__ import annotations
 
-from typing import Any
-
-from textual.drivers.linux_driver import LinuxDriver
+from .textual_compat import SignalHooksDriver
 
 
-class Driver(LinuxDriver):
-    _suspended = False
+class Driver(SignalHooksDriver):
+    suspended = False
+    """SIGTSTP stopped the app, and no SIGCONT has resumed it yet."""
 
-    def _sigtstp_application(self, *args: Any) -> None:
-        self._suspended = True
-        super()._sigtstp_application(*args)  # stops the process here, until SIGCONT
+    def on_sigtstp(self) -> None:
+        self.suspended = True
+        self.textual_sigtstp()  # stops the process here, until SIGCONT
 
-    def _sigcont_application(self, *args: Any) -> None:
-        if self._suspended:
-            self._suspended = False
-            super()._sigcont_application(*args)
+    def on_sigcont(self) -> None:
+        if self.suspended:
+            self.suspended = False
+            self.textual_sigcont()

@@ -19,6 +19,12 @@ from textual.css.model import RuleSet
 from textual.css.stylesheet import Stylesheet
 
 from .screens.kept import KeptScreen
+from .textual_compat import (
+    lay_out_screen,
+    mark_screen_restyled,
+    stylesheet_variables,
+    use_parsed_rules,
+)
 
 PREPARE_AFTER_S = 0.5
 """How long after a theme change (or a host's first opening) the next theme is parsed."""
@@ -42,15 +48,13 @@ class ThemeStylesheet(Stylesheet):
         self._parsed[key] = rules
 
     def reparse(self) -> None:
-        key = self._key(self._variables)
+        key = self._key(stylesheet_variables(self))
         rules = self._parsed.get(key)
         if rules is None:
             super().reparse()
-            self._keep(key, self._rules)
+            self._keep(key, self.rules)
             return
-        self._rules = rules
-        self._rules_map = None
-        self._require_parse = False
+        use_parsed_rules(self, rules)
 
     def prepare(self, variables: dict[str, str]) -> None:
         """Parse the sources with these variables now, for a reparse with them to find."""
@@ -79,7 +83,7 @@ class ThemeCssApp(App[None]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # No source has been read yet (Textual reads the CSS when the app starts).
-        self.stylesheet = ThemeStylesheet(variables=self.stylesheet._variables)
+        self.stylesheet = ThemeStylesheet(variables=stylesheet_variables(self.stylesheet))
         self.theme_names = []
 
     def next_theme(self) -> str:
@@ -110,11 +114,11 @@ class ThemeCssApp(App[None]):
             if isinstance(self.screen, KeptScreen):
                 self.screen.mark_styled()
             if self.screen.is_mounted:
-                self.screen._refresh_layout(self.size)
-                self.screen._css_update_count = self._css_update_count
+                lay_out_screen(self.screen, self.size)
+                mark_screen_restyled(self, self.screen)
         except ScreenError:
             pass
         for screen in self.screen_stack:
             if screen is not self.screen and not isinstance(screen, KeptScreen):
                 stylesheet.update(screen, animate=animate)
-                screen._css_update_count = self._css_update_count
+                mark_screen_restyled(self, screen)

@@ -1,8 +1,9 @@
 """Zero-config runs, box side and client side, on fixture boxes and real files.
 
 The probe runs as the SSH path runs it (the bundle on stdin); fixture /proc trees give it
-process trees (test_probe's 8-GPU box: a tty-bound `python train.py`, a torchrun under tmux
-with seven ranks and a dataloader worker, a nohup'd orphan holding a GPU). The end-to-end
+process trees (tests/harness/probe_box.py's 8-GPU box: a tty-bound `python train.py`, a
+torchrun under tmux with seven ranks and a dataloader worker, a nohup'd orphan holding a GPU).
+The end-to-end
 tests over a real sshd with real processes are in test_discover_sshd.py.
 """
 
@@ -32,8 +33,8 @@ from gpuwatch.remote.model.resume import relaunch_command
 from gpuwatch.remote.model.series import RunSeries
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.wire.document import parse_probe_output
+from harness.probe_box import Box, build_box, probe_doc, python36, rows
 from tensorboardX import SummaryWriter
-from test_probe import Box, build_box, probe_doc, python36, rows
 
 QUIET = {"gpus": False, "kernel": False, "cgroup": False, "logind": False, "nvml": False}
 

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from gpuwatch.remote.box import names as probe
 from gpuwatch.remote.config.schema import HostConfig, SshSettings
 from gpuwatch.remote.wire.bundle import build_command, build_stdin
 from gpuwatch.remote.wire.collect import build_request
+from harness.waiting import wait_for
 
 WAIT_S = 20.0
 """What a test waits for a probe at most: far past every deadline it sets."""
@@ -138,16 +138,10 @@ def test_sigterm_ends_the_probe_with_what_it_started(
     pid_file = tools / "nvidia-smi.pid"
     proc = start(started, {"v": 1, "disks": [], "nvidia_smi_timeout_s": 60}, tools)
     try:
-        end = time.monotonic() + WAIT_S
-        while not pid_file.exists() and time.monotonic() < end:
-            time.sleep(0.02)
-        assert pid_file.exists(), "nvidia-smi never started"
+        wait_for(pid_file.exists, WAIT_S, "nvidia-smi to start")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=WAIT_S) == 128 + signal.SIGTERM
-        end = time.monotonic() + 2.0
-        while alive(int(pid_file.read_text())) and time.monotonic() < end:
-            time.sleep(0.02)
-        assert not alive(int(pid_file.read_text()))
+        wait_for(lambda: not alive(int(pid_file.read_text())), WAIT_S, "nvidia-smi killed")
     finally:
         kill_if_alive(pid_file)
 

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from gpuwatch.remote.box import tfevents
 from gpuwatch.remote.wire import tfevents_fast
+from harness.event_records import event_files, tensor_event
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
@@ -33,10 +34,6 @@ from tensorboardX import SummaryWriter
 Point = tuple[str, int, float, float]
 
 # --------------------------------------------------------------------------------- helpers
-
-
-def event_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if "tfevents" in p.name)
 
 
 def oracle(path: Path) -> list[Point]:
@@ -106,15 +103,6 @@ def scalar_event(tag: str, step: int, value: float, wall: float) -> bytes:
 def scalars_metadata() -> summary_pb2.SummaryMetadata:
     return summary_pb2.SummaryMetadata(
         plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
-
-
-def tensor_event(tag: str, step: int, tensor: tensor_pb2.TensorProto, wall: float,
-                 plugin: str | None = "scalars") -> event_pb2.Event:
-    value = summary_pb2.Summary.Value(tag=tag, tensor=tensor)
-    if plugin is not None:
-        value.metadata.CopyFrom(summary_pb2.SummaryMetadata(
-            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=plugin)))
-    return event_pb2.Event(wall_time=wall, step=step, summary=summary_pb2.Summary(value=[value]))
 
 
 # ----------------------------------------------------------------------------------- CRC

@@ -8,10 +8,10 @@ and the Collector polls again at once with the module; a run's folder due for a 
 searched by the next poll, which sends the module.
 
 Every poll here goes through the real Collector to a `local` host whose interpreter is a
-wrapper pointing the probe at test_probe's fixture 8-GPU box, and each answer given without
-the module is compared with the module's answer to the same request on the same box: the
-runs, their pids and status, the process table's run column and the client's merged view of
-how each run was found must be the same.
+wrapper pointing the probe at tests/harness/probe_box.py's fixture 8-GPU box, and each answer
+given without the module is compared with the module's answer to the same request on the same
+box: the runs, their pids and status, the process table's run column and the client's merged
+view of how each run was found must be the same.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from gpuwatch.remote.wire.bundle import (
 )
 from gpuwatch.remote.wire.collect import Collector, PollOutcome
 from gpuwatch.remote.wire.document import parse_probe_output
-from test_probe import Box, build_box
+from harness.probe_box import Box, build_box
 
 DISCOVER = "gpuwatch_discover"
 

@@ -31,6 +31,7 @@ from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.wire.document import parse_probe_output
 from harness.sshd import STD_PATH, SshdBox
+from harness.waiting import wait_for
 
 PY = sys.executable
 SECRET = "sk-gwt-discover-9f3a1c"
@@ -193,16 +194,6 @@ def pythons_in(folder: Path) -> list[int]:
     return found
 
 
-def wait_for(what: Callable[[], Any], timeout: float = 30.0, message: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = what()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {message or what}")
-
-
 def kill_all(folder: Path) -> None:
     for pid in pids_in(folder):
         try:
@@ -232,8 +223,8 @@ def checkpoints_of(folder: Path) -> list[Path]:
 def test_a_training_script_shows_up_with_no_run_configured(rig: Rig) -> None:
     folder = project(rig.root)
     rig.launch(folder, "python train.py --output_dir outputs")
-    (pid,) = wait_for(lambda: pids_in(folder), message="the trainer")
-    wait_for(lambda: len(checkpoints_of(folder)) >= 2, message="two checkpoints")
+    (pid,) = wait_for(lambda: pids_in(folder), what="the trainer")
+    wait_for(lambda: len(checkpoints_of(folder)) >= 2, what="two checkpoints")
     rig.box.add_compute_app(0, pid, "python", 20_000, follows_pid=True)
 
     host = rig.once()
@@ -282,8 +273,8 @@ def test_a_launcher_and_its_ranks_are_one_run_and_it_relaunches_as_it_was_starte
     torchrun.chmod(0o755)
     rig.launch(folder, f"{torchrun} --nproc_per_node 2 train.py --output_dir outputs")
     launcher, rank0, rank1 = wait_for(lambda: len(pids_in(folder)) == 3 and pids_in(folder),
-                                      message="the launcher and two ranks")
-    wait_for(lambda: checkpoints_of(folder), message="a checkpoint")
+                                      what="the launcher and two ranks")
+    wait_for(lambda: checkpoints_of(folder), what="a checkpoint")
     for gpu, rank in enumerate((rank0, rank1)):
         rig.box.add_compute_app(gpu, rank, "python", 30_000, follows_pid=True)
 
@@ -304,7 +295,7 @@ def test_a_launcher_and_its_ranks_are_one_run_and_it_relaunches_as_it_was_starte
     # SIGKILL the whole run; the next --once remembers it and says it is dead
     for pid in (launcher, rank0, rank1):
         os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not pids_in(folder), message="the run to die")
+    wait_for(lambda: not pids_in(folder), what="the run to die")
     host = rig.once()
     dead = {r["name"]: r for r in host["runs"]}["train"]
     assert dead["status"] == "dead" and dead["pids"] == []
@@ -338,7 +329,7 @@ def test_a_launcher_and_its_ranks_are_one_run_and_it_relaunches_as_it_was_starte
     (other / "train.py").write_text("import time\ntime.sleep(600)\n")
     subprocess.Popen([PY, "train.py"], cwd=other, start_new_session=True,
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    wait_for(lambda: pids_in(other), message="the other folder's train.py")
+    wait_for(lambda: pids_in(other), what="the other folder's train.py")
 
     # ... nor passed: `gpuwatch relaunch gpu1 train --yes` starts it again in the recorded cwd
     # with the recorded environment, shows the exact command first and names what it dropped
@@ -348,7 +339,7 @@ def test_a_launcher_and_its_ranks_are_one_run_and_it_relaunches_as_it_was_starte
     assert SECRET not in out
     # the relaunch's detached shell waits in the same folder: the run is the python processes
     pids = wait_for(lambda: len(pythons_in(folder)) == 3 and pythons_in(folder),
-                    message="the relaunched run")
+                    what="the relaunched run")
     for gpu, rank in enumerate(pids[1:]):
         rig.box.add_compute_app(gpu, rank, "python", 30_000, follows_pid=True)
 
@@ -357,7 +348,7 @@ def test_a_launcher_and_its_ranks_are_one_run_and_it_relaunches_as_it_was_starte
         return [s for s in map(json.loads, lines) if s["pid"] in pids]
 
     relaunched = wait_for(lambda: len(relaunched_ranks()) == 2 and relaunched_ranks(),
-                          message="both ranks to start")
+                          what="both ranks to start")
     for s in relaunched:
         assert s["resume"] == latest
         assert s["env"] == {"FOO": "bar", "WANDB_API_KEY": None, "SSH_CONNECTION": None}

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 from gpuwatch.remote.sim import Box, h100_sxm, training_process
 from harness.sshd import SshdBox
-from test_once_sshd import gpuwatch, ssh_config, start_box
+from harness.sshd_cli import gpuwatch, ssh_config, start_box
+from harness.waiting import wait_for
 
 SCRIPT = """\
 import sys, time
@@ -102,15 +103,13 @@ def trainer(tmp_path: Path) -> Iterator[Trainer]:
 
 def wait_for_pid(proc: subprocess.Popen[bytes], name: str) -> None:
     """Until /proc shows the exec'd script (setsid/nohup exec in turn)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    def cmdline() -> bytes:
         try:
-            if name.encode() in Path(f"/proc/{proc.pid}/cmdline").read_bytes():
-                return
+            return Path(f"/proc/{proc.pid}/cmdline").read_bytes()
         except OSError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"{name} did not start")
+            return b""
+
+    wait_for(lambda: name.encode() in cmdline(), what=f"{name} to start")
 
 
 def setup(tmp_path: Path, sshd_factory: Callable[..., SshdBox], trainer: Trainer

@@ -21,7 +21,6 @@ from typing import Any
 
 import jsonschema
 import pytest
-import test_actions
 from findings_helpers import Watched, host_config, touch
 from gpuwatch.remote.actions import plan as actions
 from gpuwatch.remote.box import act as actions_box
@@ -32,9 +31,11 @@ from gpuwatch.remote.model.history import HostHistory
 from gpuwatch.remote.model.series import completion_line
 from gpuwatch.remote.report import load_schema
 from gpuwatch.remote.sim import Box, h100_sxm, training_process
+from harness import real_box
 from harness.captures import capture
-from test_actions import PY, Rig, alive, poll, wait_for
-from test_diagnosis import gpuwatch
+from harness.cli import gpuwatch_on_box
+from harness.real_box import PY, Rig, alive, poll
+from harness.waiting import wait_for
 
 RUN_SCHEMA_ADDITIONS: dict[str, Any] = {
     "progress": {
@@ -129,7 +130,7 @@ def hf_config(works: dict[str, Path]) -> str:
 
 
 def once(tmp_path: Path, box: Box, config: str) -> tuple[int, dict[str, Any], dict[str, Any]]:
-    out = gpuwatch(tmp_path, box, "--once", "--json", config=config)
+    out = gpuwatch_on_box(tmp_path, box, "--once", "--json", config=config)
     doc = json.loads(out.stdout)
     jsonschema.validate(doc, schema())
     (host,) = doc["hosts"]
@@ -396,7 +397,7 @@ sys.exit(int(open("finish").read() or 0))
 """
 
 
-rig = test_actions.rig  # a real sshd on loopback over a box whose /proc is this machine's
+rig = real_box.rig  # a real sshd on loopback over a box whose /proc is this machine's
 
 
 async def relaunched(rig: Rig, name: str) -> tuple[HostConfig, Path, HostHistory, int]:

@@ -27,9 +27,9 @@ from gpuwatch.remote.model.snapshot import classify_gpu_error
 from gpuwatch.remote.report import load_schema
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.remote.sim import nvidia_smi as smi
+from harness.dying_runs import box_at, dead, running
 from harness.sshd import SshdBox
-from test_diagnosis import box_at, dead, running
-from test_once_sshd import gpuwatch, ssh_config, start_box
+from harness.sshd_cli import gpuwatch, ssh_config, start_box
 
 QUERY = ["--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader"]
 

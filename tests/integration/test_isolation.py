@@ -29,7 +29,7 @@ from gpuwatch.remote.watch import landing as watch_module
 from gpuwatch.remote.wire.collect import Collector
 from gpuwatch.tui.cli import once as once_module
 from harness.sshd import SshdBox
-from test_once_sshd import gpuwatch, ssh_config, start_box
+from harness.sshd_cli import gpuwatch, ssh_config, start_box
 
 BOMB_MIB = 400
 """What the zlib bomb inflates to; it is a few hundred KB on the wire."""

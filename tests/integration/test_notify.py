@@ -14,7 +14,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import test_actions
 from gpuwatch.remote.config.schema import Config, HostConfig, NotifyConfig
 from gpuwatch.remote.model.finding import Finding, Severity
 from gpuwatch.remote.notify import (
@@ -27,10 +26,12 @@ from gpuwatch.remote.notify import (
 )
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.watch.fleet import FleetWatch
-from test_actions import Rig, alive, wait_for
+from harness import real_box
+from harness.real_box import Rig, alive
+from harness.waiting import wait_for
 from test_watchdog import first_launch, launches, rounds_until, trainer
 
-rig = test_actions.rig
+rig = real_box.rig
 
 
 class Receiver:

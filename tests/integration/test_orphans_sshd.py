@@ -11,9 +11,9 @@ runs), so the count is every process whose /proc/PID/environ holds it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,11 +23,10 @@ from gpuwatch.remote.config.schema import HostConfig, SshSettings
 from gpuwatch.remote.sim import Box, h100_sxm, training_process
 from gpuwatch.remote.wire.collect import Collector, PollOutcome
 from harness.sshd import SshdBox
+from harness.waiting import wait_for
 
 BOX_PATH = "/usr/bin:/bin"
 COMMAND_TIMEOUT_S = 2.0
-SETTLE_S = 1.0
-"""How long the processes of a finished poll get to be gone (the probe's last writes, exit)."""
 
 
 class Marked:
@@ -68,10 +67,10 @@ class Marked:
         return found
 
     def left_after_settling(self) -> dict[int, str]:
-        end = time.monotonic() + SETTLE_S
-        while (left := self.left()) and time.monotonic() < end:
-            time.sleep(0.05)
-        return left
+        """What is still there once the processes had time to go (an assertion shows it)."""
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: not self.left(), what="every process of the session gone")
+        return self.left()
 
     def sweep(self) -> None:
         """Kill what a failing test left behind, so that no test leaks processes."""
@@ -163,11 +162,8 @@ def test_a_command_that_hangs_before_the_probe_starts_gets_sigterm_from_the_clie
 
     assert outcome.error_kind == "timeout", outcome.error_message
     if os.getuid() == 0:
-        end = time.monotonic() + SETTLE_S
-        while "session_signal_req" not in rig.sshd.log_text() and time.monotonic() < end:
-            time.sleep(0.05)
-        assert "session_signal_req: session signalling requires privilege separation" in (
-            rig.sshd.log_text())
+        wait_for(lambda: "session_signal_req: session signalling requires privilege separation"
+                 in rig.sshd.log_text(), what="sshd saying it cannot signal the session")
     else:
         assert rig.left_after_settling() == {}
 

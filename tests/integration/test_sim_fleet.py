@@ -32,6 +32,7 @@ from gpuwatch.remote.sim.fleet import BOX_NAMES, DemoFleet, Timeline, fleet_pids
 from gpuwatch.remote.sim.sshserver import HANGUP_GRACE_S, SERVER_VERSION
 from gpuwatch.remote.wire import bundle as probe_bundle
 from harness.sshd import require_ssh
+from harness.waiting import wait_for_async
 
 FAST = Timeline(step_s=0.1, capped_step_s=0.2, save_every=5, capped_interval_s=0.3,
                 oom_after_s=2.0, oom_save_every=5, disk_save_every=5,
@@ -88,17 +89,6 @@ async def ssh(fleet: DemoFleet, *args: str, stdin: bytes = b"",
     out, err = await asyncio.wait_for(proc.communicate(stdin), limit_s)
     assert proc.returncode is not None
     return proc.returncode, out, err
-
-
-async def wait_for(check: Callable[[], Any], limit_s: float = 10.0, what: str = "") -> Any:
-    deadline = time.monotonic() + limit_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {limit_s:g} s waiting for {what or check}")
-        await asyncio.sleep(0.05)
 
 
 async def compute_apps(fleet: DemoFleet, host: str) -> dict[int, int]:
@@ -198,7 +188,7 @@ async def test_the_probe_runs_through_the_bootstrap(start_fleet: StartFleet) -> 
     fleet = await start_fleet("demo-healthy")
     demo = fleet.demo_box("demo-healthy")
     run = demo.runs[0]
-    await wait_for(lambda: demo.live.get(run.name), what="the trainer")
+    await wait_for_async(lambda: demo.live.get(run.name), what="the trainer")
     request = {"v": 1, "disks": ["/", "/data"],
                "runs": [{"name": run.name, "process": str(run.script),
                          "checkpoints": str(run.workdir / "outputs/checkpoint-*")}]}
@@ -223,12 +213,12 @@ async def test_a_box_shows_its_own_proc_never_this_machines(start_fleet: StartFl
 
     fleet = await start_fleet("demo-healthy")
     demo = fleet.demo_box("demo-healthy")
-    await wait_for(lambda: all(demo.live.get(r.name) for r in demo.runs), what="the trainers")
+    await wait_for_async(lambda: all(demo.live.get(r.name) for r in demo.runs), what="the trainers")
     # Popen, not asyncio's: asyncio's child watcher would reap `true` at once, and the test
     # needs it defunct (this machine's zombie) until it waits for it below.
     stranger = subprocess.Popen(["sleep", "60"])  # noqa: ASYNC220 (this machine's, not the box's)
     defunct = subprocess.Popen(["true"])  # noqa: ASYNC220
-    await wait_for(lambda: Path(f"/proc/{defunct.pid}/stat").read_text().split(") ")[1][0]
+    await wait_for_async(lambda: Path(f"/proc/{defunct.pid}/stat").read_text().split(") ")[1][0]
                    == "Z", what="a defunct process on this machine")
     try:
         request = {"v": 1, "disks": ["/"], "runs": []}
@@ -390,17 +380,18 @@ async def test_a_closed_channel_takes_its_command_along(start_fleet: StartFleet,
     try:
         # The shell stays (two commands), so both it and its child must go.
         proc = await conn.create_process(f"sleep {seconds}; echo never")
-        found = await wait_for(lambda: [pid for pid in fleet_pids(fleet.id)
-                                        if scan_processes().get(pid, None) is not None
-                                        and scan_processes()[pid].argv == ("sleep", seconds)],
-                               what="the remote sleep")
+        found = await wait_for_async(lambda: [pid for pid in fleet_pids(fleet.id)
+                                              if scan_processes().get(pid, None) is not None
+                                              and scan_processes()[pid].argv
+                                              == ("sleep", seconds)],
+                                     what="the remote sleep")
         shell = scan_processes()[found[0]].ppid
         if how == "close_channel":
             proc.close()
         else:
             conn.abort()
-        await wait_for(lambda: not _alive(found[0]) and not _alive(shell),
-                       limit_s=HANGUP_GRACE_S + 3, what="the command to end")
+        await wait_for_async(lambda: not _alive(found[0]) and not _alive(shell),
+                             what="the command to end")
     finally:
         conn.close()
 
@@ -480,12 +471,11 @@ async def test_healthy_trainer_writes_events_tensorboard_reads(start_fleet: Star
     demo = fleet.demo_box("demo-healthy")
     run = demo.runs[0]
     outputs = run.workdir / "outputs"
-    await wait_for(lambda: (outputs / "checkpoint-10").is_dir(), limit_s=15,
-                   what="checkpoint-10")
+    await wait_for_async(lambda: (outputs / "checkpoint-10").is_dir(), what="checkpoint-10")
     pid = demo.live[run.name][0]
     sft = demo.runs[1]  # the run the config leaves out, for discovery, on GPU 1
     assert not sft.configured and sft.name not in fleet_config_runs(fleet, "demo-healthy")
-    await wait_for(lambda: demo.live.get(sft.name), limit_s=15, what="the sft trainer")
+    await wait_for_async(lambda: demo.live.get(sft.name), what="the sft trainer")
     apps = await compute_apps(fleet, "demo-healthy")
     assert apps.keys() == {pid, demo.live[sft.name][0]}
     gpu = demo.box.gpus[0]
@@ -518,8 +508,8 @@ async def test_healthy_trainer_writes_events_tensorboard_reads(start_fleet: Star
 async def test_capped_gpu_is_busy_at_a_third_of_its_clock(start_fleet: StartFleet) -> None:
     fleet = await start_fleet("demo-capped")
     demo = fleet.demo_box("demo-capped")
-    await wait_for(lambda: demo.box.gpus[0].get("clocks_event_reasons.active") == 0x4,
-                   limit_s=10, what="sw_power_cap")
+    await wait_for_async(lambda: demo.box.gpus[0].get("clocks_event_reasons.active") == 0x4,
+                         what="sw_power_cap")
     async with connect(fleet, "demo-capped") as conn:
         result = await conn.run(
             "nvidia-smi --query-gpu=utilization.gpu,clocks.sm,clocks.max.sm,power.draw,"
@@ -539,7 +529,7 @@ async def test_reaping_the_zombie_frees_its_vram(start_fleet: StartFleet) -> Non
     assert zombie is not None and _alive(zombie)
     # Its pid exists from the fork; its /proc cmdline only once it has exec'd (seen empty
     # once under load: a KeyError here).
-    await wait_for(lambda: zombie in scan_processes(), limit_s=5, what="the zombie to exec")
+    await wait_for_async(lambda: zombie in scan_processes(), what="the zombie to exec")
     proc = scan_processes()[zombie]
     assert proc.ppid != os.getpid()  # its launcher is gone: an orphan
     assert "--local_rank=3" in proc.argv
@@ -555,7 +545,7 @@ async def test_reaping_the_zombie_frees_its_vram(start_fleet: StartFleet) -> Non
     async with connect(fleet, "demo-zombie") as conn:
         result = await conn.run(f"kill -TERM {zombie}")
     assert result.exit_status == 0
-    await wait_for(lambda: not _alive(zombie), limit_s=5, what="the zombie to die")
+    await wait_for_async(lambda: not _alive(zombie), what="the zombie to die")
     await asyncio.sleep(2 * TICK_S + 0.1)
     assert await compute_apps(fleet, "demo-zombie") == {}
     assert demo.box.gpus[3]["memory.used"] == 0
@@ -567,9 +557,9 @@ async def test_oom_kill_then_relaunch_over_ssh(start_fleet: StartFleet) -> None:
     run = demo.runs[0]
     first = demo.first_pid
     assert first is not None
-    await wait_for(lambda: demo.box.cgroup["events"]["oom_kill"] == 1, limit_s=10,
-                   what="the OOM kill")
-    await wait_for(lambda: not _alive(first), limit_s=5, what="the victim to die")
+    await wait_for_async(lambda: demo.box.cgroup["events"]["oom_kill"] == 1,
+                         what="the OOM kill")
+    await wait_for_async(lambda: not _alive(first), what="the victim to die")
     assert any(f"Memory cgroup out of memory: Killed process {first} (python3)" in line
                for line in demo.box.dmesg_lines)
     events = (demo.box.sys / "fs/cgroup/memory.events").read_text()
@@ -604,7 +594,7 @@ async def test_oom_kill_then_relaunch_over_ssh(start_fleet: StartFleet) -> None:
     assert _alive(new), run.log.read_text()[-1500:]
     assert new != first
     assert fleet.run_pids("demo-oom", run.name) == [new]
-    await wait_for(lambda: demo.live.get(run.name) == [new], limit_s=3, what="the controller")
+    await wait_for_async(lambda: demo.live.get(run.name) == [new], what="the controller")
     await asyncio.sleep(TICK_S + 0.1)
     assert (await compute_apps(fleet, "demo-oom")).keys() == {new}
     step = int(latest.name.rsplit("-", 1)[1])
@@ -621,8 +611,8 @@ async def test_disk_fills_toward_full(start_fleet: StartFleet) -> None:
     first = json.loads(path.read_text())["/"]  # the run lives on /, and / fills
     assert set(first) == {"bytes_total", "bytes_free", "inodes_total", "inodes_free"}
     assert all(isinstance(v, int) for v in first.values())
-    await wait_for(lambda: (demo.runs[0].workdir / "outputs/checkpoint-10").is_dir(),
-                   limit_s=10, what="two checkpoints")
+    await wait_for_async(lambda: (demo.runs[0].workdir / "outputs/checkpoint-10").is_dir(),
+                         what="two checkpoints")
     await asyncio.sleep(TICK_S + 0.1)
     later = json.loads(path.read_text())["/"]
     assert later["bytes_total"] == first["bytes_total"]
@@ -642,7 +632,7 @@ async def test_the_low_disk_sizes_the_next_checkpoint_from_the_runs_own(
 
     fleet = await start_fleet("demo-disk")
     run = fleet.demo_box("demo-disk").runs[0]
-    await wait_for(lambda: (run.workdir / "outputs/checkpoint-10").is_dir(), limit_s=10,
+    await wait_for_async(lambda: (run.workdir / "outputs/checkpoint-10").is_dir(),
                    what="two checkpoints")
     with Store.open(tmp_path / "disk.sqlite3") as store:
         report = (await poll_once(load_file(fleet.config_path), store)).reports[0]
@@ -657,8 +647,8 @@ async def test_a_root_is_reused_only_if_it_was_a_demo_root(tmp_path: Path) -> No
     root = tmp_path / "demo"
     async with DemoFleet.start(root, boxes=["demo-healthy"], tick_s=TICK_S,
                                timeline=FAST) as fleet:
-        await wait_for(lambda: (fleet.demo_box("demo-healthy").runs[0].workdir
-                                / "outputs/checkpoint-5").is_dir(), what="a checkpoint")
+        await wait_for_async(lambda: (fleet.demo_box("demo-healthy").runs[0].workdir
+                                      / "outputs/checkpoint-5").is_dir(), what="a checkpoint")
     async with DemoFleet.start(root, boxes=["demo-healthy"], tick_s=TICK_S,
                                timeline=FAST) as again:  # afresh: no old checkpoints
         outputs = again.demo_box("demo-healthy").runs[0].workdir / "outputs"

@@ -33,6 +33,7 @@ from harness.faults import (
     wrong_client_key,
 )
 from harness.sshd import SshdBox, free_port, key_fingerprint, require_ssh
+from harness.waiting import wait_for
 
 # Small bounds keep the suite fast; only the fault deadlines are asserted, as upper bounds.
 FAST = SshBounds(
@@ -172,9 +173,7 @@ def ssh_agent(sshd_box: SshdBox) -> Iterator[Path]:
     sock = sshd_box.root / "agent.sock"
     agent = subprocess.Popen([str(agent_bin), "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 5
-        while not sock.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(sock.exists, what="ssh-agent's socket")
         env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
         subprocess.run([str(add_bin), "-q", str(sshd_box.client_key)], env=env, check=True)
         yield sock

@@ -198,6 +198,17 @@ def test_two_watchers_on_one_store_restart_each_death_once(rig: Rig) -> None:
     env.pop("GPUWATCH_NOTIFY_URLS", None)
     with Store.open(state / "gpuwatch" / "gpuwatch.sqlite3") as store:
         pid = asyncio.run(first_launch(rig, host, run, work, store))
+
+    def polls_since(since: float) -> int:
+        """Good polls of box1 the watchers saved since then (each saves its GPUs' samples)."""
+        with Store.open(state / "gpuwatch" / "gpuwatch.sqlite3") as store:
+            return len({row.t for row in store.gpu_history("box1", since=since)})
+
+    def restarts() -> int:
+        with Store.open(state / "gpuwatch" / "gpuwatch.sqlite3") as store:
+            return len(store.restarts("box1", "llama"))
+
+    before_watchers = time.time()
     logs = [rig.root / f"watch{i}.log" for i in (1, 2)]
     watchers = []
     for out in logs:
@@ -214,7 +225,8 @@ def test_two_watchers_on_one_store_restart_each_death_once(rig: Rig) -> None:
                      timeout=30, what="both watchers")
         except AssertionError:
             raise AssertionError([p.read_text()[-2000:] for p in logs]) from None
-        time.sleep(3)  # both have polled the run alive
+        wait_for(lambda: polls_since(before_watchers) >= 4, timeout=60,
+                 what="both watchers polling the run alive (4 polls saved)")
         for death in (1, 2):
             os.kill(pid, signal.SIGKILL)
             wait_for(lambda: len(launches(work)) == death + 1, timeout=60,  # noqa: B023
@@ -222,7 +234,12 @@ def test_two_watchers_on_one_store_restart_each_death_once(rig: Rig) -> None:
             pid = launches(work)[-1]["pid"]
             wait_for(lambda: seen("running again") == death, timeout=30,  # noqa: B023
                      what="the restart verified")
-            time.sleep(4)  # several more rounds of both: no second restart of the same death
+            # Several more rounds of both (8 polls saved, as many as 4 s of both watchers):
+            # each had its chance at the same death, and neither restarted it again.
+            verified = time.time()
+            wait_for(lambda: polls_since(verified) >= 8, timeout=60,  # noqa: B023
+                     what="8 more polls saved after the restart")
+            assert restarts() == death
             assert len(launches(work)) == death + 1
             assert seen("↻") == death
         with Store.open(state / "gpuwatch" / "gpuwatch.sqlite3") as store:

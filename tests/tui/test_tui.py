@@ -8,6 +8,7 @@ import gc
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,25 +32,28 @@ from gpuwatch.tui.screens.confirm import ConfirmAction
 from gpuwatch.tui.screens.fleet import FleetScreen, summary
 from gpuwatch.tui.screens.help import HelpScreen
 from gpuwatch.tui.screens.host import PANES, HostScreen
+from gpuwatch.tui.textual_compat import FooterKey
 from gpuwatch.tui.widgets.fleet_table import FleetTable
 from gpuwatch.tui.widgets.key_footer import KeyFooter
 from gpuwatch.tui.widgets.log_tail import LogTail
 from gpuwatch.tui.widgets.loss_pane import SMOOTHING, LossPane
 from gpuwatch.tui.widgets.process_table import ProcessTable
+from harness.toasts import record_toasts, toasts_of
+from harness.waiting import wait_for_async
 from textual.pilot import Pilot
-from textual.widgets._footer import FooterKey
-from textual.widgets._toast import Toast, ToastRack
 
 SIZE = (200, 50)
 
 
 class FakeCollector:
     """Answers polls with the fixture's outcomes at once, stamped with the real time (the app
-    waits for a poll that began after an action ended)."""
+    waits for a poll that began after an action ended), or with `stamp`'s."""
 
-    def __init__(self, outcomes: list[PollOutcome]) -> None:
+    def __init__(self, outcomes: list[PollOutcome],
+                 stamp: Callable[[], float] = time.time) -> None:
         self.outcomes = {o.host.name: o for o in outcomes}
         self.calls: Counter[str] = Counter()
+        self.stamp = stamp
 
     def memory(self, host: HostConfig) -> dict[str, Any]:  # what a Collector keeps in the store
         return {}
@@ -61,27 +65,21 @@ class FakeCollector:
         self.calls[host.name] += 1
         await asyncio.sleep(0)
         outcome = self.outcomes.get(host.name) or fx.failed(host, fx.NOW)
-        return replace(outcome, started_at=time.time())
+        return replace(outcome, started_at=self.stamp())
 
 
 def make_app(cfg: Config | None = None, **kwargs: Any) -> GpuwatchApp:
     cfg = cfg or fx.config()
     kwargs.setdefault("poll", False)
-    return build_app(cfg, store=fx.seeded_store(cfg), clock=fx.clock, **kwargs)
+    app = build_app(cfg, store=fx.seeded_store(cfg), clock=fx.clock, **kwargs)
+    record_toasts(app)
+    return app
 
 
 async def feed(pilot: Pilot[Any], outcomes: list[PollOutcome]) -> None:
     for o in outcomes:
         pilot.app.fleet.land(o)  # the pipeline, as a poll of its own lands
     await pilot.pause()
-
-
-async def wait_until(pilot: Pilot[Any], test: Any, limit_s: float = 10.0) -> None:
-    """Let the app run until test() holds (a condition, never a fixed wait)."""
-    deadline = time.monotonic() + limit_s
-    while not test():
-        assert time.monotonic() < deadline, "the condition did not come to hold"
-        await pilot.pause(0.02)
 
 
 def bound(app: Any) -> set[str]:
@@ -111,7 +109,13 @@ def screen_text(app: GpuwatchApp) -> str:
 
 
 def notes(app: GpuwatchApp) -> list[str]:
-    return [n.message for n in app._notifications]
+    """Every toast the app said, in order, as it was asked to say it."""
+    return toasts_of(app).messages
+
+
+async def toast_saying(app: GpuwatchApp, text: str) -> str:
+    """The first toast that says `text`, once there is one."""
+    return await toasts_of(app).saying(text)
 
 
 # ----------------------------------------------------------------------------- fleet view
@@ -230,22 +234,26 @@ async def test_screens_are_built_ahead_around_the_cursor_and_never_evict_an_open
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await feed(pilot, fx.latest(app.config))
-        await pilot.pause(rest)
-        assert sorted(built(app)) == sorted(app.hosts)  # five: every first opening finds its own
+        # five hosts: every first opening finds its own
+        await wait_for_async(lambda: sorted(built(app)) == sorted(app.hosts),
+                             what="every screen built")
 
     app = make_app()
     app.host_views.keep = 3
     async with app.run_test(size=SIZE) as pilot:
         await feed(pilot, fx.latest(app.config))
-        await pilot.pause(rest)
         fleet = app.screen
         assert isinstance(fleet, FleetScreen)
-        names = fleet.table.shown  # the rows' order (worst first)
+        await wait_for_async(lambda: len(fleet.table.shown) == len(app.hosts), what="every row")
+        names = list(fleet.table.shown)  # the rows' order (worst first)
 
         def in_rows(hosts: list[str]) -> list[str]:
             return sorted(hosts, key=names.index)
 
-        assert in_rows(built(app)) == names[:3]  # the cursor's row, the one below, the next
+        # the cursor's row, the one below, the next below
+        await wait_for_async(lambda: in_rows(built(app)) == names[:3], what="three screens built")
+        await pilot.pause(rest)  # and no more, when a build could have let one go
+        assert in_rows(built(app)) == names[:3]
         await open_host(pilot, names[-1])  # a far host, opened: the least recently built goes
         await pilot.pause(rest)
         assert in_rows(built(app)) == [*names[1:3], names[-1]]  # nothing more, behind its view
@@ -264,9 +272,7 @@ async def test_z_on_a_host_whose_gpus_cannot_be_read_says_it_cannot_tell() -> No
         await pilot.press("g")
         for _ in range(table.shown.index("gpu-driver")):
             await pilot.press("down")
-        await pilot.press("z")
-        await pilot.pause()
-        said = notes(app)[-1]
+        said = await toast_after(pilot, "z")
         assert "cannot tell what holds VRAM on gpu-driver" in said and "driver mismatch" in said
         assert "nothing to reap" not in said
 
@@ -275,13 +281,12 @@ async def test_host_view_keys_on_the_fleet_say_where_they_act() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await feed(pilot, fx.latest(app.config))
-        for key, said in (("right_square_bracket", "[ ] change tag"), ("s", "s S smooth"),
-                          ("l", "l turn log-y"), ("x", "x switch the x axis"),
-                          ("3", "1-7 jump to a pane")):
-            await pilot.press(key)
-            await pilot.pause()
-            assert notes(app)[-1].startswith(said), (key, notes(app)[-1])
-            assert "open a host (Enter) first" in notes(app)[-1]
+        for key, words in (("right_square_bracket", "[ ] change tag"), ("s", "s S smooth"),
+                           ("l", "l turn log-y"), ("x", "x switch the x axis"),
+                           ("3", "1-7 jump to a pane")):
+            said = await toast_after(pilot, key)
+            assert said.startswith(words), (key, said)
+            assert "open a host (Enter) first" in said
         assert isinstance(app.screen, FleetScreen)
         await pilot.press("slash", "s", "x")  # typed into the filter: text, no toast
         await pilot.pause()
@@ -427,14 +432,14 @@ async def test_k_is_greyed_until_a_process_is_selected_and_asks_with_cancel_defa
         await pilot.press("enter")  # Enter on the default button: Cancel
         await pilot.pause()
         assert isinstance(app.screen, HostScreen) and fake_execute == []
-        assert any("cancelled" in n for n in notes(app))
+        await toast_saying(app, "cancelled")
         await pilot.press("K")
         await pilot.pause()
         await pilot.press("tab", "enter")  # a deliberate step to the Kill button
         await app.workers.wait_for_complete()
         assert [c[0] for c in fake_execute] == ["execute"]
         assert fake_execute[0][1].kind == "kill" and fake_execute[0][1].targets[0].pid == 4121
-        assert "sent kill to gpu-healthy" in notes(app)
+        await wait_for_async(lambda: "sent kill to gpu-healthy" in notes(app))
 
 
 async def test_kill_confirmation_shows_box_text_literally(
@@ -481,7 +486,7 @@ async def test_z_reaps_the_zombie_then_polls_and_reports_the_verified_outcome(
         await app.workers.wait_for_complete()
         assert [c[0] for c in fake_execute] == ["execute", "verify"]
         assert collector.calls["gpu-zombie"] > before  # poll_now after the action
-        assert "verified reap on gpu-zombie" in notes(app)
+        await wait_for_async(lambda: "verified reap on gpu-zombie" in notes(app))
 
 
 async def test_z_on_the_fleet_view_and_greyed_without_zombies(
@@ -545,31 +550,32 @@ async def test_p_pauses_and_R_polls_now() -> None:
     cfg = fx.config()
     collector = FakeCollector(fx.latest(cfg))
     app = make_app(cfg, poll=True, collector=collector)  # type: ignore[arg-type]
+    def polled(times: int) -> bool:
+        return all(collector.calls[h.name] == times for h in cfg.hosts)
+
     async with app.run_test(size=SIZE) as pilot:
-        for _ in range(50):
-            await pilot.pause(0.02)
-            if all(collector.calls[h.name] for h in cfg.hosts):
-                break
-        assert all(collector.calls[h.name] == 1 for h in cfg.hosts)
+        await wait_for_async(lambda: all(collector.calls[h.name] for h in cfg.hosts),
+                             what="every host's first poll")
+        assert polled(1)
         await pilot.press("R")  # fleet view: every host
-        await pilot.pause(0.2)
-        assert all(collector.calls[h.name] == 2 for h in cfg.hosts)
+        await wait_for_async(lambda: polled(2), what="every host polled again")
         await pilot.press("p")
         assert app.paused and "PAUSED" in str(app.screen.query_one("#fleet-title").render())
-        await pilot.pause(0.2)
-        assert all(collector.calls[h.name] == 2 for h in cfg.hosts)  # paused: nothing goes out
+        feed = app.feed
+        assert feed is not None
+        await wait_for_async(lambda: not feed.poller.in_flight(), what="no poll under way")
+        assert polled(2)  # paused: nothing goes out
         await pilot.press("R")  # paused: R polls once (htop, k9s), and the pause holds
-        await pilot.pause(0.2)
-        assert app.paused and all(collector.calls[h.name] == 3 for h in cfg.hosts)
-        await pilot.pause(0.2)
-        assert all(collector.calls[h.name] == 3 for h in cfg.hosts)
+        await wait_for_async(lambda: polled(3), what="every host polled once while paused")
+        await wait_for_async(lambda: not feed.poller.in_flight(), what="no poll under way")
+        assert app.paused and polled(3)
         await pilot.press("p")
-        await pilot.pause(0.2)
-        assert not app.paused and all(collector.calls[h.name] == 4 for h in cfg.hosts)
+        await wait_for_async(lambda: polled(4), what="every host polled on resuming")
+        assert not app.paused
         await open_host(pilot, "gpu-capped")
         await pilot.press("R")  # host view: that host only
-        await pilot.pause(0.2)
-        assert collector.calls["gpu-capped"] == 5 and collector.calls["gpu-healthy"] == 4
+        await wait_for_async(lambda: collector.calls["gpu-capped"] == 5, what="gpu-capped polled")
+        assert collector.calls["gpu-healthy"] == 4
         assert app.hosts["gpu-capped"].status(fx.NOW, 10).kind == "ok"
 
 
@@ -608,7 +614,7 @@ async def test_theme_flag_and_unknown_theme_warns(tmp_path: Path) -> None:
     app = make_app(theme="no-such-theme", themes_dir=tmp_path)
     async with app.run_test(size=SIZE):
         assert app.theme == "gpuwatch-dark"
-        assert any("No theme named 'no-such-theme'" in n for n in notes(app))
+        assert any("No theme named 'no-such-theme'" in n for n in notes(app))  # said at start
 
 
 async def test_user_themes_load_and_a_broken_one_is_a_warning(tmp_path: Path) -> None:
@@ -623,6 +629,8 @@ async def test_user_themes_load_and_a_broken_one_is_a_warning(tmp_path: Path) ->
         assert app.theme == "solar"
         assert app.theme_variables["util"] == "#859900"
         assert app.theme_variables["sm-clock"]  # defaulted: the plots still have colours
+        # Said as the app started (before the test runs on): no waiting, which would let a
+        # host's screen be built ahead and race the end of the test.
         warnings = [n for n in notes(app) if "not loaded" in n]
         assert len(warnings) == 2 and any("broken.toml" in w for w in warnings)
         assert "solar" in app.theme_names
@@ -790,11 +798,11 @@ async def test_a_discovered_run_gets_a_tab_shows_what_was_found_and_p_pins_it(
         await pilot.pause()
         text = config_path.read_text()
         assert text.startswith("# mine\n")  # the person's file is kept
-        assert "sft.py" in text and "pinned run sft[bold] of gpu-healthy" in " ".join(notes(app))
+        assert "sft.py" in text
+        await toast_saying(app, "pinned run sft[bold] of gpu-healthy")
         await pilot.press("P")  # again: already configured, said, file unchanged
-        await pilot.pause()
+        await toast_saying(app, "already configured")
         assert config_path.read_text() == text
-        assert any("already configured" in n for n in notes(app))
 
 
 def test_a_discovered_run_left_behind_as_a_zombie_is_shown_so_not_as_running() -> None:
@@ -837,16 +845,16 @@ async def test_a_failed_relaunchs_log_line_is_shown_as_written_not_as_markup(
         assert isinstance(app.screen, ConfirmAction) and app.screen.refusal is None
         await pilot.press("tab", "enter")
         await app.workers.wait_for_complete()
-        await pilot.pause()
-        assert [n for n in notes(app) if "exited at once" in n] == [
-            "run bert-ddp started but exited at once with status 1; last lines of train.log: "
-            "saving to [/data/ckpt/step-100] \\x1b]2;PWNED\\x07[@click=app.quit]x[/]"]
-        await pilot.pause()
-        await pilot.pause()
-        rack = app.screen.get_child_by_type(ToastRack)
-        toasts = [str(t.render()) for t in rack.query(Toast)]
-        assert any(n.endswith("saving to [/data/ckpt/step-100] \\x1b]2;PWNED\\x07"
-                              "[@click=app.quit]x[/]") for n in toasts), toasts
+        assert await toast_saying(app, "exited at once") == (  # what the app was asked to say
+            f"run bert-ddp started but exited at once with status 1; last lines of train.log: "
+            f"{line}")
+
+        def drawn() -> list[str]:  # and what the toast on the screen shows of it
+            return [str(t.render()) for t in app.screen.query("ToastRack Toast")]
+
+        await wait_for_async(lambda: any(
+            n.endswith("saving to [/data/ckpt/step-100] \\x1b]2;PWNED\\x07[@click=app.quit]x[/]")
+            for n in drawn()), what="the toast drawn, the box's text visible and not markup")
     assert app.return_code in (0, None)  # it did not die of the toast
 
 
@@ -900,7 +908,7 @@ async def test_log_follows_the_tail_pauses_when_scrolled_up_and_end_or_G_follows
         await pilot.press("7")
         assert app.focused is log
         await pilot.press("pageup")
-        await pilot.pause(0.3)
+        await wait_for_async(lambda: not log.following, what="the log scrolled up")
         # (in words of its own: "paused" is the polling's, p)
         assert not log.following and "scrolled up" in str(pane.border_subtitle)
         assert "paused" not in str(pane.border_subtitle)
@@ -913,19 +921,18 @@ async def test_log_follows_the_tail_pauses_when_scrolled_up_and_end_or_G_follows
         assert log.unseen == 10 and "↓ 10 new lines" in str(pane.border_subtitle)
         # End follows again, at once and from then on.
         await pilot.press("end")
-        await pilot.pause(0.5)
-        assert log.following and not str(pane.border_subtitle)
-        assert "step 60 |" in screen_text(app)
+        await wait_for_async(lambda: log.following and "step 60 |" in screen_text(app),
+                             what="the log following again, its end on screen")
+        assert not str(pane.border_subtitle)
         await feed(pilot, [with_tail(capped, log_lines(31, 70))])
         await pilot.pause()
         assert "step 70 |" in screen_text(app)
         # So does G.
         await pilot.press("up", "up")
-        await pilot.pause(0.3)
-        assert not log.following
+        await wait_for_async(lambda: not log.following, what="the log scrolled up")
         await pilot.press("G")
-        await pilot.pause(0.3)
-        assert log.following and log.scroll_y == log.max_scroll_y
+        await wait_for_async(lambda: log.following and log.scroll_y == log.max_scroll_y,
+                             what="the log following again, at its end")
 
 
 # ----------------------------------------------------------------------------- no silent keys
@@ -935,13 +942,11 @@ def footer_keys(app: GpuwatchApp) -> set[str]:
 
 
 async def toast_after(pilot: Pilot[Any], key: str) -> str:
-    """The one toast a key brings up (and that it brought one)."""
-    app = pilot.app
-    assert isinstance(app, GpuwatchApp)
-    before = len(app._notifications)
+    """The one toast a key brings up (waited for: the key brought one)."""
+    toasts = toasts_of(pilot.app)
+    before = len(toasts)
     await pilot.press(key)
-    await pilot.pause()
-    said = notes(app)[before:]
+    said = await toasts.said_since(before)
     assert len(said) == 1, (key, said)
     return said[0]
 
@@ -1031,16 +1036,19 @@ async def test_R_while_paused_polls_once_and_says_the_pause_holds() -> None:
     collector = FakeCollector(fx.latest(cfg))
     app = make_app(cfg, poll=True, collector=collector)  # type: ignore[arg-type]
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("p")
-        await pilot.pause(0.2)
+        assert (await toast_after(pilot, "p")).startswith("polling paused")
+        feed = app.feed
+        assert feed is not None and feed.paused
+        # A poll under way as p was pressed lands; then none starts while paused.
+        await wait_for_async(lambda: not feed.poller.in_flight(), what="no poll under way")
         calls = dict(collector.calls)
         said = await toast_after(pilot, "R")
         assert "polling all" in said and "once" in said and "stays paused" in said
-        await wait_until(pilot, lambda: all(collector.calls[h] == calls[h] + 1 for h in calls))
+        await wait_for_async(lambda: all(collector.calls[h] == calls[h] + 1 for h in calls))
         await open_host(pilot, "gpu-capped")
         said = await toast_after(pilot, "R")
         assert "polling gpu-capped once" in said and "stays paused" in said
-        await wait_until(pilot, lambda: collector.calls["gpu-capped"] == calls["gpu-capped"] + 2)
+        await wait_for_async(lambda: collector.calls["gpu-capped"] == calls["gpu-capped"] + 2)
         assert app.paused
         assert all(collector.calls[h] == calls[h] + 1 for h in calls if h != "gpu-capped")
 
@@ -1262,17 +1270,17 @@ async def test_paused_the_state_still_names_the_worst_and_the_title_says_the_age
     and in the title."""
     cfg = fx.config()
     now = [fx.NOW]
-    collector = FakeCollector(fx.latest(cfg))
+    # Every poll stamped alike: their data is equally old, however the polls were spread out.
+    collector = FakeCollector(fx.latest(cfg), stamp=lambda: fx.NOW)
     app = build_app(cfg, store=fx.seeded_store(cfg), clock=lambda: now[0],
                     collector=collector)  # type: ignore[arg-type]
     async with app.run_test(size=(80, 24)) as pilot:
-        for _ in range(50):
-            await pilot.pause(0.02)
-            if all(collector.calls[h.name] for h in cfg.hosts):
-                break
         screen = app.screen
         assert isinstance(screen, FleetScreen)
         table = screen.table
+        await wait_for_async(lambda: not [h for h in cfg.hosts if "not polled yet" in
+                                          table.get_cell(h.name, "state").plain],
+                             what="every host's first poll on screen")
         before = {h: table.get_cell(h, "state").plain for h in ("gpu-zombie", "gpu-down")}
         await pilot.press("p")
         await pilot.pause()
@@ -1404,12 +1412,12 @@ async def test_the_terminal_driver_resumes_on_sigcont_only_after_a_suspend(
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTSTP, signal.SIGCONT)}
     try:
         driver = driver_class(make_app())
-        driver._sigcont_application()  # with the hang-up: never suspended
+        driver.on_sigcont()  # with the hang-up: never suspended
         assert resumed == []
-        driver._sigtstp_application()
-        driver._sigcont_application()  # fg
+        driver.on_sigtstp()
+        driver.on_sigcont()  # fg
         assert resumed == [True]
-        driver._sigcont_application()
+        driver.on_sigcont()
         assert resumed == [True]
     finally:
         for s, handler in handlers.items():

@@ -17,6 +17,7 @@ from gpuwatch.tui.colours import contrast_ratio
 from gpuwatch.tui.format import evidence_words, step_ticks, time_ticks
 from gpuwatch.tui.screens.fleet import FleetScreen
 from gpuwatch.tui.screens.host import HostScreen
+from gpuwatch.tui.textual_compat import FooterKey
 from gpuwatch.tui.widgets.checkpoint_timeline import CheckpointTimeline
 from gpuwatch.tui.widgets.disk_gauges import DiskGauges
 from gpuwatch.tui.widgets.fleet_table import FleetTable
@@ -25,7 +26,6 @@ from gpuwatch.tui.widgets.loss_pane import LossPane, StepMark
 from gpuwatch.tui.widgets.process_table import ProcessTable
 from rich.cells import cell_len
 from textual.pilot import Pilot
-from textual.widgets._footer import FooterKey
 
 NARROW = (80, 24)
 WIDE = (160, 48)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from gpuwatch.remote.sim.fleet import BOX_NAMES
 from harness.captures import missing
+from harness.waiting import wait_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -44,35 +45,45 @@ signal.signal(signal.SIGUSR1, _dump_tasks)
 """
 
 
+def tmux_cmd(socket: Path, *args: str, check: bool = True,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`tmux ARGS` on the test's own tmux server (its socket in the test's folder): another
+    tmux user of this machine (another test run, its kill-server) cannot end it."""
+    return subprocess.run(["tmux", "-S", str(socket), *args], capture_output=True, text=True,
+                          check=check, env=env)
+
+
 class Tmux:
-    def __init__(self, name: str, tasks: Path | None = None) -> None:
+    def __init__(self, name: str, socket: Path, tasks: Path | None = None) -> None:
         self.name = name
+        self.socket = socket
         self.tasks = tasks  # where the gpuwatch in it writes its asyncio tasks (TASK_DUMP)
 
     def capture(self) -> str:
-        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name],
-                              capture_output=True, text=True, check=False).stdout
+        return tmux_cmd(self.socket, "capture-pane", "-p", "-t", self.name, check=False).stdout
 
     def type(self, text: str) -> None:
         """Type text literally (no key names)."""
-        subprocess.run(["tmux", "send-keys", "-t", self.name, "-l", text], check=True)
+        tmux_cmd(self.socket, "send-keys", "-t", self.name, "-l", text)
         time.sleep(0.3)
 
     def keys(self, *keys: str, pause: float = 0.3) -> None:
         for key in keys:
-            subprocess.run(["tmux", "send-keys", "-t", self.name, key], check=True)
+            tmux_cmd(self.socket, "send-keys", "-t", self.name, key)
             time.sleep(pause)
 
     def wait(self, test: Callable[[str], bool], what: str, limit_s: float = 60.0) -> str:
-        deadline = time.monotonic() + limit_s
         screen = ""
-        while time.monotonic() < deadline:
+
+        def shown() -> str:
+            nonlocal screen
             screen = self.capture()
-            if test(screen):
-                return screen
-            time.sleep(0.25)
-        raise AssertionError(f"timed out after {limit_s:g} s waiting for {what}; "
-                             f"the screen:\n{screen}")
+            return screen if test(screen) else ""
+
+        try:
+            return wait_for(shown, limit_s, what)
+        except AssertionError as timed_out:
+            raise AssertionError(f"{timed_out}; the screen:\n{screen}") from None
 
     def wait_for(self, text: str, limit_s: float = 60.0) -> str:
         return self.wait(lambda s: text in s, repr(text), limit_s)
@@ -82,8 +93,8 @@ class Tmux:
         task's stack (TASK_DUMP: what threads cannot show, an idle event loop awaiting one),
         then SIGABRT makes its faulthandler (PYTHONFAULTHANDLER=1) print every thread's into
         the pane; both are returned."""
-        shell = subprocess.run(["tmux", "list-panes", "-t", self.name, "-F", "#{pane_pid}"],
-                               capture_output=True, text=True, check=False).stdout.split()
+        shell = tmux_cmd(self.socket, "list-panes", "-t", self.name, "-F", "#{pane_pid}",
+                     check=False).stdout.split()
         for pid in Path("/proc").iterdir():
             try:
                 stat = (pid / "stat").read_text()
@@ -95,8 +106,8 @@ class Tmux:
             except (OSError, ValueError):
                 continue
         time.sleep(2)
-        pane = subprocess.run(["tmux", "capture-pane", "-p", "-S", "-400", "-t", self.name],
-                              capture_output=True, text=True, check=False).stdout
+        pane = tmux_cmd(self.socket, "capture-pane", "-p", "-S", "-400", "-t", self.name,
+                    check=False).stdout
         if self.tasks is not None and self.tasks.exists():
             pane += "\n" + self.tasks.read_text()
         return pane
@@ -120,10 +131,12 @@ def gpuwatch_in_tmux(folder: Path, args: list[str], env: dict[str, str] | None =
     config and state under folder, `env` added to its environment); on exit it prints
     GPUWATCH-EXITED-<code>. With
     `raw`, every byte it writes to the terminal is copied there too (tmux pipe-pane), escape
-    sequences and all. Killed at the end."""
+    sequences and all. The session has a tmux server of its own, so that no other tmux user of
+    this machine can end it; killed at the end."""
     if shutil.which("tmux") is None:
         missing("tmux is not installed (apt-get install tmux)")
     name = f"gpuwatch-{label}-{uuid.uuid4().hex[:8]}"
+    socket = folder / "tmux.sock"
     aid = folder / "task-dump"
     aid.mkdir(parents=True, exist_ok=True)
     (aid / "sitecustomize.py").write_text(TASK_DUMP.format(out=str(folder / "tasks.txt")))
@@ -135,19 +148,15 @@ def gpuwatch_in_tmux(folder: Path, args: list[str], env: dict[str, str] | None =
     ready = f"while [ ! -e {shlex.quote(str(raw))} ]; do sleep 0.05; done; " if raw else ""
     command = (f"{ready}env PYTHONFAULTHANDLER=1 {exports} {GPUWATCH} {go}; "
                "echo GPUWATCH-EXITED-$?; sleep 600")
-    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", str(size[0]), "-y",
-                    str(size[1]), command],
-                   check=True, env={**os.environ, **env})
+    tmux_cmd(socket, "new-session", "-d", "-s", name, "-x", str(size[0]), "-y", str(size[1]),
+             command, env={**os.environ, **env})
     if raw is not None:
-        subprocess.run(["tmux", "pipe-pane", "-o", "-t", name,
-                        f"cat >> {shlex.quote(str(raw))}"], check=True)
-        deadline = time.monotonic() + 10
-        while not raw.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        tmux_cmd(socket, "pipe-pane", "-o", "-t", name, f"cat >> {shlex.quote(str(raw))}")
+        wait_for(raw.exists, what="tmux piping the pane to a file")
     try:
-        yield Tmux(name, folder / "tasks.txt")
+        yield Tmux(name, socket, folder / "tasks.txt")
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", name], check=False)
+        tmux_cmd(socket, "kill-server", check=False)
 
 
 @pytest.fixture
@@ -163,13 +172,13 @@ def open_host(tmux: Tmux, name: str) -> str:
         if tmux.capture().lstrip().startswith("gpuwatch ·"):
             break
         tmux.keys("Escape", pause=1.0)
-    tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view", 10)
+    tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view")
     tmux.keys("/", "C-u")
     tmux.type(name)
     tmux.keys("Enter")
-    tmux.wait(lambda s: f"1 shown (filter {name!r})" in s, f"the fleet filtered to {name}", 10)
+    tmux.wait(lambda s: f"1 shown (filter {name!r})" in s, f"the fleet filtered to {name}")
     tmux.keys("Enter")
-    return tmux.wait(lambda s: s.lstrip().startswith(name), f"the host view of {name}", 10)
+    return tmux.wait(lambda s: s.lstrip().startswith(name), f"the host view of {name}")
 
 
 POLLED = ("● ok", "▲ ", "✖ ")
@@ -190,16 +199,15 @@ def test_demo_in_tmux_relaunch_reap_and_quit(demo: Tmux) -> None:
         assert host in fleet
 
     # Every pane of the host view is on screen at 200x50.
-    screen = open_host(tmux, "demo-healthy")
-    for title in PANES:
-        assert f"─ {title} ─" in screen, title
+    open_host(tmux, "demo-healthy")
+    tmux.wait(lambda s: all(f"─ {title} ─" in s for title in PANES), "every pane on screen")
     tmux.keys("Escape")
 
     # The OOM box's run dies a minute in; relaunch it with r and confirm, see it running again.
     open_host(tmux, "demo-oom")
     tmux.wait_for("gpt2-xl † dead", 150)
     tmux.keys("r")
-    modal = tmux.wait_for("Relaunch run gpt2-xl on demo-oom?", 10)
+    modal = tmux.wait_for("Relaunch run gpt2-xl on demo-oom?")
     assert "Cancel" in modal and "--resume" in modal
     tmux.keys("Tab", "Enter")
     tmux.wait_for("gpt2-xl ▶ running", 60)
@@ -209,14 +217,14 @@ def test_demo_in_tmux_relaunch_reap_and_quit(demo: Tmux) -> None:
     open_host(tmux, "demo-zombie")
     tmux.wait_for("zombie VRAM", 60)
     tmux.keys("z")
-    tmux.wait_for("Reap the zombie VRAM holders on demo-zombie?", 10)
+    tmux.wait_for("Reap the zombie VRAM holders on demo-zombie?")
     tmux.keys("Tab", "Enter")
     tmux.wait(lambda s: "zombie VRAM" not in s and "GPU3 H100 80GB HBM3" in s
               and "VRAM 0.0/79.6 GiB" in s.split("GPU3", 1)[1][:120], "GPU 3's VRAM back", 60)
     # Back to the fleet view before q: an Escape still unread when q arrives reaches the app as
     # one "ESC q" read, which a terminal parser rightly takes for alt+q (CI saw exactly that).
     tmux.keys("Escape")
-    tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view", 10)
+    tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view")
 
     # q: the TUI leaves the screen and the process exits 0 (the demo fleet then ends its
     # processes). The time it takes is printed, not asserted: a plain test asserts no wall-clock
@@ -296,17 +304,17 @@ def test_80x24_reaches_every_pane_by_keys_and_cuts_no_fleet_column(tmp_path: Pat
         assert "─ GPUs ─" in screen
         for n, title in enumerate(PANES, 1):
             tmux.keys(str(n))
-            tmux.wait_for(f"─ {title} ─", 5)
+            tmux.wait_for(f"─ {title} ─")
         tmux.keys("1")
-        tmux.wait_for("─ GPUs ─", 5)
+        tmux.wait_for("─ GPUs ─")
         for title in PANES[1:]:
             tmux.keys("Tab")
-            tmux.wait_for(f"─ {title} ─", 5)
+            tmux.wait_for(f"─ {title} ─")
         for title in reversed(PANES[:-1]):
             tmux.keys("BTab")
-            tmux.wait_for(f"─ {title} ─", 5)
+            tmux.wait_for(f"─ {title} ─")
         tmux.keys("Escape")
-        tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view", 10)
+        tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view")
         tmux.keys("q", pause=0)
         tmux.wait_for("GPUWATCH-EXITED-0", 30)
 
@@ -338,16 +346,15 @@ def test_box_text_reaches_the_terminal_inert(tmp_path: Path) -> None:
         # as written, escapes visible
         tmux.keys("Down")
         tmux.keys("K")
-        modal = tmux.wait_for(f"Kill process {hb.PID} on evil?", 10)
+        modal = tmux.wait_for(f"Kill process {hb.PID} on evil?")
         assert f"--tag={hb.SHOWN}" in modal
         tmux.keys("Escape")
-        tmux.wait(lambda s: "Kill cancelled" in s, "the kill cancelled", 10)
-        title = subprocess.run(["tmux", "display-message", "-p", "-t", tmux.name,
-                                "#{pane_title}"], capture_output=True, text=True,
-                               check=True).stdout
+        tmux.wait(lambda s: "Kill cancelled" in s, "the kill cancelled")
+        title = tmux_cmd(tmux.socket, "display-message", "-p", "-t", tmux.name,
+                         "#{pane_title}").stdout
         assert hb.TITLE not in title
         tmux.keys("Escape")
-        tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view", 10)
+        tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view")
         tmux.keys("q", pause=0)
         tmux.wait_for("GPUWATCH-EXITED-0", 30)
     out = raw.read_bytes()
@@ -369,12 +376,11 @@ def test_a_demo_whose_terminal_closes_removes_its_fleet_and_temp_folder(tmp_path
                           label="hup") as tmux:
         tmux.wait(demo_polled, "every demo host polled", 120)
         assert [p.name for p in temp.iterdir() if p.name.startswith("gpuwatch-demo-")]
-        subprocess.run(["tmux", "kill-session", "-t", tmux.name], check=True)
-        deadline = time.monotonic() + 120  # the fleet's servers stop first (seconds)
-        while time.monotonic() < deadline and any(
-                p.name.startswith("gpuwatch-demo-") for p in temp.iterdir()):
-            time.sleep(0.2)
-    assert not [p.name for p in temp.iterdir() if p.name.startswith("gpuwatch-demo-")]
+        tmux_cmd(tmux.socket, "kill-session", "-t", tmux.name)
+        # The fleet's servers stop first (seconds), then its folder goes.
+        wait_for(lambda: not [p.name for p in temp.iterdir()
+                              if p.name.startswith("gpuwatch-demo-")],
+                 120, "the demo's temporary folder removed")
 
 
 def test_the_first_screen_at_80x24_answers_first(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 from curves_data import Replay
 from gpuwatch.remote.report import load_schema
-from test_once import gpuwatch
+from harness.cli import gpuwatch
 
 LOUD = {"warning", "critical"}
 

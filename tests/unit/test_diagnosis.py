@@ -4,8 +4,6 @@ training-log text), with run.dead / run.rank_dead, and the store keeping it for 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -14,36 +12,11 @@ import pytest
 from findings_helpers import Watched, host_config, touch
 from gpuwatch.remote.findings.diagnosis import Diagnosis, crash_line
 from gpuwatch.remote.model.finding import Severity
-from gpuwatch.remote.sim import Box, SimProcess, h100_sxm, kmsg, training_process
+from gpuwatch.remote.sim import Box, SimProcess, kmsg, training_process
 from gpuwatch.remote.store import Store
 from harness.captures import capture
-
-
-def box_at(tmp_path: Path, gpus: int = 2, **kwargs: object) -> Box:
-    return Box(tmp_path / "box", h100_sxm(gpus), btime=int(time.time()) - 86_400,
-               uptime_s=86_400.0, **kwargs)  # type: ignore[arg-type]
-
-
-def running(tmp_path: Path, box: Box, *, pid: int = 600, cgroup: str = "/", gpu: int = 0,
-            **keys: str) -> Watched:
-    work = tmp_path / "run"
-    work.mkdir(exist_ok=True)
-    (work / "train.log").write_text("step 1 loss 2.3\n")
-    box.add_process(replace(training_process(pid, workdir=str(work), gpu=gpu, nohup=True),
-                            cgroup=cgroup))
-    box.add_compute_app(gpu, pid, "python", 30_000)
-    lines = ["[hosts.gpu1.runs.llama]", 'process = "train.py"', f'workdir = "{work}"',
-             'log = "train.log"'] + [f'{k} = "{v}"' for k, v in keys.items()]
-    w = Watched(box, host_config("\n".join(lines) + "\n"))
-    w.poll()
-    assert w.history.runs["llama"].status == "running" and w.findings == []
-    return w
-
-
-def dead(w: Watched) -> tuple[str, dict]:
-    f = w.one("run.dead")
-    assert f.severity == Severity.CRITICAL and f.run == "llama"
-    return f.evidence["cause"], f.evidence["diagnosis"]["evidence"]
+from harness.cli import gpuwatch_on_box
+from harness.dying_runs import box_at, dead, running
 
 
 def test_killed_when_nothing_else_explains_it(tmp_path: Path) -> None:
@@ -242,10 +215,10 @@ def test_once_reads_the_dead_runs_cgroup_named_by_the_store(tmp_path: Path) -> N
     box.add_process(replace(training_process(600, workdir=str(work), nohup=True), cgroup=DOCKER))
     config = (f'[hosts.local]\nssh = "local"\n[hosts.local.runs.llama]\nprocess = "train.py"\n'
               f'workdir = "{work}"\nlog = "train.log"\n')
-    first = gpuwatch(tmp_path, box, "--once", "--json", config=config)
+    first = gpuwatch_on_box(tmp_path, box, "--once", "--json", config=config)
     assert first.returncode == 0, first.stderr
     box.oom_kill(600)
-    second = gpuwatch(tmp_path, box, "--once", "--json", config=config)
+    second = gpuwatch_on_box(tmp_path, box, "--once", "--json", config=config)
     (run,) = json.loads(second.stdout)["hosts"][0]["runs"]
     assert run["diagnosis"]["cause"] == "oom_cgroup", second.stderr
     assert run["diagnosis"]["evidence"]["cgroup"] == DOCKER
@@ -394,16 +367,6 @@ def test_diagnosis_state_round_trip() -> None:
 
 # ---------------------------------------------------------------- --once, the store, the JSON
 
-def gpuwatch(tmp_path: Path, box: Box, *args: str, config: str
-             ) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "st"),
-           "XDG_CONFIG_HOME": str(tmp_path / "xdg"), **box.env(base_path="/usr/bin:/bin")}
-    env["PATH"] += f":{Path(sys.executable).parent}"
-    (tmp_path / "c.toml").write_text(config)
-    return subprocess.run([sys.executable, "-m", "gpuwatch.tui.cli", "--config",
-                           str(tmp_path / "c.toml"), *args], env=env, capture_output=True,
-                          text=True, timeout=60)
-
 
 def test_once_reports_a_death_once_with_its_diagnosis_and_stores_it(tmp_path: Path) -> None:
     import jsonschema
@@ -416,11 +379,11 @@ def test_once_reports_a_death_once_with_its_diagnosis_and_stores_it(tmp_path: Pa
     box.add_process(training_process(600, workdir=str(work), nohup=True))
     config = (f'[hosts.local]\nssh = "local"\n[hosts.local.runs.llama]\nprocess = "train.py"\n'
               f'workdir = "{work}"\nlog = "train.log"\n')
-    first = gpuwatch(tmp_path, box, "--once", "--json", config=config)
+    first = gpuwatch_on_box(tmp_path, box, "--once", "--json", config=config)
     assert first.returncode == 0, first.stderr
     box.xid(0, 79)
     box.remove_process(600)
-    second = gpuwatch(tmp_path, box, "--once", "--json", config=config)
+    second = gpuwatch_on_box(tmp_path, box, "--once", "--json", config=config)
     assert second.returncode == 1  # critical: a dead run, a dead GPU
     doc = json.loads(second.stdout)
     jsonschema.validate(doc, load_schema())
@@ -429,21 +392,21 @@ def test_once_reports_a_death_once_with_its_diagnosis_and_stores_it(tmp_path: Pa
     assert run["status"] == "dead" and run["diagnosis"]["cause"] == "xid"
     codes = {f["code"]: f for f in host["findings"]}
     assert codes["run.dead"]["severity"] == "critical" and codes["gpu.xid"]["gpu"] == 0
-    third = gpuwatch(tmp_path, box, "--once", "--json", config=config)
+    third = gpuwatch_on_box(tmp_path, box, "--once", "--json", config=config)
     assert third.returncode == 1  # still dead: critical until relaunched, finished or acked
     (run,) = json.loads(third.stdout)["hosts"][0]["runs"]
     assert run["diagnosis"]["cause"] == "xid"  # kept by the store
     (dead_run,) = [f for f in json.loads(third.stdout)["hosts"][0]["findings"]
                    if f["code"] == "run.dead"]
     assert dead_run["severity"] == "critical"
-    acked = gpuwatch(tmp_path, box, "ack", "local", "llama", config=config)
+    acked = gpuwatch_on_box(tmp_path, box, "ack", "local", "llama", config=config)
     assert acked.returncode == 0 and "acknowledged" in acked.stdout, acked.stderr
-    fourth = gpuwatch(tmp_path, box, "--once", "--json", config=config)
+    fourth = gpuwatch_on_box(tmp_path, box, "--once", "--json", config=config)
     assert fourth.returncode == 0  # known to a person now; the Xid is old news
     (dead_run,) = [f for f in json.loads(fourth.stdout)["hosts"][0]["findings"]
                    if f["code"] == "run.dead"]
     assert dead_run["severity"] == "info" and "acknowledged" in dead_run["message"]
-    fifth = gpuwatch(tmp_path, box, "--once", "--fail-on", "info", config=config)
+    fifth = gpuwatch_on_box(tmp_path, box, "--once", "--fail-on", "info", config=config)
     assert fifth.returncode == 1
     with Store.open(tmp_path / "st" / "gpuwatch" / "gpuwatch.sqlite3") as store:
         records = {r.code: r for r in store.findings("local")}

@@ -30,8 +30,8 @@ from gpuwatch.remote.wire import document as model
 from gpuwatch.remote.wire.collect import PollOutcome
 from gpuwatch.remote.wire.document import parse_probe_output
 from gpuwatch.tui.cli.check import _document
+from harness.cli import box_env, gpuwatch
 from hostile_docs import big_number, deep, fake_python, real_document, zlib_bomb
-from test_once import box_env, gpuwatch
 
 
 @pytest.fixture(scope="module")

@@ -13,20 +13,21 @@ from pathlib import Path
 
 import pytest
 from gpuwatch.remote.wire import local
+from harness.waiting import wait_for
 
 CAPS = {"max_stdout": 1 << 20, "max_stderr": 4096}
 
 
-def group_gone(pgid: int, within_s: float = 5.0) -> bool:
-    """Whether no process of the group is left (killed ones are reaped by their new parent)."""
-    end = time.monotonic() + within_s
-    while time.monotonic() < end:
+def group_gone(pgid: int) -> bool:
+    """Once no process of the group is left (killed ones are reaped by their new parent)."""
+    def gone() -> bool:
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
             return True
-        time.sleep(0.02)
-    return False
+        return False
+
+    return wait_for(gone, what=f"process group {pgid} gone")
 
 
 def test_stdin_bigger_than_a_pipe_goes_through_whole() -> None:

@@ -20,11 +20,11 @@ from gpuwatch.remote.report import load_schema
 from gpuwatch.remote.store import Store
 from gpuwatch.remote.wire.collect import Collector
 from gpuwatch.tui.app import build_app
+from harness.cli import gpuwatch
+from harness.run_polls import Watch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from metrics_writers import KerasCSV, LightningCSV, hf_history, save_trainer_state
-from test_once import gpuwatch
-from test_runs import Watch
 
 PROPERTY = settings(derandomize=True, max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

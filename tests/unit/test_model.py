@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from gpuwatch.remote.model.snapshot import HostSnapshot, ProbeError
 from gpuwatch.remote.wire.document import parse_probe_output
-from test_probe import BOOT_ID, BTIME, UUIDS, Box, box_request, build_box, run_probe
+from harness.probe_box import BOOT_ID, BTIME, UUIDS, Box, box_request, build_box, run_probe
 
 DESIGN_GPU_KEYS = ["index", "uuid", "name", "util_pct", "mem_used_mib", "mem_total_mib",
                    "sm_clock_mhz", "sm_clock_max_mhz", "power_w", "power_limit_w", "temp_c",

@@ -15,28 +15,10 @@ import jsonschema
 import pytest
 from gpuwatch.remote.report import load_schema
 from gpuwatch.remote.sim import Box, h100_mig, h100_sxm, rtx_2080_super
+from harness.cli import box_env, gpuwatch
 
 PROM_LINE = re.compile(r'^(# (HELP|TYPE) gpuwatch_\w+ .+|'
                        r'gpuwatch_\w+\{([a-z_]+="([^"\\]|\\.)*",?)*\} (-?[0-9.e+-]+|NaN|[+-]Inf))$')
-
-
-def gpuwatch(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
-             config: str | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-                "XDG_STATE_HOME": str(tmp_path / "state"),
-                "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
-    full_env.update(env or {})
-    if config is not None:
-        (tmp_path / "c.toml").write_text(config)
-        args = ("--config", str(tmp_path / "c.toml"), *args)
-    return subprocess.run([sys.executable, "-m", "gpuwatch.tui.cli", *args], env=full_env,
-                          capture_output=True, text=True, timeout=60)
-
-
-def box_env(box: Box) -> dict[str, str]:
-    env = box.env(base_path="/usr/bin:/bin")
-    env["PATH"] = f"{env['PATH']}:{Path(sys.executable).parent}"  # the box's python3
-    return env
 
 
 @pytest.mark.parametrize("preset", [h100_sxm, h100_mig, rtx_2080_super],

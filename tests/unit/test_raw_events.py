@@ -37,13 +37,13 @@ from gpuwatch.remote.wire.bundle import (
 )
 from gpuwatch.remote.wire.document import parse_probe_output
 from gpuwatch.remote.wire.raw_events import RAW_CAP, decode_raw_entry, expand_raw_events
+from harness.event_records import event_files, tensor_event
+from harness.probe_box import python36
+from harness.run_polls import ENV, QUIET, events_writer, write_scalars
 from tensorboard.compat.proto import event_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.util import tensor_util
 from tensorboardX import SummaryWriter
-from test_probe import python36
-from test_runs import ENV, QUIET, events_writer, write_scalars
-from test_tfevents import event_files, tensor_event
 
 LIMITS = dict(probe.DEFAULT_LIMITS)
 

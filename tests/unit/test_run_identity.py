@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from gpuwatch.remote.model.finding import Severity
 from gpuwatch.remote.sim import Box, h100_sxm
 from gpuwatch.tui.cli.check import loose_runs
 from harness.captures import missing
+from harness.waiting import wait_for
 
 PY = sys.executable
 SLEEPER = "import time\nprint('step 0', flush=True)\nwhile True:\n    time.sleep(0.5)\n"
@@ -138,16 +138,14 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def wait_dead(pid: int) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    def dead() -> bool:
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
-            return
-        if stat[stat.rindex(")") + 2] in "ZX":
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"pid {pid} did not die")
+            return True
+        return stat[stat.rindex(")") + 2] in "ZX"
+
+    wait_for(dead, what=f"pid {pid} to die")
 
 
 def run_findings(w: Watched, name: str) -> list[str]:

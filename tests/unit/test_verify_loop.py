@@ -7,7 +7,7 @@ import asyncio
 
 from gpuwatch.remote.actions import plan as actions
 from gpuwatch.remote.model.history import HostHistory
-from test_actions_plan import HOST, history, proc, snapshot
+from harness.plan_data import HOST, history, proc, snapshot
 
 
 def _loop(h: HostHistory, plan: actions.ActionPlan, results: list[str | None],

@@ -29,7 +29,9 @@ def app_exit(app: object) -> int:
     has printed it; the error log keeps it too)."""
     if not getattr(app, "return_code", 0):
         return EXIT_OK
-    error = getattr(app, "_exception", None)  # Textual keeps the first unhandled exception
+    from gpuwatch.tui.textual_compat import unhandled_exception
+
+    error = unhandled_exception(app)
     return internal_error(error if error is not None else RuntimeError("the TUI failed"),
                           "the TUI")
 

@@ -25,10 +25,12 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from textual import events
+from textual import events, on
 from textual.geometry import Region
 from textual.screen import Screen
 from textual.timer import Timer
+
+from ..textual_compat import lay_out_screen, mount_off_stack, visible_widgets
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -58,21 +60,19 @@ class KeptScreen(Screen[None]):
         so that its widgets learn their sizes, and size what they draw (the loss curve's
         points), before its first paint rather than just after it."""
         if not self.is_current and self.is_attached:
-            self._refresh_layout(self.app.size)
+            lay_out_screen(self, self.app.size)
 
     async def render_ahead(self, then: Callable[[], None] | None = None) -> None:
         """Built ahead and laid out: render what its first paint shows into the widgets' own
         caches, one widget at a time, the loop let go between two (the loss plot, the largest,
         takes about 20 ms), so that its first paint mostly puts those lines together. Textual's
-        compositor renders each visible widget so (Compositor._get_renders: render_lines over
-        its region; the compositor's visible_widgets is an internal). `then` is called at the
-        end."""
+        compositor renders each visible widget so (render_lines over its region). `then` is
+        called at the end."""
         if self.is_current or not self.is_attached:
             if then is not None:
                 then()
             return
-        widgets = [(w, r) for w, (r, _clip) in self._compositor.visible_widgets.items()]
-        for widget, region in widgets:
+        for widget, region in visible_widgets(self):
             if self.is_current or not self.is_attached:
                 break
             if widget.is_attached:
@@ -81,10 +81,11 @@ class KeptScreen(Screen[None]):
         if then is not None:
             then()
 
-    def _on_screen_resume(self, event: events.ScreenResume) -> None:
-        # Runs before Screen's own handler (Textual dispatches down the MRO), which then
-        # restyles or not as the event says (Textual says no when a modal closes: a theme
-        # change under it, tui/theme_css.py, still restyles).
+    @on(events.ScreenResume)
+    def restyle_if_the_theme_changed(self, event: events.ScreenResume) -> None:
+        # Runs before Screen's own handler (Textual calls each class's handlers, subclass
+        # first), which then restyles or not as the event says (Textual says no when a modal
+        # closes: a theme change under it, tui/theme_css.py, still restyles).
         event.refresh_styles = self._styled_in != self.app.theme
         self.mark_styled()
 
@@ -146,8 +147,7 @@ class HostViews:
         if host in self._screens or not self.app.is_running:
             return
         screen = self.get(host)
-        self.app._load_screen_css(screen)
-        self.app._register(self.app, screen)
+        mount_off_stack(self.app, screen)
 
         def lay_out() -> None:
             screen.lay_out_ahead()

@@ -22,19 +22,22 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.cells import cell_len
-from textual._context import active_message_pump
 from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer
-from textual.widgets._footer import FooterKey
+
+from ..textual_compat import (
+    FooterKey,
+    as_message_pump,
+    drop_detached_watchers,
+    mark_footer_bindings_ready,
+    set_footer_key_disabled,
+)
 
 GIVE_WAY = ("replay", "cycle_theme", "axis", "logy", "smoothing(1)", "pause", "poll_now",
             "poll_here", "attention", "pane(0)", "ack", "pin", "tag(1)", "filter", "sort", "back")
 """Actions whose keys leave a footer too narrow for them, first to go first."""
-
-WATCHERS = "__watchers"
-"""Where Textual's reactive machinery keeps `watch`/`data_bind` entries on the watched node."""
 
 
 class KeyFooter(Footer):
@@ -44,7 +47,7 @@ class KeyFooter(Footer):
         self._composed_width = 0
 
     def bindings_changed(self, screen: Screen[Any]) -> None:
-        self._bindings_ready = True
+        mark_footer_bindings_ready(self)
         if not screen.app.app_focus:
             return
         if self.is_attached and screen is self.screen:
@@ -70,14 +73,11 @@ class KeyFooter(Footer):
         """Compose the keys now, for the screen's next paint (its first, when called as it
         resumes), rather than in a recompose after that paint (Textual's Footer composes
         nothing until the bindings change, so a new screen showed an empty footer first)."""
-        self._bindings_ready = True
+        mark_footer_bindings_ready(self)
         # Called from the screen's handler: Footer.compose's data_bind takes its parent from
-        # Textual's current message pump (textual._context), which must be this footer.
-        token = active_message_pump.set(self)
-        try:
+        # Textual's current message pump, which must be this footer.
+        with as_message_pump(self):
             await self._recompose_if_changed()
-        finally:
-            active_message_pump.reset(token)
 
     def on_resize(self) -> None:
         if self.size.width == self._composed_width:
@@ -107,16 +107,7 @@ class KeyFooter(Footer):
             # widgets are told, not rebuilt (a rebuild was most of the cost of n).
             enabled = {(k[0], k[1]): k[3] for k in keys}
             for widget in self.query(FooterKey):
-                on = enabled.get((widget.key, widget.action), True)
-                widget._disabled = not on
-                widget.set_class(not on, "-disabled")
+                set_footer_key_disabled(widget, not enabled.get((widget.key, widget.action), True))
             return
         await self.recompose()
-        self._drop_dead_watchers()
-
-    def _drop_dead_watchers(self) -> None:
-        """Textual #6666: forget the watcher entries of key widgets no longer in the DOM."""
-        watchers: dict[str, list[tuple[Any, Any]]] = getattr(self, WATCHERS, {})
-        for entries in watchers.values():
-            entries[:] = [(node, callback) for node, callback in entries
-                          if node is self or getattr(node, "is_attached", True)]
+        drop_detached_watchers(self)  # Textual #6666: those of the key widgets just dropped
