@@ -55,6 +55,7 @@ from .screens.help import HelpScreen
 from .screens.host import HostScreen
 from .screens.kept import HostViews
 from .state import HostData
+from .textual_compat import set_binding_description
 from .theme_css import ThemeCssApp
 from .view import FleetView
 
@@ -392,10 +393,8 @@ class GpuwatchApp(ThemeCssApp):
         else:
             self.fleet.pause()
             self.notify("polling paused (p resumes; R polls once)")
-        self._bindings.key_to_bindings["p"] = [  # the footer says what p does now
-            replace(b, description="Resume" if self.fleet.paused else "Pause")
-            for b in self._bindings.key_to_bindings.get("p", [])]
-        self.refresh_bindings()
+        # the footer says what p does now
+        set_binding_description(self, "p", "Resume" if self.fleet.paused else "Pause")
         self._down(Restyled())
 
     def action_poll_now(self, host: str | None = None) -> None:

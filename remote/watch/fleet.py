@@ -379,6 +379,10 @@ class FleetWatch:
     def paused(self) -> bool:
         return self._poller is not None and self._poller.paused
 
+    def in_flight(self) -> list[str]:
+        """The hosts whose poll is under way now (none when not polling)."""
+        return [h.name for h in self._poller.in_flight()] if self._poller is not None else []
+
     def pause(self) -> None:
         if self._poller is not None:
             self._poller.pause()

@@ -309,9 +309,9 @@ def reaches(path: Path, module: Any, every_textual: frozenset[str]) -> list[str]
     return found
 
 
-PENDING = {"app.py: self._bindings is Textual's"}
-"""Reaches still to move behind textual_compat (file: what), app.py's label of `p`: it is to
-call set_binding_description. Each must still be found: one that went is struck from here."""
+PENDING: set[str] = set()
+"""Reaches still to move behind textual_compat (file: what). Each must still be found: one that
+went is struck from here."""
 
 
 def unnumbered(hit: str) -> str:

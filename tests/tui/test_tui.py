@@ -561,13 +561,12 @@ async def test_p_pauses_and_R_polls_now() -> None:
         await wait_for_async(lambda: polled(2), what="every host polled again")
         await pilot.press("p")
         assert app.paused and "PAUSED" in str(app.screen.query_one("#fleet-title").render())
-        feed = app.feed
-        assert feed is not None
-        await wait_for_async(lambda: not feed.poller.in_flight(), what="no poll under way")
+        feed = app.fleet
+        await wait_for_async(lambda: not feed.in_flight(), what="no poll under way")
         assert polled(2)  # paused: nothing goes out
         await pilot.press("R")  # paused: R polls once (htop, k9s), and the pause holds
         await wait_for_async(lambda: polled(3), what="every host polled once while paused")
-        await wait_for_async(lambda: not feed.poller.in_flight(), what="no poll under way")
+        await wait_for_async(lambda: not feed.in_flight(), what="no poll under way")
         assert app.paused and polled(3)
         await pilot.press("p")
         await wait_for_async(lambda: polled(4), what="every host polled on resuming")
@@ -1037,10 +1036,10 @@ async def test_R_while_paused_polls_once_and_says_the_pause_holds() -> None:
     app = make_app(cfg, poll=True, collector=collector)  # type: ignore[arg-type]
     async with app.run_test(size=SIZE) as pilot:
         assert (await toast_after(pilot, "p")).startswith("polling paused")
-        feed = app.feed
-        assert feed is not None and feed.paused
+        feed = app.fleet
+        assert feed.paused
         # A poll under way as p was pressed lands; then none starts while paused.
-        await wait_for_async(lambda: not feed.poller.in_flight(), what="no poll under way")
+        await wait_for_async(lambda: not feed.in_flight(), what="no poll under way")
         calls = dict(collector.calls)
         said = await toast_after(pilot, "R")
         assert "polling all" in said and "once" in said and "stays paused" in said
