@@ -1464,14 +1464,17 @@ def test_stripped_module_is_the_same_code(name: str):
 
 def test_strip_source_keeps_continued_lines_and_strings():
     """A line continued inside brackets (or after a backslash) loses its indentation; a
-    string's lines keep every space, also where code follows the string on its last line."""
+    string's lines keep every space, also where code follows the string on its last line;
+    spaces between tokens go where Python needs none (not between names, nor in `1 .real`)."""
     source = ('def f(x):\n    if x:\n        y = g(1,\n              2)\n'
               '        s = """\n    kept   as is\n"""\n        t = ("""a\n   b""" +\n'
               '             "c")\n        return s + t + \\\n            ""\n'
               '    return (x +\n            1)\n\n\ndef g(a, b):\n    return a + b\n')
     stripped = strip_source(source)
-    assert stripped.startswith("def f(x):\n if x:\n  y = g(1,\n2)\n")
-    assert '"""\n    kept   as is\n"""' in stripped and '"""a\n   b""" +\n"c")' in stripped
+    assert stripped.startswith("def f(x):\n if x:\n  y=g(1,\n2)\n")
+    assert '"""\n    kept   as is\n"""' in stripped and '"""a\n   b"""+\n"c")' in stripped
+    assert strip_source("x = 1 .real if not - 2 else f'{ 1 } a'\n") == \
+        "x=1 .real if not-2 else f'{ 1 } a'\n"
     namespace: dict = {}
     exec(stripped, namespace)
     assert namespace["f"](1) == "\n    kept   as is\na\n   bc" and namespace["f"](0) == 1
