@@ -106,6 +106,12 @@ def run_verb(verb: str, args: argparse.Namespace, config_loader) -> int:  # type
               file=sys.stderr)
         return EXIT_USAGE
     config = config_loader(args)
+    sourced = [h.name for h in config.hosts if h.source != "ssh"]
+    if sourced:  # a watcher polls boxes; what Prometheus has, Prometheus already has
+        log_line(f"not watched (read from Prometheus, not polled): {', '.join(sourced)}")
+        from dataclasses import replace
+
+        config = replace(config, hosts=tuple(h for h in config.hosts if h.source == "ssh"))
     if args.shard:
         from dataclasses import replace
 
