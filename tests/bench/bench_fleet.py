@@ -9,7 +9,9 @@ FleetWatch role "tui", the fleet table, a tick every second) in this process, po
 host at a 10 s interval, with the opening limiter, the store and the rules as they are.
 
 After a warm-up (the first round and one interval more), for MEASURE_S it prints:
-- client CPU: this process's CPU (every thread) over the wall time, in % of one core;
+- client CPU: this process's CPU (every thread) over the wall time, in % of one core, and
+  per landed poll (what a fleet of 512 at 10 s would need of a core, where this machine's
+  other work leaves the client too little of one to poll them all);
 - event-loop lag p50 / p99 / max: a 10 ms sleeper's overshoot on the app's loop;
 - each host's achieved interval: the gaps between its landed polls' ends (p50, p95, max),
   against the interval (DESIGN §6: p95 staleness <= 1.5x interval);
@@ -154,14 +156,16 @@ async def measure(config: Config, store: Store) -> dict[str, Any]:
         polls0 = sum(len(v) for v in fleet_landed.ends.values())
         await lag_until(t0 + MEASURE_S, lags)
         wall = time.perf_counter() - t0
-        cpu = (time.process_time() - cpu0) / wall
+        cpu_s = time.process_time() - cpu0
+        cpu = cpu_s / wall
         polls = sum(len(v) for v in fleet_landed.ends.values()) - polls0
         gaps = fleet_landed.gaps(since, time.monotonic())
         ms = sorted(x * 1000 for x in lags)
         return {"hosts": hosts, "cpu": cpu, "lag_p50": statistics.median(ms),
                 "lag_p99": pct(ms, 0.99), "lag_max": ms[-1], "gaps": gaps,
                 "polled": len(fleet_landed.ends), "failed": fleet_landed.failed,
-                "rss_warm": rss_warm, "rss_end": rss_mib(), "writes_s": polls / wall}
+                "rss_warm": rss_warm, "rss_end": rss_mib(), "writes_s": polls / wall,
+                "cpu_per_poll_ms": 1000 * cpu_s / polls if polls else float("nan")}
 
     if ROLE == "watch":
         from gpuwatch.remote.watch.fleet import FleetWatch
@@ -185,7 +189,9 @@ def line(result: dict[str, Any]) -> str:
     gaps = result["gaps"]
     p95 = pct(gaps, 0.95)
     return (f"{result['hosts']} hosts ({ROLE}), interval {INTERVAL_S:g} s, {MEASURE_S:g} s: "
-            f"client CPU {result['cpu'] * 100:.0f}% of a core; loop lag p50 "
+            f"client CPU {result['cpu'] * 100:.0f}% of a core ({result['cpu_per_poll_ms']:.1f} "
+            f"ms a landed poll: {result['cpu_per_poll_ms'] * TARGET_HOSTS / INTERVAL_S / 10:.0f}"
+            f"% of a core for {TARGET_HOSTS} hosts at {INTERVAL_S:g} s); loop lag p50 "
             f"{result['lag_p50']:.1f} ms, p99 {result['lag_p99']:.1f} ms, max "
             f"{result['lag_max']:.0f} ms; interval achieved p50 "
             f"{statistics.median(gaps) if gaps else float('nan'):.1f} s, p95 {p95:.1f} s "
