@@ -90,7 +90,9 @@ def summary(hosts: list[HostData], now: float, interval: float) -> list[tuple[in
 
 
 SETTLE_S = 0.2
-"""The fleet's order and title follow landed polls at most this often (each row at once)."""
+"""A fleet of more than SETTLE_FROM hosts paints its landed polls' rows, order and title at
+most this often (a smaller one as each lands)."""
+SETTLE_FROM = 64
 IDLE_PCT = 5.0
 """A GPU under this util is idle, for the title's count."""
 
@@ -134,6 +136,8 @@ class FleetScreen(KeptScreen):
         """Each host's sort key when the rows were last ordered: a landed poll that leaves
         its host's key as it was cannot move it (no need to sort the fleet again)."""
         self._moved = False
+        self._rows: set[str] = set()
+        """Hosts whose polls landed since the last settle: their rows are painted then."""
         self._settle_due = False
         self._settled_at = float("-inf")
 
@@ -257,9 +261,10 @@ class FleetScreen(KeptScreen):
 
     # -- what the app says -----------------------------------------------------------------
     def on_host_updated(self, message: HostUpdated) -> None:
-        """The host's row at once; what depends on every host (the order, the title's
-        counts) once for a burst of landed polls, at most SETTLE_S apart: each landed poll of
-        a 512-host fleet sorting and counting all 512 again was a blocked event loop."""
+        """Landed polls settle together, at most SETTLE_S apart: their rows, then what
+        depends on every host (the order, the title's counts). Each landed poll of a 512-host
+        fleet sorting and counting all 512 again, and repainting the table (DataTable paints
+        every visible row anew after any cell changes), was most of a blocked event loop."""
         if not (self.is_mounted and self.query(FleetTable)) or message.host not in self.view.hosts:
             return
         column = SORTS[self.sort][0]
@@ -267,15 +272,15 @@ class FleetScreen(KeptScreen):
             key = sort_key(column, self.view.hosts[message.host], self.view.now(),
                            self.view.interval)
             self._moved = self._moved or key != self._keys.get(message.host)
-        self.table.update_host(self.view.hosts[message.host], self.view.now(),
-                               self.view.interval)
+        self._rows.add(message.host)
         self._settle_soon()
 
     def _settle_soon(self) -> None:
         if self._settle_due:
             return
         self._settle_due = True
-        wait = self._settled_at + SETTLE_S - time.monotonic()
+        every = SETTLE_S if len(self.view.hosts) > SETTLE_FROM else 0.0
+        wait = self._settled_at + every - time.monotonic()
         if wait > 0:
             self.set_timer(wait, self._settle)
         else:  # after the messages already queued: a burst of polls settles once
@@ -284,6 +289,7 @@ class FleetScreen(KeptScreen):
     def _settle(self) -> None:
         self._settle_due = False
         self._settled_at = time.monotonic()
+        rows, self._rows = self._rows, set()
         if not (self.is_mounted and self.query(FleetTable)):
             return
         if self._moved:
@@ -292,6 +298,10 @@ class FleetScreen(KeptScreen):
             if order != self.table.shown:
                 self.refresh_all()
                 return
+        now, interval = self.view.now(), self.view.interval
+        for name in rows:
+            if name in self.view.hosts:
+                self.table.update_host(self.view.hosts[name], now, interval)
         self.refresh_title()
 
     def on_ticked(self, _message: Ticked) -> None:
