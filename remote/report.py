@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .findings.curve_tags import LOSS_NAMES, pick
 from .model.finding import Finding, Severity
 from .model.slurm_job import JobsReport
 from .model.snapshot import GpuSample, HostSnapshot, ProcessInfo
@@ -251,7 +253,7 @@ class _Metrics:
     def __init__(self) -> None:
         self._families: dict[str, tuple[str, str, list[str]]] = {}
 
-    def add(self, name: str, kind: str, help_text: str, value: float | None,
+    def add(self, name: str, kind: str, help_text: str, value: float | None, /,
             **labels: object) -> None:
         if value is None:
             return
@@ -313,14 +315,23 @@ def _gpu_health_metrics(m: _Metrics, g: GpuSample, gl: dict[str, object]) -> Non
                   "instance", inst.mem_total_mib, **il)
 
 
-def prometheus_text(reports: Sequence[HostReport], jobs: JobsReport | None = None) -> str:
-    """The Prometheus text exposition format (for node_exporter's textfile collector)."""
+def prometheus_text(reports: Sequence[HostReport], jobs: JobsReport | None = None,
+                    steps_per_s: Mapping[tuple[str, str], float] | None = None) -> str:
+    """The Prometheus text exposition format (node_exporter's textfile collector, and
+    `gpuwatch watch --listen`'s /metrics); `jobs`: [slurm]'s jobs. `steps_per_s`: a run's pace
+    where the caller knows it from the run's history ((host, run) -> steps a second); else the
+    run's `progress`'."""
     m = _Metrics()
     if jobs is not None:
         _job_metrics(m, jobs)
     for r in reports:
         host, snap = r.name, r.snapshot
         m.add("up", "gauge", "1 if the host was polled", 1.0 if r.outcome.ok else 0.0, host=host)
+        if r.outcome.error_kind is not None:
+            m.add("poll_error", "gauge", "1 while the host's last poll failed, with its kind",
+                  1.0, host=host, kind=r.outcome.error_kind)
+        m.add("last_poll_timestamp_seconds", "gauge", "when the host's last poll ended (epoch)",
+              r.outcome.ended_at, host=host)
         verdict = r.verdict
         m.add("host_severity", "gauge",
               "the host's verdict: 0 ok, 1 info, 2 warning, 3 critical (code: the finding)",
@@ -330,6 +341,10 @@ def prometheus_text(reports: Sequence[HostReport], jobs: JobsReport | None = Non
             m.add("findings", "gauge", "findings by severity",
                   float(sum(f.severity == sev for f in r.findings)), host=host,
                   severity=sev.label)
+        for f in r.findings[:MAX_FINDING_SERIES]:
+            m.add("finding", "gauge", "1 per finding, by code and severity (and run or gpu)",
+                  1.0, host=host, code=f.code, severity=f.severity.label, run=f.run, gpu=f.gpu)
+        _run_metrics(m, r, steps_per_s or {})
         if snap is None:
             continue
         m.add("uptime_seconds", "gauge", "box uptime", snap.uptime_s, host=host)
@@ -338,6 +353,7 @@ def prometheus_text(reports: Sequence[HostReport], jobs: JobsReport | None = Non
               0.0 if err is not None else 1.0, host=host, error=err.kind if err else None)
         for g in snap.gpus:
             gl = {"host": host, "gpu": g.index, "uuid": g.uuid}
+            m.add("gpu_info", "gauge", "1 per GPU, with its model name", 1.0, **gl, name=g.name)
             m.add("gpu_utilization_percent", "gauge",  # U21: util% is not SM occupancy
                   "GPU util: the share of time a kernel ran (not how busy the SMs are)",
                   g.util_pct, **gl)
@@ -359,10 +375,6 @@ def prometheus_text(reports: Sequence[HostReport], jobs: JobsReport | None = Non
                   **dl)
             m.add("disk_inodes_total", "gauge", "inodes", d.inodes_total, **dl)
             m.add("disk_inodes_free", "gauge", "inodes free", d.inodes_free, **dl)
-        for run in r.runs:
-            m.add("run_running", "gauge", "1 if the run's processes are alive",
-                  1.0 if run.get("status") == "running" else 0.0, host=host, run=run["name"],
-                  status=run.get("status"))
     return m.text()
 
 
@@ -388,3 +400,38 @@ def _job_metrics(m: _Metrics, jobs: JobsReport) -> None:
         if view.run is not None and view.run.checkpoint_at is not None:
             m.add("job_checkpoint_age_seconds", "gauge", "age of its run's latest checkpoint",
                   max(0.0, jobs.polled_at - view.run.checkpoint_at), **jl)
+MAX_FINDING_SERIES = 64
+"""`gpuwatch_finding` series per host at most (a host with more is one to open anyway)."""
+_TRAIN_LOSS = re.compile(r"^(?!.*(eval|val|valid|test|dev)).*loss", re.I)
+"""A training loss by its name where no known name is there (findings/curve_tags.py's rule)."""
+
+
+def _run_metrics(m: _Metrics, r: HostReport, paces: Mapping[tuple[str, str], float]) -> None:
+    """Per run: alive, its step and pace, its last loss and its latest checkpoint's age, from
+    the run objects of the report (what `--json` says of it)."""
+    snap = r.snapshot
+    for run in r.runs:
+        name, host = run["name"], r.name
+        m.add("run_running", "gauge", "1 if the run's processes are alive",
+              1.0 if run.get("status") == "running" else 0.0, host=host, run=name,
+              status=run.get("status"))
+        series = run.get("series") or {}
+        progress = run.get("progress") or {}
+        steps = [s["last_step"] for s in series.values() if s.get("last_step") is not None]
+        step = progress.get("step") if progress.get("step") is not None else max(
+            steps, default=None)
+        m.add("run_step", "gauge", "the run's latest step", step, host=host, run=name)
+        pace = paces.get((host, name), progress.get("steps_per_s"))
+        m.add("run_steps_per_second", "gauge", "the run's recent pace, in steps a second", pace,
+              host=host, run=name)
+        loss = pick(series, None, LOSS_NAMES, _TRAIN_LOSS)
+        value = series[loss].get("last_value") if loss is not None else None
+        if isinstance(value, str):  # json_value's "nan", "inf", "-inf": a loss gone NaN
+            value = float(value)
+        m.add("run_loss", "gauge", "the last value of the run's training loss", value,
+              host=host, run=name, tag=loss)
+        times = [c["mtime"] for c in run.get("checkpoints") or () if c.get("mtime") is not None]
+        if times and snap is not None and snap.taken_at is not None:
+            m.add("run_checkpoint_age_seconds", "gauge",
+                  "seconds since the run's latest checkpoint was written (the box's clock)",
+                  max(0.0, snap.taken_at - max(times)), host=host, run=name)

@@ -41,7 +41,7 @@ FINDING_WORDS = {  # most important first: of two findings of one severity, the 
 
 FAILURE_WORDS = {"unreachable": "unreachable", "timeout": "timed out", "auth": "login refused",
                  "host_key": "host key refused", "probe": "probe failed",
-                 "config": "config error"}
+                 "config": "config error", "source": "no data from its source"}
 """A failed poll's kind in words, first in the headline (its reason may not fit a cell)."""
 
 STATES = ("ok", "stale", "unreachable", "waiting")

@@ -35,6 +35,40 @@ setup_slurm() {
     done
 }
 
+setup_prometheus() {
+    # The Prometheus source's integration tests start a real Prometheus on 127.0.0.1 with a
+    # config of their own (it is not left running). Debian's package would start its own
+    # service on :9090 at install: a policy-rc.d that denies it, for the install only, unless
+    # the machine has one already (a container usually does).
+    if [ -x /usr/bin/prometheus ] || command -v prometheus >/dev/null 2>&1; then
+        return 0
+    fi
+    echo "setup: installing prometheus (the tests start one on 127.0.0.1; its own service" \
+         "is not started)" >&2
+    as_root=""
+    if [ "$(id -u)" != 0 ]; then
+        if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+            as_root="sudo -n"
+        else
+            echo "setup: please install prometheus without starting its service (as root:" \
+                 "printf '#!/bin/sh\\nexit 101\\n' > /usr/sbin/policy-rc.d; chmod +x" \
+                 "/usr/sbin/policy-rc.d; apt-get install --no-install-recommends prometheus)" >&2
+            return 1
+        fi
+    fi
+    added=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' | $as_root tee /usr/sbin/policy-rc.d >/dev/null &&
+            $as_root chmod 755 /usr/sbin/policy-rc.d && added=1
+    fi
+    status=0
+    _apt_install --no-install-recommends prometheus || status=$?
+    if [ -n "$added" ]; then
+        $as_root rm -f /usr/sbin/policy-rc.d
+    fi
+    return $status
+}
+
 setup_venv() {
     # .venv with gpuwatch installed editable; `test` adds the test extra.
     py=${PYTHON:-python3}

@@ -9,6 +9,7 @@ import re
 import stat
 import sys
 import tomllib
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
@@ -24,11 +25,14 @@ from .schema import (  # [slurm]
     LOCAL,
     NOTIFY_RANGES,
     PRICE_RANGE,
+    PROMETHEUS_METRICS,
+    PROMETHEUS_RANGES,
     RESTART_CAUSES,
     RESTART_MODES,
     RESTART_RANGES,
     SEVERITIES,
     SLURM_RANGES,
+    SOURCES,
     SSH_RANGES,
     STORE_RANGES,
     TOP_RANGES,
@@ -37,8 +41,11 @@ from .schema import (  # [slurm]
     HostConfig,
     NotifyConfig,
     NumberRange,
+    PrometheusConfig,
+    PrometheusLabels,
     RunConfig,
     SlurmConfig,
+    SourcesConfig,
     SshSettings,
     StoreConfig,
     quiet_span,
@@ -176,6 +183,8 @@ _SSH_KEYS = {f.name for f in fields(SshSettings)}
 _TOP_KEYS = {"interval", "readonly", "theme", "ssh", "hosts", "thresholds", "notify", "store",
              "slurm"}
 _HOST_KEYS = {"ssh", "python", "disks", "runs", "price_per_gpu_hour", "price_per_kwh"} | _SSH_KEYS
+_TOP_KEYS |= {"sources"}  # [sources.prometheus] (remote/sources/)
+_HOST_KEYS |= {"source"}
 _RUN_KEYS = {f.name for f in fields(RunConfig)} - {"name"}
 _RUN_STRINGS = ("process", "workdir", "log", "events", "checkpoints", "done", "relaunch",
                 "loss_tag", "eval_tag")
@@ -282,11 +291,13 @@ class _Validator:
         notify = self.get(data, "notify", (), self.notify, NotifyConfig())
         store = self.get(data, "store", (), self.store, StoreConfig())
         slurm = self.get(data, "slurm", (), lambda v, k: self.slurm(v, k, ssh), None)
+        sources = self.get(data, "sources", (), self.sources, SourcesConfig())
+        self.sourced_hosts(hosts, sources)
         if self.errors:
             raise ConfigError.of(self.errors)
         return Config(path=self.path, interval=interval, readonly=readonly, theme=theme, ssh=ssh,
                       hosts=tuple(hosts), thresholds=thresholds, notify=notify, store=store,
-                      slurm=slurm)
+                      slurm=slurm, sources=sources)
 
     # [slurm] (remote/sources/slurm.py, docs/slurm.md) ---------------------------------------
     def slurm(self, value: Any, key: Key, ssh: SshSettings) -> SlurmConfig | None:
@@ -383,8 +394,9 @@ class _Validator:
                 for run_name, run_table in self.get(table, "runs", key, self.table, {}).items()]
         prices = {p: self.get(table, p, key, self.number(PRICE_RANGE), None)
                   for p in ("price_per_gpu_hour", "price_per_kwh")}
+        source = self.get(table, "source", key, self.choice(SOURCES), "ssh")
         return HostConfig(name=name, ssh=target, python=python, disks=disks, runs=tuple(runs),
-                          settings=self.ssh(table, key, ssh), **prices)
+                          settings=self.ssh(table, key, ssh), source=source, **prices)
 
     def disks(self, value: Any, key: Key) -> tuple[str, ...]:
         disks = self.strings(value, key)
@@ -468,6 +480,93 @@ class _Validator:
             raise self.fail(key, f"expected one of {', '.join(DETACH_MODES)}, got {detach!r}")
         return detach
 
+    # [sources] (remote/sources/) ---------------------------------------------------------------
+    def sources(self, value: Any, key: Key) -> SourcesConfig:
+        table = self.table(value, key)
+        self.unknown(table, {"prometheus"}, key)
+        return SourcesConfig(prometheus=self.get(table, "prometheus", key, self.prometheus, None))
+
+    def prometheus(self, value: Any, key: Key) -> PrometheusConfig | None:
+        """`[sources.prometheus]`: a server's URL (required), the bounds of reading it, what to
+        read, and which labels say the host and the GPU."""
+        table = self.table(value, key)
+        self.unknown(table, {f.name for f in fields(PrometheusConfig)}, key)
+        if "url" not in table:
+            self.note(key, "url is required: the server's address, e.g. "
+                           "url = \"http://127.0.0.1:9090\"")
+        url = self.get(table, "url", key, self.http_url, None)
+        d = PrometheusConfig(url="")
+        numbers = {name: self.get(table, name, key, self.number(rng), getattr(d, name))
+                   for name, rng in PROMETHEUS_RANGES.items()}
+        metrics = self.get(table, "metrics", key, self.metric_kinds, d.metrics)
+        selector = self.get(table, "selector", key, self.selector, None)
+        labels = self.get(table, "labels", key, self.prometheus_labels, d.labels)
+        if url is None:  # noted: the config is refused
+            return None
+        return PrometheusConfig(url=url, metrics=metrics, selector=selector, labels=labels,
+                                **numbers)
+
+    def http_url(self, value: Any, key: Key) -> str:
+        text = self.string(value, key)
+        parts = urllib.parse.urlsplit(text)
+        try:
+            parts.port  # noqa: B018 (a port that is no number raises here)
+        except ValueError:
+            raise self.fail(key, f"not a URL with a valid port: {text!r}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise self.fail(key, f"expected an http:// or https:// URL, got {text!r}")
+        if parts.query or parts.fragment:
+            raise self.fail(key, "the server's base URL, without ?query or #fragment")
+        return text.rstrip("/")
+
+    def metric_kinds(self, value: Any, key: Key) -> tuple[str, ...]:
+        kinds = self.strings(value, key)
+        wrong = [k for k in kinds if k not in PROMETHEUS_METRICS]
+        if wrong or not kinds:
+            raise self.fail(key, f"expected a list naming {', '.join(PROMETHEUS_METRICS)} "
+                                 f"or both, got {wrong[0] if wrong else 'none'!r}")
+        return tuple(dict.fromkeys(kinds))
+
+    def selector(self, value: Any, key: Key) -> str:
+        """Label matchers as PromQL writes them inside braces, nothing else (a selector is no
+        place for a query)."""
+        text = self.string(value, key)
+        if _MATCHERS.fullmatch(text) is None:
+            raise self.fail(key, f"expected label matchers like cluster=\"a\", job!=\"test\" "
+                                 f"(name, one of = != =~ !~, a double-quoted value), got "
+                                 f"{text!r}")
+        return text.strip()
+
+    def prometheus_labels(self, value: Any, key: Key) -> PrometheusLabels:
+        table = self.table(value, key)
+        names = {f.name for f in fields(PrometheusLabels)}
+        self.unknown(table, names, key)
+        d = PrometheusLabels()
+        return PrometheusLabels(**{n: self.get(table, n, key, self.label_name, getattr(d, n))
+                                   for n in names})
+
+    def label_name(self, value: Any, key: Key) -> str:
+        text = self.string(value, key)
+        if _LABEL.fullmatch(text) is None:
+            raise self.fail(key, f"expected a Prometheus label name (letters, digits, _), got "
+                                 f"{text!r}")
+        return text
+
+    def sourced_hosts(self, hosts: Sequence[HostConfig], sources: SourcesConfig) -> None:
+        """A host read from Prometheus needs the source, and has no runs (a run is read from
+        its files, over SSH)."""
+        for host in hosts:
+            if host.source != "prometheus":
+                continue
+            where = ("hosts", host.name, "source")
+            if sources.prometheus is None and not any(
+                    e.key and e.key.startswith("sources") for e in self.errors):
+                self.note(where, "source = \"prometheus\" needs a [sources.prometheus] table "
+                                 "with the server's url")
+            elif host.runs:
+                self.note(where, "a host read from Prometheus has no runs (runs are read from "
+                                 "their files over SSH): remove its runs or the source key")
+
     def env(self, value: Any, key: Key) -> dict[str, str]:
         env = self.table(value, key)
         for var, text in env.items():
@@ -481,6 +580,9 @@ class _Validator:
 
 # --- where each key sits ---------------------------------------------------------------------
 
+_LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MATCHER = r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\\n]|\\.)*"\s*'
+_MATCHERS = re.compile(rf"{_MATCHER}(?:,{_MATCHER})*,?\s*")
 _BARE = re.compile(r"[A-Za-z0-9_-]+")
 _KEY_PART = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\\n]|\\.)*"|'[^'\n]*')"""
 _DOTTED = rf"{_KEY_PART}(?:[ \t]*\.[ \t]*{_KEY_PART})*"

@@ -155,6 +155,9 @@ class HostConfig:
     price_per_kwh: float | None = None
     """What a kWh costs where it runs: a run's report multiplies its energy by it (with
     price_per_gpu_hour too, the two are added)."""
+    source: str = "ssh"
+    """Where its data comes from: "ssh" (a poll over SSH, or of this machine when `local`), or
+    "prometheus" (`[sources.prometheus]`: GPUs and the watchers' verdicts, no runs)."""
 
     @property
     def is_local(self) -> bool:
@@ -234,6 +237,54 @@ class SlurmConfig:
     """[ssh]'s bounds, for the login host (set here like a host's: `command_timeout = 60`)."""
 
 
+# --- fleet sources (remote/sources/): [sources.prometheus] -----------------------------------
+
+SOURCES = ("ssh", "prometheus")
+"""A host's `source`: polled over SSH (or locally), or read from `[sources.prometheus]`."""
+PROMETHEUS_METRICS = ("dcgm", "gpuwatch")
+"""What `[sources.prometheus] metrics` may name: DCGM exporter's series, gpuwatch watchers'."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrometheusLabels:
+    """`[sources.prometheus.labels]`: the labels of DCGM exporter's series that say which host
+    and which GPU (gpuwatch's own series are always `host`, `gpu`, `uuid`)."""
+
+    host: str = "Hostname"
+    """The host's name (DCGM exporter's `Hostname`; `instance` or `node` elsewhere)."""
+    gpu: str = "gpu"
+    uuid: str = "UUID"
+    model: str = "modelName"
+    pci: str = "pci_bus_id"
+
+
+@dataclass(frozen=True, slots=True)
+class PrometheusConfig:
+    """`[sources.prometheus]`: a Prometheus-compatible server's HTTP API as the source of hosts'
+    GPU data (remote/sources/prometheus.py), instead of an SSH poll of each."""
+
+    url: str
+    """The server's base URL (`http://prometheus:9090`; a path prefix kept, as behind a proxy)."""
+    timeout_s: float = 10.0
+    """Bound of one read of the server (all its queries together)."""
+    max_bytes: int = 16 << 20
+    """The largest answer read (16 MiB: about 20,000 GPUs' series); more is the source's error."""
+    metrics: tuple[str, ...] = PROMETHEUS_METRICS
+    """Which series to read: "dcgm" (DCGM exporter), "gpuwatch" (gpuwatch watchers'), or both
+    (a host with both: gpuwatch's)."""
+    selector: str | None = None
+    """Label matchers added to every query (`cluster="a", job!="test"`)."""
+    max_age_s: float = 300.0
+    """A watcher's last poll of a host older than this: that host's data is too old."""
+    labels: PrometheusLabels = PrometheusLabels()
+
+
+@dataclass(frozen=True, slots=True)
+class SourcesConfig:
+    """`[sources]`: fleet-level sources (DESIGN §1)."""
+
+    prometheus: PrometheusConfig | None = None
+
 
 @dataclass(frozen=True, slots=True)
 class Config:
@@ -254,6 +305,8 @@ class Config:
     store: StoreConfig = StoreConfig()
     slurm: SlurmConfig | None = None
     """`[slurm]`: the user's jobs (None: no scheduler asked)."""
+    sources: SourcesConfig = SourcesConfig()
+    """`[sources]`: hosts read from a Prometheus-compatible server (remote/sources/)."""
 
     def host(self, name: str) -> HostConfig | None:
         return next((h for h in self.hosts if h.name == name), None)
@@ -328,6 +381,12 @@ SLURM_RANGES: Mapping[str, NumberRange] = {  # [slurm]
     "warn_before_limit_s": NumberRange(0, 7 * 86400, above=True),
     "ended_within_s": NumberRange(0, 31 * 86400, above=True),
 }
+PROMETHEUS_RANGES: Mapping[str, NumberRange] = {
+    "timeout_s": NumberRange(0, 300, above=True),
+    "max_bytes": NumberRange(1024, 1 << 30, integer=True),
+    "max_age_s": NumberRange(1, 30 * 86400),
+}
+"""`[sources.prometheus]`'s numbers: max_bytes from 1 KiB to 1 GiB."""
 
 
 def quiet_span(text: str) -> tuple[int, int] | None:

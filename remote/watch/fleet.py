@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ..actions.restart import Watchdog, WatchEvent
     from ..actions.types import ActionOutcome, ActionPlan
     from ..notify import Notifier
+    from ..sources.prometheus import PrometheusSource
     from ..wire.poller import OpeningLimiter, Poller
     from .hooks import Hooks
     from .jobs import JobsWatch
@@ -117,10 +118,18 @@ class FleetWatch:
                                 acts=self.acts, accept_new_host_keys=accept_new_host_keys,
                                 notifier=notifier, verify_s=verify_s, clock=clock)
         self._limiter: OpeningLimiter | None = None
-        needs_ssh = any(not h.is_local for h in self.hosts_config)
+        needs_ssh = any(not h.is_local and h.source == "ssh" for h in self.hosts_config)
         self.collector = collector if collector is not None else Collector(
             accept_new_host_keys=accept_new_host_keys,
             opening=self.opening if needs_ssh else None)
+        self.source: PrometheusSource | None = None
+        """What polls the hosts whose `source` is "prometheus" (remote/sources/)."""
+        if config.sources.prometheus is not None and any(
+                h.source == "prometheus" for h in self.hosts_config):
+            from ..sources.prometheus import PrometheusSource
+
+            self.source = PrometheusSource(config.sources.prometheus,
+                                           fresh_s=max(1.0, min(5.0, config.interval / 2)))
         self._hosts: dict[str, HostWatch] = {}
         self._listeners: list[Listener] = []
         self._event_listeners: list[EventListener] = []
@@ -204,12 +213,17 @@ class FleetWatch:
         return report
 
     def _extra_findings(self, watched: HostWatch) -> list[Finding]:
+        told = (self.source.findings(watched.config.name)
+                if self.source is not None and watched.config.source == "prometheus" else [])
+        if told:  # a watcher's verdicts, where the host's own rules did not find the same
+            own = {f.key for f in watched.history.findings}
+            told = [f for f in told if f.key not in own]
         if self._hooks is None:
-            return []
+            return told
         try:
-            return self._hooks.findings(watched.config, watched.history)
+            return [*told, *self._hooks.findings(watched.config, watched.history)]
         except sqlite3.Error:
-            return []
+            return told
 
     def _remember(self, watched: HostWatch, report: HostReport) -> None:
         name = watched.config.name
@@ -283,6 +297,8 @@ class FleetWatch:
     async def poll(self, name: str) -> HostReport:
         """One poll of a host, landed (not acted on)."""
         watched = self.host(name)
+        if watched.config.source == "prometheus" and self.source is not None:
+            return self.land(await self.source.poll(watched.config, watched.history.runs))
         outcome = await self.collector.poll(watched.config, watched.history.runs)
         return self.land(outcome)
 
@@ -337,7 +353,7 @@ class FleetWatch:
         """round() for a `--once`: one local host (and nothing to act on) is polled without an
         event loop (~40 ms of a cron run's start-up); otherwise all at once on one."""
         if len(self.hosts_config) == 1 and self.hosts_config[0].is_local and not self.acts \
-                and self.jobs is None:
+                and self.jobs is None and self.hosts_config[0].source == "ssh":
             return [self.poll_local(self.hosts_config[0].name)]
         import asyncio
 

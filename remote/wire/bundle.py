@@ -191,13 +191,14 @@ def _tighten(text: str) -> str:
               and tok.start[1] > prev.end[1] and tok.type not in (tokenize.NEWLINE, tokenize.NL)
               and not (prev.type in _WORDS and tok.type in _WORDS)
               and not (prev.type == tokenize.NUMBER and tok.string.startswith("."))):
-            line = starts[tok.start[0] - 1]
-            gaps.append((line + prev.end[1], line + tok.start[1]))
+            row = starts[tok.start[0] - 1]
+            gaps.append((row + prev.end[1], row + tok.start[1]))
         prev = tok
-    out = text
-    for start, end in reversed(gaps):
-        out = out[:start] + out[end:]
-    return out
+    kept, at = [], 0
+    for start, end in gaps:
+        kept.append(text[at:start])
+        at = end
+    return "".join(kept) + text[at:]
 
 
 def files(parts: tuple[str, ...] | None) -> list[tuple[str, Path]]:

@@ -18,7 +18,13 @@ if TYPE_CHECKING:
     import random
 
 BACKOFF_CAP_S = 300.0
-JITTER = 0.1
+JITTER = 0.05
+"""Each delay is spread by ±5%: a fleet started at once drifts out of lockstep within a few
+rounds, and each host still keeps its interval to within 5% (the interval runs from one poll's
+start to the next's, so a slow poll does not stretch it either)."""
+REST = 0.25
+"""The least a host waits between the end of one poll and the start of the next, as a share of
+its interval."""
 PER_SSHD_OPENING = 8
 """Below sshd's default MaxStartups start (10), so no connection of ours is ever dropped."""
 OVERALL_OPENING = 64
@@ -186,6 +192,8 @@ class Poller(Generic[H, R]):
                 loop.wake.clear()
             loop.through_pause = False
             loop.in_flight = True
+            clock = asyncio.get_running_loop().time
+            started = clock()
             try:
                 result = await self._poll(loop.host)
             except Exception as exc:  # `poll` should say its failures; a loop never dies of one
@@ -201,7 +209,12 @@ class Poller(Generic[H, R]):
                 return
             loop.failures = 0 if self._ok(result) else loop.failures + 1
             self._on_result(loop.host, result)
-            delay = next_delay(self._interval(loop.host), loop.failures, rng=self._rng)
+            # From this poll's start: a poll that took 2 s of a 10 s interval does not make
+            # the host's interval 12 s. A box slower than its interval still gets a rest of a
+            # quarter of it between two polls (it is not polled back to back).
+            interval = self._interval(loop.host)
+            delay = max(interval * REST, next_delay(interval, loop.failures, rng=self._rng)
+                        - (clock() - started))
 
 
 async def poll_all_once(hosts: Sequence[H], poll: Callable[[H], Awaitable[R]]) -> list[R]:

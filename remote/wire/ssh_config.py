@@ -97,9 +97,11 @@ def _options(kwargs: dict[str, Any], host: str) -> asyncssh.SSHClientConnectionO
         raise SshError("config", f"bad ssh options for '{host}': {exc}.") from None
 
 
-PARSED_TTL_S = 30.0
+PARSED_TTL_S = 300.0
 """How long one reading of the ssh config is reused while its file is unchanged (a file it
-Includes may change unseen for this long)."""
+Includes may change unseen for this long). asyncssh reads the whole file for each target: with
+one Host block per box, every target read again each 30 s cost a 512-host fleet more client
+CPU than its polls (the file grows with the fleet: O(N^2) every TTL)."""
 _parsed_cache: dict[
     tuple[Target, str | None], tuple[float, tuple[int, int] | None, Any]
 ] = {}

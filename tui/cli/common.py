@@ -69,12 +69,18 @@ def config_path(text: str) -> str:
     return text
 
 
-def load(args: argparse.Namespace) -> Config:
-    """The config with the command line applied: hosts named, --interval, --readonly."""
+def load(args: argparse.Namespace, *, sources: bool = False) -> Config:
+    """The config with the command line applied: hosts named, --interval, --readonly;
+    `sources`: with the hosts of [sources.prometheus] (the TUI and --once list them)."""
     from gpuwatch.remote.config.load import load_config
     from gpuwatch.remote.config.schema import select_hosts
 
-    config = select_hosts(load_config(args.config), list(args.hosts))
+    config = load_config(args.config)
+    if sources and config.sources.prometheus is not None:
+        from gpuwatch.remote.sources.prometheus import with_source_hosts
+
+        config = with_source_hosts(config)
+    config = select_hosts(config, list(args.hosts))
     if args.interval:
         config = replace(config, interval=args.interval)
     if args.readonly:

@@ -14,7 +14,7 @@ def run_tui(args: argparse.Namespace) -> int:
     from gpuwatch.remote.store import Store
     from gpuwatch.tui.app import build_app
 
-    config = load(args)
+    config = load(args, sources=True)
     started()
     with Store.open() as store:
         warn_store(store)

@@ -33,8 +33,8 @@ from .common import load, started, warn_store
 
 def run_verb(args: argparse.Namespace) -> int:
     """Poll, print the report (text, --json or --prometheus), return the health code."""
-    config = load(args)
-    if not all(h.is_local for h in config.hosts):
+    config = load(args, sources=True)
+    if any(not h.is_local and h.source == "ssh" for h in config.hosts):
         import gpuwatch.remote.wire.ssh  # noqa: F401  asyncssh (~0.2 s), imported with gc off too
     started()
     with Store.open() as store:

@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 UNIT_NAME = "gpuwatch-watch.service"
-EXIT_OK, EXIT_FAILED, EXIT_CANTCREAT = 0, 1, 73
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANTCREAT = 0, 1, 64, 73
 _print_lock = threading.Lock()
 
 
@@ -42,11 +42,48 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
                                  "nothing) and print the cron alternative")
         parser.add_argument("--force", action="store_true",
                             help="with --install-service: overwrite an existing unit")
+        parser.add_argument("--listen", metavar="ADDR:PORT", type=_listen,
+                            help="serve /metrics (Prometheus) and /ready on ADDR:PORT, e.g. "
+                                 "127.0.0.1:9464 (port 0: any free port, logged)")
+        parser.add_argument("--shard", metavar="K/N", type=_shard,
+                            help="watch only shard K of N: the hosts whose name hashes to it "
+                                 "(so N watchers share a fleet, each host in one)")
     else:
         parser.description = "Send a test message to each [notify] target, report each result."
         parser.set_defaults(hosts=[])
         parser.add_argument("--test", action="store_true", required=True,
                             help="send a test message to each target")
+
+
+def _listen(text: str) -> tuple[str, int]:
+    from .listen import listen_address
+
+    try:
+        return listen_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+MAX_SHARDS = 1024
+
+
+def _shard(text: str) -> tuple[int, int]:
+    """K/N: shard K (1..N) of N."""
+    k_text, sep, n_text = text.partition("/")
+    if not sep or not k_text.isdigit() or not n_text.isdigit() or len(text) > 12:
+        raise argparse.ArgumentTypeError(f"expected K/N (e.g. 1/4), got {text!r}")
+    k, n = int(k_text), int(n_text)
+    if not 1 <= n <= MAX_SHARDS or not 1 <= k <= n:
+        raise argparse.ArgumentTypeError(f"expected 1 <= K <= N <= {MAX_SHARDS}, got {text!r}")
+    return k, n
+
+
+def shard_of(name: str, shards: int) -> int:
+    """The shard (0..shards-1) that owns a host: a stable hash of its name (sha1, the same on
+    every machine and Python, unlike hash()), so N watchers with one config split it."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha1(name.encode()).digest()[:8], "big") % shards
 
 
 def log_line(text: str) -> None:
@@ -64,7 +101,24 @@ def run_verb(verb: str, args: argparse.Namespace, config_loader) -> int:  # type
         return notify_test(config_loader(args))
     if args.install_service:
         return install_service(args)
-    return watch(config_loader(args), args)
+    if args.once and args.listen:
+        print("gpuwatch watch: --listen serves while watching; --once exits after one round",
+              file=sys.stderr)
+        return EXIT_USAGE
+    config = config_loader(args)
+    sourced = [h.name for h in config.hosts if h.source != "ssh"]
+    if sourced:  # a watcher polls boxes; what Prometheus has, Prometheus already has
+        log_line(f"not watched (read from Prometheus, not polled): {', '.join(sourced)}")
+        from dataclasses import replace
+
+        config = replace(config, hosts=tuple(h for h in config.hosts if h.source == "ssh"))
+    if args.shard:
+        from dataclasses import replace
+
+        k, n = args.shard
+        config = replace(config, hosts=tuple(h for h in config.hosts
+                                             if shard_of(h.name, n) == k - 1))
+    return watch(config, args)
 
 
 def watch(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
@@ -92,21 +146,42 @@ def watch(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-d
                 if sys.stderr.isatty():  # by hand: say it ran; under cron, silence when all is well
                     log_line(once_summary(reports, code))
                 return code
-            log_line(f"watching {len(config.hosts)} host{'s' * (len(config.hosts) != 1)} every "
+            n = len(config.hosts)
+            shard = f" (shard {args.shard[0]}/{args.shard[1]})" if args.shard else ""
+            log_line(f"watching {n} host{'s' * (n != 1)}{shard} every "
                      f"{config.interval:g} s (a host that does not answer is polled less often, "
                      f"up to every 5 min, until it does); {policies_line(config)}; {targets} "
                      f"notification target{'s' * (targets != 1)}")
+            server = None
+            if args.listen:
+                from .listen import MetricsServer
 
-            async def main() -> None:
+                server = MetricsServer(fleet, *args.listen)
+
+            async def main() -> int:
+                if server is not None:
+                    try:
+                        host, port = await server.start()
+                    except OSError as exc:
+                        log_line(f"cannot listen on {args.listen[0]}:{args.listen[1]}: "
+                                 f"{exc.strerror or exc}")
+                        return EXIT_USAGE
+                    shown = f"[{host}]" if ":" in host else host
+                    log_line(f"serving http://{shown}:{port}/metrics and /ready")
                 stop = asyncio.Event()
                 loop = asyncio.get_running_loop()
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.add_signal_handler(sig, stop.set)
-                await fleet.run(stop)
+                try:
+                    await fleet.run(stop)
+                finally:
+                    if server is not None:
+                        await server.close()
+                return EXIT_OK
 
-            asyncio.run(main())
-            log_line("stopped")
-            return EXIT_OK
+            code = asyncio.run(main())
+            log_line("stopped" if code == EXIT_OK else "not started")
+            return code
         finally:
             fleet.close(flush_s=15.0)
 
@@ -169,8 +244,20 @@ def _state_env() -> tuple[str, Path]:
             default_store_path().parent / "watch.log")
 
 
-def unit_text(command: str, config_path: Path | None) -> str:
+def served_args(args: argparse.Namespace) -> str:
+    """--listen and --shard as the unit and the cron line repeat them."""
+    out = ""
+    if getattr(args, "listen", None):
+        host, port = args.listen
+        out += f" --listen {shlex.quote(f'[{host}]' if ':' in host else host)}:{port}"
+    if getattr(args, "shard", None):
+        out += f" --shard {args.shard[0]}/{args.shard[1]}"
+    return out
+
+
+def unit_text(command: str, config_path: Path | None, extra: str = "") -> str:
     conf = f" --config {shlex.quote(str(config_path))}" if config_path else ""
+    conf += extra
     state, _ = _state_env()
     state_line = f"Environment={shlex.quote(state)}\n" if state else ""
     return f"""[Unit]
@@ -205,11 +292,12 @@ def install_service(args: argparse.Namespace) -> int:
         return EXIT_CANTCREAT
     try:
         unit.parent.mkdir(parents=True, exist_ok=True)
-        unit.write_text(unit_text(command, config_path.resolve()))
+        unit.write_text(unit_text(command, config_path.resolve(), served_args(args)))
     except OSError as exc:
         print(f"gpuwatch: cannot write {unit}: {exc}", file=sys.stderr)
         return EXIT_CANTCREAT
     conf = f" --config {shlex.quote(str(config_path.resolve()))}"
+    shard = f" --shard {args.shard[0]}/{args.shard[1]}" if args.shard else ""
     state, log = _state_env()
     with contextlib.suppress(OSError):  # cron's `>>` needs the folder
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -221,5 +309,5 @@ def install_service(args: argparse.Namespace) -> int:
 Its log:  journalctl --user -u {UNIT_NAME} -f
 
 Or, without systemd, one round every 5 minutes from cron (crontab -e):
-  */5 * * * * {cron_env}{command} watch --once{conf} >> {shlex.quote(str(log))} 2>&1""")
+  */5 * * * * {cron_env}{command} watch --once{conf}{shard} >> {shlex.quote(str(log))} 2>&1""")
     return EXIT_OK

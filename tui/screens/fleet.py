@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import time
 from typing import ClassVar
 
 from rich.cells import cell_len
@@ -88,6 +89,10 @@ def summary(hosts: list[HostData], now: float, interval: float) -> list[tuple[in
     return parts
 
 
+SETTLE_S = 0.2
+"""A fleet of more than SETTLE_FROM hosts paints its landed polls' rows, order and title at
+most this often (a smaller one as each lands)."""
+SETTLE_FROM = 64
 IDLE_PCT = 5.0
 """A GPU under this util is idle, for the title's count."""
 
@@ -127,6 +132,14 @@ class FleetScreen(KeptScreen):
         (the worst host), whatever the order brings there."""
         self.sort = 0
         """An index into SORTS: worst first, then the config's order, name, util, VRAM."""
+        self._keys: dict[str, tuple[object, ...]] = {}
+        """Each host's sort key when the rows were last ordered: a landed poll that leaves
+        its host's key as it was cannot move it (no need to sort the fleet again)."""
+        self._moved = False
+        self._rows: set[str] = set()
+        """Hosts whose polls landed since the last settle: their rows are painted then."""
+        self._settle_due = False
+        self._settled_at = float("-inf")
 
     def compose(self) -> ComposeResult:
         self.mark_styled()  # its widgets are styled as they mount (screens/kept.py)
@@ -173,7 +186,8 @@ class FleetScreen(KeptScreen):
         if column is None:
             return hosts
         now, interval = self.view.now(), self.view.interval
-        return sorted(hosts, key=lambda h: sort_key(column, h, now, interval))
+        self._keys = {h.name: sort_key(column, h, now, interval) for h in hosts}
+        return sorted(hosts, key=lambda h: self._keys[h.name])
 
     def refresh_all(self) -> None:
         self.table.paused = self.view.paused
@@ -247,14 +261,48 @@ class FleetScreen(KeptScreen):
 
     # -- what the app says -----------------------------------------------------------------
     def on_host_updated(self, message: HostUpdated) -> None:
+        """Landed polls settle together, at most SETTLE_S apart: their rows, then what
+        depends on every host (the order, the title's counts). Each landed poll of a 512-host
+        fleet sorting and counting all 512 again, and repainting the table (DataTable paints
+        every visible row anew after any cell changes), was most of a blocked event loop."""
         if not (self.is_mounted and self.query(FleetTable)) or message.host not in self.view.hosts:
             return
-        if SORTS[self.sort][0] is not None:  # a host whose verdict changed moves at once
+        column = SORTS[self.sort][0]
+        if column is not None:  # a host whose sort key changed moves (in the settle)
+            key = sort_key(column, self.view.hosts[message.host], self.view.now(),
+                           self.view.interval)
+            self._moved = self._moved or key != self._keys.get(message.host)
+        self._rows.add(message.host)
+        self._settle_soon()
+
+    def _settle_soon(self) -> None:
+        if self._settle_due:
+            return
+        self._settle_due = True
+        every = SETTLE_S if len(self.view.hosts) > SETTLE_FROM else 0.0
+        wait = self._settled_at + every - time.monotonic()
+        if wait > 0:
+            self.set_timer(wait, self._settle)
+        else:  # after the messages already queued: a burst of polls settles once
+            self.call_later(self._settle)
+
+    def _settle(self) -> None:
+        self._settle_due = False
+        self._settled_at = time.monotonic()
+        rows, self._rows = self._rows, set()
+        if not (self.is_mounted and self.query(FleetTable)):
+            return
+        if self._moved:
+            self._moved = False
             order = [h.name for h in self.ordered_hosts()]
             if order != self.table.shown:
                 self.refresh_all()
                 return
-        self.refresh_host(message.host)
+        now, interval = self.view.now(), self.view.interval
+        for name in rows:
+            if name in self.view.hosts:
+                self.table.update_host(self.view.hosts[name], now, interval)
+        self.refresh_title()
 
     def on_ticked(self, _message: Ticked) -> None:
         self.tick()

@@ -18,6 +18,7 @@ from rich.cells import cell_len
 from rich.text import Text
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey
 
 from ..colours import (
     RUN_GLYPH,
@@ -225,7 +226,7 @@ class FleetTable(DataTable[Text]):
                 return
         for (key, _), cell in zip(self.fit.columns, self.cells(data, now, interval),
                                   strict=True):
-            self.update_cell(data.name, key, cell, update_width=True)
+            self.update_cell(data.name, key, cell, update_width=self._grows(key, cell))
             if key == "state":
                 self._states[data.name] = cell.plain
 
@@ -237,7 +238,16 @@ class FleetTable(DataTable[Text]):
             cell = self.state_cell(data, now, interval)
             if self._states.get(data.name) != cell.plain:  # most ticks change nothing
                 self._states[data.name] = cell.plain
-                self.update_cell(data.name, "state", cell, update_width=True)
+                self.update_cell(data.name, "state", cell,
+                                 update_width=self._grows("state", cell))
+
+    def _grows(self, key: str, cell: Text) -> bool:
+        """Whether a cell is wider than its column now. Columns never shrink back (above), and
+        DataTable's update_width of a cell narrower than its column measures every cell of
+        that column again: every poll of a 256-host fleet cost a rescan of 256 rows per
+        column, seconds of a blocked event loop per round."""
+        column = self.columns.get(ColumnKey(key))
+        return column is None or cell.cell_len > column.content_width
 
     # -- cells -------------------------------------------------------------------------------
     def cells(self, data: HostData, now: float, interval: float) -> list[Text]:
