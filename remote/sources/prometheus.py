@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..box.gpus.nvidia_smi import REASON_BITS
+from ..box.gpus.section import REASON_BITS
 from ..config.schema import Config, HostConfig, PrometheusConfig, PrometheusLabels
 from ..model.finding import Finding, Severity
 from ..model.series import RunSeries
