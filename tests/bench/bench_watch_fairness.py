@@ -1,17 +1,22 @@
-"""`gpuwatch watch` over 100 good hosts beside 100 black holes: the good hosts must keep their
+"""`gpuwatch watch` over 100 good hosts beside 100 black holes: the good hosts keep their
 interval (within 10%) while the dead ones fail, back off and cannot hold the opening slots the
-good ones wait for. A benchmark as much as a test: it prints the good hosts' first-poll delay and
+good ones wait for (issue 27). A benchmark: it prints the good hosts' first-poll delay and
 their intervals (median, p95, max), measured from the store's samples (each good host's polls,
-stamped by the client as they ended).
+stamped by the client as they ended), and judges them against the interval at full size.
+
+    .venv/bin/python -m pytest tests/bench/bench_watch_fairness.py -s
+
+Smoke mode (GPUWATCH_BENCH_SMOKE=1): 5 good + 5 black holes at a 2 s interval for 6 s, every
+good host polled; no interval judged.
 
 The fleet is tests/integration/fleet_fakes.py in a process of its own: good hosts are in-process
 asyncssh servers answering with a real probe document (real SSH, nothing run per poll), black
 holes are TCP listeners that accept and never speak. `watch` runs as a real process for RUN_S;
 the whole test takes under two minutes.
 
-Expected to fail on main as it is: `watch` polls a dead host every interval without backing off,
-and all hosts share the 64 opening slots, so black holes hold slots for their whole
-connect_timeout. The pipeline's one Poller (backoff, fair openings) is what makes it pass.
+It failed before the pipeline's one Poller (backoff, fair openings): `watch` polled a dead host
+every interval without backing off, and black holes held the shared opening slots for their
+whole connect_timeout.
 """
 
 from __future__ import annotations
@@ -27,13 +32,13 @@ import time
 from pathlib import Path
 
 import asyncssh
-import pytest
+from figures import SMOKE, size
 from gpuwatch.remote.store import Store
 
-GOOD, BAD = 100, 100
-INTERVAL_S = 15.0
-RUN_S = 60.0
-FAKES = Path(__file__).with_name("fleet_fakes.py")
+GOOD = BAD = size(100, 5)
+INTERVAL_S = 2.0 if SMOKE else 15.0
+RUN_S = 6.0 if SMOKE else 60.0
+FAKES = Path(__file__).resolve().parents[1] / "integration" / "fleet_fakes.py"
 
 
 def write_ssh_files(root: Path, ports: dict[str, list[int]], host_key: str) -> tuple[Path, Path]:
@@ -58,10 +63,6 @@ def intervals(store: Store, host: str) -> tuple[float | None, list[float]]:
     return (stamps[0] if stamps else None), [b - a for a, b in itertools.pairwise(stamps)]
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "watch polls a dead host every interval (no backoff) and shares its opening slots with "
-    "it, until the pipeline's one Poller with backoff and fair openings lands: then make this "
-    "a plain test"))
 def test_good_hosts_keep_their_interval_beside_100_black_holes(tmp_path: Path) -> None:
     (tmp_path / "keys").mkdir()
     client_key = asyncssh.generate_private_key("ssh-ed25519")
@@ -115,5 +116,6 @@ def test_good_hosts_keep_their_interval_beside_100_black_holes(tmp_path: Path) -
           f"(n={len(gaps)}) median {statistics.median(gaps):.1f} s, p95 {p95:.1f} s, max "
           f"{gaps[-1]:.1f} s")
     assert len(firsts) == GOOD
-    assert 0.9 * INTERVAL_S <= statistics.median(gaps) <= 1.1 * INTERVAL_S
-    assert p95 <= 1.1 * INTERVAL_S
+    if not SMOKE:  # a time is judged at full size only (figures.py)
+        assert 0.9 * INTERVAL_S <= statistics.median(gaps) <= 1.1 * INTERVAL_S
+        assert p95 <= 1.1 * INTERVAL_S
