@@ -191,6 +191,21 @@ def test_real_probe_documents_become_snapshots(gpu: str, doc: str) -> None:
         assert app.gpu_index == 0 and app.gpu_mem_mib == 3046
 
 
+def test_the_probe_with_its_sources_tightened_runs_on_a_real_h200() -> None:
+    """The probe as sent since its sources lost the spaces Python does not need (bundle._tighten),
+    run on a lent H200 by the box's own python3 (3.12.3, whose tokenizer splits f-strings) through
+    build_command and build_stdin(trim=True) on a first poll: the GPU read through NVML, every
+    health field there, no section failed (tests/captures/README.md)."""
+    raw = (CAPTURES / "h200-driver580" / "probe" / "idle.nvml.tightened.json").read_bytes()
+    snap = parse_probe_output(raw, "box")
+    assert snap.section_errors == {} and snap.gpu_source == "nvml"
+    (gpu,) = snap.gpus
+    assert gpu.name == "NVIDIA H200" and gpu.mem_total_mib == 143771
+    assert gpu.ecc is not None and gpu.ecc.uncorrected_volatile == 0
+    assert gpu.pcie is not None and (gpu.pcie.gen, gpu.pcie.width) == (5, 16)
+    assert gpu.remap is not None and not gpu.remap.pending and gpu.recovery_action == "none"
+
+
 @pytest.mark.parametrize("gpu", GPUS)
 def test_real_once_documents_follow_the_shipped_schema(gpu: str) -> None:
     """`gpuwatch --once --json` as it ran on the real GPU box (idle, training, SIGKILLed,
