@@ -36,6 +36,10 @@ KEYS: tuple[tuple[str, str, str], ...] = (
     ("Tab / Shift+Tab", "next / previous pane; arrows, PageUp/PageDown, Home/End scroll it",
      "host"),
     ("End / G", "in the log: back to following its end (scrolling up holds it)", "host"),
+    ("J", "the Slurm jobs ([slurm] in the config): state, why each ended or waits, time "
+          "left, nodes, run and checkpoint age (J / Esc: back)", "everywhere"),
+    ("r / c", "requeue (scontrol requeue) / cancel (scancel) the selected job; verified by "
+              "the next rounds of the scheduler", "jobs"),
     ("p", "pause / resume polling", "everywhere"),
     ("R", "poll now (once while paused)", "everywhere"),
     ("t, T", "next theme; replay the night from the store (Esc: live)", "everywhere"),
