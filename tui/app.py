@@ -10,7 +10,10 @@ How data gets to the screen (STYLE 3, 4, 18; DESIGN §2):
       its widgets, which only render. A modal ignores it; the screen under it catches up when
       it resumes.
 Screens read a FleetView (tui/view.py) and send their requests up as messages (OpenHost,
-ActionRequested, PrepareAround): the app never asks which screen is shown.
+ActionRequested, PrepareAround): the app never asks which screen is shown. The scheduler's
+rounds (`[slurm]`) come the same way: the pipeline's jobs listener posts JobsReported, and
+JobsUpdated goes down; the jobs screen (`J`) reads them through the FleetView and asks for a job's
+action with JobActionRequested.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ from .messages import (
     ActionRequested,
     HostReported,
     HostUpdated,
+    JobActionRequested,
+    JobsReported,
+    JobsUpdated,
     OpenHost,
     PollNow,
     PrepareAround,
@@ -63,6 +69,10 @@ OVERNIGHT_S = 12 * 3600.0
 """How far back the GPU plots reach into the store's history at start."""
 TICK_S = 2.0
 """Ages on screen ("stale 42 s") move on between polls at this pace."""
+JOB_VERIFY_ROUNDS = 10
+JOB_VERIFY_GAP_S = 3.0
+"""A job's action is verified by the next rounds of the scheduler: at most this many, this far
+apart (as `gpuwatch job` verifies; slurmctld takes a moment)."""
 
 
 def terminal_driver() -> type[TextualDriver] | None:
@@ -89,6 +99,7 @@ class GpuwatchApp(ThemeCssApp):
         Binding("R", "poll_now", "Poll now"),
         Binding("t", "cycle_theme", "Theme"),
         Binding("T", "replay", "Replay"),
+        Binding("J", "jobs", "Jobs"),
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
     ]
@@ -118,7 +129,9 @@ class GpuwatchApp(ThemeCssApp):
         """Points kept over every tag of every host's runs (series.apply_budget)."""
         self.hosts: dict[str, HostData] = {h.name: self._restore(h.name) for h in config.hosts}
         self.view = FleetView(MappingProxyType(self.hosts), config.interval, self.readonly,
-                              config.path, lambda: self.clock(), lambda: self.fleet.paused)
+                              config.path, lambda: self.clock(), lambda: self.fleet.paused,
+                              lambda: self.fleet.jobs.report if self.fleet.jobs else None,
+                              config.slurm.host if config.slurm is not None else None)
         self.host_views = HostViews(self, lambda name: HostScreen(name, self.view))
 
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
@@ -167,7 +180,7 @@ class GpuwatchApp(ThemeCssApp):
         self.theme = wanted
         self.theme_changed_signal.subscribe(self, lambda _t: self._down(Restyled()))
         self.push_screen(FleetScreen(self.view))
-        self.fleet.listen(self._reported, self._watched)
+        self.fleet.listen(self._reported, self._watched, self._jobs_reported)
         if self.poll_enabled:
             self.fleet.start()
         self.set_interval(TICK_S, lambda: self._down(Ticked()))
@@ -180,6 +193,16 @@ class GpuwatchApp(ThemeCssApp):
     def _reported(self, report: Any) -> None:
         """The pipeline's listener (in this loop): post, never touch a widget here."""
         self.post_message(HostReported(report))
+
+    def _jobs_reported(self, report: Any) -> None:
+        """The pipeline's jobs listener (in this loop): post, never touch a widget here."""
+        self.post_message(JobsReported(report))
+
+    def on_jobs_reported(self, _message: JobsReported) -> None:
+        # The pipeline holds the round (fleet.jobs.report); the screen shown reads it there.
+        self._down(JobsUpdated())
+        if self.screen_stack:
+            self.refresh_bindings()
 
     def _watched(self, host: str, events: list[WatchEvent]) -> None:
         """What the watchdog did on a host (restart policies, tui as a watcher): toasts, and
@@ -199,7 +222,11 @@ class GpuwatchApp(ThemeCssApp):
         report = message.report
         data = self.hosts.get(report.name)
         if data is None:
-            return
+            if report.name not in self.fleet.names:
+                return
+            # a Slurm job's node, joined by the scheduler's round: a host from now on
+            watched = self.fleet.host(report.name)
+            data = self.hosts[report.name] = HostData(watched.config, watched.history)
         data.apply(report)
         # Every host's runs share one budget of points (a sweep of 64 runs would otherwise keep
         # up to 2.4 MB a tag): a new tag anywhere shrinks every tag's share.
@@ -218,7 +245,7 @@ class GpuwatchApp(ThemeCssApp):
                 waiting.remove((after, event))
         self.render_host(report.name)
 
-    def _down(self, message: HostUpdated | Ticked | Restyled) -> None:
+    def _down(self, message: HostUpdated | Ticked | Restyled | JobsUpdated) -> None:
         """A message down to the screen shown, whichever it is (a modal ignores it; the
         screen under it catches up when it resumes)."""
         if self.screen_stack:
@@ -304,7 +331,10 @@ class GpuwatchApp(ThemeCssApp):
             return False
         # Inside a modal only its own keys (and quit) work.
         modal = self.screen.is_modal
-        return not (modal and action in ("pause", "poll_now", "cycle_theme", "help", "replay"))
+        if action == "jobs" and self.config.slurm is None:
+            return False  # no [slurm]: no jobs to show, no key
+        return not (modal and action in ("pause", "poll_now", "cycle_theme", "help", "replay",
+                                         "jobs"))
 
     def _launch_record(self, host: str, run: str) -> Any:
         """How a discovered (not configured) run was started, as the store recorded it."""
@@ -382,6 +412,75 @@ class GpuwatchApp(ThemeCssApp):
                     timeout=10, severity=("information" if verified.ok else
                                           "error" if verified.ok is False else "warning"))
 
+    # -- a Slurm job's actions: r c on the jobs screen ----------------------------------------
+    def on_job_action_requested(self, message: JobActionRequested) -> None:
+        """Planned as `gpuwatch job` plans it (sources/slurm_act.py), from the jobs the last
+        round listed; confirmed; then sent and verified by the pipeline."""
+        from gpuwatch.remote.sources.slurm_act import plan_job
+
+        jobs = self.fleet.jobs
+        if jobs is None:
+            return
+        if self.readonly:
+            self.notify("actions are off (--readonly)", severity="warning")
+            return
+        kind, job_id = message.kind, message.job_id
+        listed = jobs.report.jobs if jobs.report is not None else ()
+        try:
+            plan = plan_job(kind, job_id, [v.job for v in listed], readonly=self.readonly)
+        except ValueError as exc:
+            self.notify(f"cannot plan {kind}: {exc}", severity="error")
+            return
+        verb = kind.capitalize()
+        title = f"{verb} job {job_id} on {jobs.config.host}?"
+
+        def done(confirmed: bool | None) -> None:
+            if confirmed:
+                self.execute_job_plan(plan)
+            else:
+                self.notify(f"{verb} cancelled; nothing was sent.", title=f"job {job_id}")
+
+        self.push_screen(ConfirmAction(title, plan.describe(), verb=verb, refusal=plan.refusal),
+                         done)
+
+    @work(group="actions", exit_on_error=False)
+    async def execute_job_plan(self, plan: Any) -> None:
+        """Send a confirmed job action (its own bounded call on the login host, audited), then
+        ask the scheduler again until a round shows it done (never the exit status alone)."""
+        jobs = self.fleet.jobs
+        assert jobs is not None
+        title = f"{plan.kind} job {plan.job_id}"
+        try:
+            sent = await jobs.act(plan, self.store)
+        except Exception as exc:
+            self.notify(f"failed: {exc}", title=title, severity="error", timeout=10)
+            return
+        self.notify(sent.message, title=title, timeout=8,
+                    severity="information" if sent.ok else "error")
+        if not sent.ok:
+            return
+        rounds = 0
+
+        async def next_round() -> Any:
+            nonlocal rounds
+            if rounds:
+                await asyncio.sleep(JOB_VERIFY_GAP_S)  # slurmctld takes a moment
+            rounds += 1
+            await self.fleet.jobs_round()  # landed: the jobs screen shows it at once
+            from gpuwatch.remote.sources.slurm import SlurmError
+
+            answer = jobs.answer
+            return answer if answer is not None else SlurmError("probe", "no answer")
+
+        try:
+            verified = await jobs.verify(plan, next_round, self.store, JOB_VERIFY_ROUNDS)
+        except Exception as exc:
+            self.notify(f"could not verify: {exc}", title=title, severity="warning")
+            return
+        self.notify(verified.message, title=f"{title}: verified" if verified.ok else
+                    f"{title}: not verified", timeout=10,
+                    severity="information" if verified.ok else "warning")
+
     # -- other keys --------------------------------------------------------------------------
     def action_pause(self) -> None:
         if not self.fleet.polling:
@@ -416,6 +515,12 @@ class GpuwatchApp(ThemeCssApp):
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
+
+    def action_jobs(self) -> None:
+        """J: the user's Slurm jobs (tui/screens/jobs.py)."""
+        from .screens.jobs import JobsScreen
+
+        self.push_screen(JobsScreen(self.view))
 
     def action_replay(self) -> None:
         """T: the night as the store holds it (tui/screens/replay.py); nothing is polled or

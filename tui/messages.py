@@ -2,13 +2,15 @@
 
 Down, from the app to the screen shown (whichever it is: the app never asks which): a host's
 data changed, the clock ticked, the theme changed. Up, from a screen to the app: open a host,
-ask for an action, build screens ahead. The pipeline's reports reach the app as HostReported.
+ask for an action, build screens ahead. The pipeline's reports reach the app as HostReported,
+its rounds of the scheduler (`[slurm]`) as JobsReported.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuwatch.remote.model.slurm_job import JobsReport
 from gpuwatch.remote.report import HostReport
 from textual.message import Message
 
@@ -23,6 +25,23 @@ class HostReported(Message):
         # A burst for one host collapses to its newest report: the history already holds
         # everything the older ones brought.
         return isinstance(message, HostReported) and message.report.name == self.report.name
+
+
+@dataclass
+class JobsReported(Message):
+    """A round of the scheduler landed in the pipeline (remote/watch/fleet.py's jobs_round)."""
+
+    report: JobsReport
+
+    def can_replace(self, message: Message) -> bool:
+        # Each round lists every job: the newest says all the older ones did.
+        return isinstance(message, JobsReported)
+
+
+@dataclass
+class JobsUpdated(Message, bubble=False):
+    """Down: the jobs changed (a round of the scheduler landed); a screen that shows them
+    renders them again."""
 
 
 @dataclass
@@ -67,6 +86,16 @@ class ActionRequested(Message):
     host: str
     pid: int | None = None
     run: str | None = None
+
+
+@dataclass
+class JobActionRequested(Message):
+    """Up: a person pressed a job's action key (the jobs screen); the app plans it, confirms
+    it, sends it through the scheduler and verifies it by the next rounds."""
+
+    kind: str
+    """requeue | cancel"""
+    job_id: str
 
 
 @dataclass

@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuwatch.remote.model.slurm_job import JobsReport
+
 from .state import HostData
 
 
@@ -24,6 +26,9 @@ class FleetView:
     """The config file that `P` pins runs into (None: the default place)."""
     _clock: Callable[[], float]
     _paused: Callable[[], bool]
+    _jobs: Callable[[], JobsReport | None] = lambda: None
+    slurm_host: str | None = None
+    """`[slurm] host` (None: the config has no [slurm]: no jobs to show)."""
 
     def now(self) -> float:
         """This machine's clock, as the app keeps it (tests freeze it)."""
@@ -32,3 +37,7 @@ class FleetView:
     @property
     def paused(self) -> bool:
         return self._paused()
+
+    def jobs(self) -> JobsReport | None:
+        """The latest round of the scheduler, as the pipeline landed it (None: none yet)."""
+        return self._jobs()

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from ..actions.restart import Watchdog, WatchEvent
     from ..actions.types import ActionOutcome, ActionPlan
+    from ..model.slurm_job import JobsReport
     from ..notify import Notifier
     from ..sources.prometheus import PrometheusSource
     from ..wire.poller import OpeningLimiter, Poller
@@ -54,9 +55,13 @@ RUNS_SAVE_S = 60.0
 serialising them on every poll of 64 hosts was its poll handler's biggest cost."""
 STOP_GRACE_S = 60.0
 """How long a stopped watcher lets its rounds in flight finish (a relaunch is not cut)."""
+JOBS_SLACK_S = 10.0
+"""A round of the scheduler is bounded by its login host's connect and command timeouts, plus
+this (the source bounds itself; this bounds the rest, so the jobs' loop can never hang)."""
 
 Listener = Callable[[HostReport], None]
 EventListener = Callable[[str, "list[WatchEvent]"], None]
+JobsListener = Callable[["JobsReport"], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +143,13 @@ class FleetWatch:
         """Host → why its last poll was not saved (a locked or failing store): the report
         stands either way."""
         self.jobs: JobsWatch | None = None
-        """`[slurm]`'s jobs (watch/jobs.py): asked each round() before the hosts."""
+        """`[slurm]`'s jobs (watch/jobs.py): asked each round() before the hosts, and every
+        interval on a loop of their own while polling (start())."""
+        self._jobs_listeners: list[JobsListener] = []
+        self._jobs_task: asyncio.Task[None] | None = None
+        self._jobs_wake: asyncio.Event | None = None
+        self._jobs_lock: asyncio.Lock | None = None
+        self._jobs_forced = False
         if config.slurm is not None:
             from .jobs import JobsWatch
 
@@ -178,11 +189,15 @@ class FleetWatch:
     def names(self) -> list[str]:
         return [h.name for h in self.hosts_config]
 
-    def listen(self, on_report: Listener, on_events: EventListener | None = None) -> None:
-        """Call `on_report` with every landed report, `on_events` with what the watchdog did."""
+    def listen(self, on_report: Listener, on_events: EventListener | None = None,
+               on_jobs: JobsListener | None = None) -> None:
+        """Call `on_report` with every landed report, `on_events` with what the watchdog did,
+        `on_jobs` with every landed round of the scheduler (`[slurm]`)."""
         self._listeners.append(on_report)
         if on_events is not None:
             self._event_listeners.append(on_events)
+        if on_jobs is not None:
+            self._jobs_listeners.append(on_jobs)
 
     # -- where every poll lands --------------------------------------------------------------
     def land(self, outcome: PollOutcome) -> HostReport:
@@ -332,22 +347,107 @@ class FleetWatch:
         the hosts' order. Concurrency is bounded where it matters, in the openings."""
         import asyncio
 
-        if self.jobs is not None and names is None:
-            await self.jobs.poll()  # [slurm]: the jobs first, so their nodes are polled too
-            self.add_hosts(self.jobs.new_hosts(tuple(self.hosts_config)))
+        jobs = self.jobs is not None and names is None
+        if jobs:  # [slurm]: the jobs first, so their nodes are polled too
+            await self._jobs_asked()
         chosen = [self._by_name[n] for n in (self.names if names is None else names)]
         reports = list(await asyncio.gather(*(self._cycle(h) for h in chosen)))
-        if self.jobs is not None and names is None:
-            self.jobs.land({n: self.host(n).history for n in self.names},
-                           tuple(self.hosts_config))
+        if jobs:
+            self._jobs_landed()
         return reports
 
     def add_hosts(self, hosts: Sequence[HostConfig]) -> None:
-        """Watch more hosts from now on (a Slurm job's nodes): polled by the next round."""
-        for host in hosts:
-            if host.name not in self._by_name:
-                self.hosts_config.append(host)
-                self._by_name[host.name] = host
+        """Watch more hosts from now on (a Slurm job's nodes): polled by the next round, and
+        while polling (start()) on loops of their own from now."""
+        new = [h for h in hosts if h.name not in self._by_name]
+        for host in new:
+            self.hosts_config.append(host)
+            self._by_name[host.name] = host
+        if new and self._poller is not None:
+            for host in new:
+                self.host(host.name)  # restored before its first poll
+            self._poller.add(new)
+
+    # -- the scheduler's rounds ([slurm]) ------------------------------------------------------
+    async def jobs_round(self) -> JobsReport | None:
+        """One round of the scheduler, landed: the running jobs' new nodes join the polled
+        hosts, each job is linked to its run on its nodes (their latest polls) and judged, and
+        the listeners are told. Never raises: whatever went wrong is the report's error. None
+        without `[slurm]`."""
+        if self.jobs is None:
+            return None
+        import asyncio
+
+        if self._jobs_lock is None:
+            self._jobs_lock = asyncio.Lock()
+        async with self._jobs_lock:  # one round at a time (the source remembers between them)
+            try:
+                await self._jobs_asked()
+            except Exception as exc:  # a loop never dies of one round
+                return self._jobs_failed(exc)
+            return self._jobs_landed()
+
+    async def _jobs_asked(self) -> None:
+        import asyncio
+
+        assert self.jobs is not None
+        bounds = self.jobs.config.settings
+        bound = bounds.connect_timeout + bounds.command_timeout + JOBS_SLACK_S
+        try:
+            await asyncio.wait_for(self.jobs.poll(), timeout=bound)
+        except TimeoutError:
+            from ..sources.slurm import SlurmError
+
+            self.jobs.answer = SlurmError(
+                "timeout", f"the scheduler on {self.jobs.config.host} did not answer within "
+                           f"{bound:g} s")
+        self.add_hosts(self.jobs.new_hosts(tuple(self.hosts_config)))
+
+    def _jobs_landed(self) -> JobsReport:
+        assert self.jobs is not None
+        try:
+            report = self.jobs.land({n: self.host(n).history for n in self.names},
+                                    tuple(self.hosts_config))
+        except Exception as exc:  # a job the linking or judging could not read
+            return self._jobs_failed(exc)
+        for listener in list(self._jobs_listeners):
+            listener(report)
+        return report
+
+    def _jobs_failed(self, exc: Exception) -> JobsReport:
+        from .. import errorlog
+        from ..model.slurm_job import JobsReport
+
+        assert self.jobs is not None
+        where = errorlog.record(exc, f"a round of the scheduler on {self.jobs.config.host}")
+        report = JobsReport(host=self.jobs.config.host, ok=False, polled_at=self.clock(),
+                            error={"kind": "probe", "message":
+                                   f"{errorlog.summary(exc)}; traceback in {where}"})
+        self.jobs.report = report
+        for listener in list(self._jobs_listeners):
+            listener(report)
+        return report
+
+    async def _jobs_loop(self) -> None:
+        """A round of the scheduler every interval (a paused watch asks only when told to),
+        until stop()."""
+        import asyncio
+
+        assert self._jobs_wake is not None
+        while True:
+            if not self.paused or self._jobs_forced:
+                self._jobs_forced = False
+                await self.jobs_round()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._jobs_wake.wait(), timeout=self.config.interval)
+            self._jobs_wake.clear()
+
+    def jobs_now(self, *, through_pause: bool = False) -> None:
+        """Ask the scheduler as soon as its round in flight ends (`through_pause`: once even
+        while polling is paused)."""
+        if self._jobs_wake is not None:
+            self._jobs_forced = self._jobs_forced or through_pause
+            self._jobs_wake.set()
 
     def round_sync(self) -> list[HostReport]:
         """round() for a `--once`: one local host (and nothing to act on) is polled without an
@@ -372,10 +472,29 @@ class FleetWatch:
         self._poller = Poller(self.hosts_config, self._cycle, lambda _h, _r: None,
                               lambda r: r.outcome.ok, interval=self.config.interval)
         self._poller.start()
+        if self.jobs is not None:
+            import asyncio
+
+            self._jobs_wake = asyncio.Event()
+            self._jobs_task = asyncio.create_task(self._jobs_loop(), name="jobs")
 
     async def stop(self, grace_s: float = 0.0) -> None:
         """Stop polling; `grace_s`: let a round in flight end first (a relaunch is not cut)."""
         poller, self._poller = self._poller, None
+        task, self._jobs_task = self._jobs_task, None
+        self._jobs_wake = None
+        if task is not None:
+            import asyncio
+
+            # Cancelled again until it ends: a cancellation can get lost on its way in
+            # (wire/poller.py's stop says how); each round bounds itself.
+            for _ in range(10):
+                task.cancel()
+                done, _pending = await asyncio.wait({task}, timeout=1.0)
+                if done:
+                    if not task.cancelled():
+                        task.exception()
+                    break
         if poller is not None:
             await poller.stop(grace_s)
 
@@ -413,6 +532,8 @@ class FleetWatch:
         if self._poller is not None:
             self._poller.poll_now(self._by_name[name] if name is not None else None,
                                   through_pause=through_pause)
+        if name is None:  # every host: the scheduler too
+            self.jobs_now(through_pause=through_pause)
 
     # -- what a person does -------------------------------------------------------------------
     async def execute(self, plan: ActionPlan, *, readonly: bool) -> ActionOutcome:

@@ -6,19 +6,40 @@ FleetWatch owns one JobsWatch when the config has `[slurm]`. A round asks the lo
 poll yet as hosts (`[slurm] nodes`), polls every host as always, then links each job to its run
 on its nodes (sources/slurm_link.py) and judges it (sources/slurm_why.py: the cause in words,
 the time-limit warning). The result is one JobsReport, beside the hosts' reports.
+
+A job's actions (`gpuwatch job`, the TUI's jobs screen) are planned by sources/slurm_act.py and
+sent, audited and verified here: one way for both.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..config.schema import HostConfig, SlurmConfig
 from ..model.history import HostHistory
-from ..model.slurm_job import JobsReport
+from ..model.slurm_job import Job, JobsReport
 from ..sources.slurm import Answer, SlurmError, SlurmSource
+from ..sources.slurm_act import JobPlan, verified
 from ..sources.slurm_link import host_of, link, node_hosts
 from ..sources.slurm_why import judge
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """What became of a job's action: sent (or verified), in one sentence."""
+
+    ok: bool
+    message: str
+    error_kind: str | None = None
+    """The action could not be sent at all (the login host's failure kind)."""
+    job: Job | None = None
+    """The job as the last round listed it (verify)."""
 
 
 class JobsWatch:
@@ -72,3 +93,62 @@ class JobsWatch:
                                  version=answer.version, via=answer.via, jobs=tuple(views),
                                  problems=answer.problems)
         return self.report
+
+    # -- a person's actions on a job (planned by sources/slurm_act.py) -----------------------
+    def refused(self, plan: JobPlan, store: Store) -> None:
+        """A refused plan, in the audit log (a script's `gpuwatch job` that did nothing)."""
+        store.record_action(who=_who(), host=self.config.host, action=f"job {plan.kind}",
+                            phase="execute", targets=plan.target, command=None,
+                            outcome="refused", ok=False, message=plan.refusal or "refused")
+
+    async def act(self, plan: JobPlan, store: Store) -> JobOutcome:
+        """Send a confirmed plan: its own bounded call on the login host, audited. ok: the
+        scheduler took it (exit 0); verify() says whether it happened."""
+        kind, job_id = plan.kind, plan.job_id
+        if plan.refusal is not None:
+            return JobOutcome(False, f"cannot {kind}: {plan.refusal}")
+        try:
+            status, said = await self.source.act(kind, job_id)
+        except SlurmError as exc:
+            store.record_action(who=_who(), host=self.config.host, action=f"job {kind}",
+                                phase="execute", targets=plan.target, command=plan.command,
+                                outcome=exc.kind, ok=False, message=exc.message)
+            return JobOutcome(False, f"{kind} of job {job_id} not sent: {exc.message}",
+                              error_kind=exc.kind)
+        ok = status == 0
+        message = f"{kind} of job {job_id}: " + (said or ("sent" if ok else f"exit {status}"))
+        store.record_action(who=_who(), host=self.config.host, action=f"job {kind}",
+                            phase="execute", targets=plan.target, command=plan.command,
+                            outcome="sent" if ok else "failed", ok=ok, message=message)
+        return JobOutcome(ok, message)
+
+    async def verify(self, plan: JobPlan, next_round: Callable[[], Awaitable[Answer | SlurmError]],
+                     store: Store, rounds: int) -> JobOutcome:
+        """THE verify loop of a job's action: up to `rounds` rounds of the scheduler after it
+        (`next_round` brings one, waiting as its caller paces them) until one shows it done
+        (slurm_act.verified), audited either way."""
+        before = plan.job
+        after: Job | None = None
+        good = False
+        for _ in range(rounds):
+            answer = await next_round()
+            if isinstance(answer, SlurmError):
+                continue
+            after = next((j for j in answer.jobs if j.job_id == plan.job_id), None)
+            good = before is not None and verified(plan.kind, before, after)
+            if good:
+                break
+        state = after.state if after is not None else "not listed"
+        said = f"job {plan.job_id} is {state}" + (f" ({after.reason})" if after and after.reason
+                                                  else "")
+        store.record_action(who=_who(), host=self.config.host, action=f"job {plan.kind}",
+                            phase="verify", targets=plan.target, command=None,
+                            outcome="verified" if good else "not verified", ok=good,
+                            message=said, at=time.time())
+        return JobOutcome(good, said, job=after)
+
+
+def _who() -> str:
+    from ..actions.execute import who
+
+    return who()

@@ -119,16 +119,32 @@ class Poller(Generic[H, R]):
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._stopping = False
+        self._started = False
 
     @property
     def paused(self) -> bool:
         return not self._resumed.is_set()
 
     def start(self) -> None:
+        self._started = True
         for i, loop in enumerate(self._loops):
             # Spread the first polls over a fraction of a second rather than all at t=0.
             first = min(0.5, 0.01 * i)
             loop.task = asyncio.create_task(self._run(loop, first), name=f"poll:{i}")
+
+    def add(self, hosts: Sequence[H]) -> None:
+        """Poll these hosts too from now on (a Slurm job's nodes), each on a loop of its own;
+        a host already polled is not polled twice. Before start() they start with the rest."""
+        known = [loop.host for loop in self._loops]
+        for host in hosts:
+            if host in known:
+                continue
+            known.append(host)
+            loop = _HostLoop(host)
+            self._loops.append(loop)
+            if self._started and not self._stopping:
+                loop.task = asyncio.create_task(self._run(loop, 0.0),
+                                                name=f"poll:{len(self._loops) - 1}")
 
     async def stop(self, grace_s: float = 0.0) -> None:
         """Stop every host's loop and wait until each has ended; `grace_s`: first let polls in

@@ -25,8 +25,9 @@ KEYS: tuple[tuple[str, str, str], ...] = (
     ("K", "kill the selected process (TERM, grace, KILL; identity re-checked)", "host"),
     ("z", "reap: end the processes that hold VRAM though no live run owns them",
      "fleet, host"),
-    ("r", "relaunch the selected run from its latest checkpoint", "host"),
-    ("a", "acknowledge a dead run: not critical", "host"),
+    ("r; c", "relaunch the selected run from its checkpoint; requeue / cancel a job",
+     "host; jobs"),
+    ("a", "acknowledge a dead run's death", "host"),
     ("n / N", "next / previous run (configured, then discovered ones)", "host"),
     ("P", "pin the selected discovered run into the config", "host"),
     ("[ ], s S, l, x", "loss plot: previous / next tag, less / more smoothing, log-y, "
@@ -38,9 +39,9 @@ KEYS: tuple[tuple[str, str, str], ...] = (
     ("End / G", "in the log: back to following its end (scrolling up holds it)", "host"),
     ("p", "pause / resume polling", "everywhere"),
     ("R", "poll now (once while paused)", "everywhere"),
-    ("t, T", "next theme; replay the night from the store (Esc: live)", "everywhere"),
-    ("?", "this help", "everywhere"),
-    ("q", "quit", "everywhere"),
+    ("t, T, J", "next theme; replay the night (Esc: live); Slurm jobs ([slurm])",
+     "everywhere"),
+    ("?, q", "this help; quit", "everywhere"),
 )
 
 
