@@ -193,6 +193,8 @@ async def test_slash_finds_a_host_by_name_run_or_user_and_enter_opens_it() -> No
         await pilot.pause()
         assert app.screen is screen and app.focused is screen.table
         assert len(screen.table.shown) == 10
+        title = str(screen.query_one("#fleet-title").render())
+        assert "10 shown (filter 'node-01')" in title and "2 groups" in title, title
         assert screen.table.selected_host == screen.table.shown[0]
         assert screen.table.row_keys[0] == GROUP_ROW + "node"  # open while filtering
         await pilot.press("enter")

@@ -109,7 +109,7 @@ class FleetScreen(KeptScreen):
         Binding("escape", "clear_filter", "Clear filter", show=False),
         Binding("o", "sort", "Sort"),
         Binding("exclamation_mark", "attention", "Attention", key_display="!"),
-        Binding("space", "fold", "Fold group", key_display="Space"),
+        Binding("space", "fold", "Fold", key_display="Space"),
         Binding("z", "reap", "Reap"),
         # When the action above is greyed out (or hidden), its key falls through to this: a
         # toast says why nothing happened and what to do, instead of silence.
@@ -285,15 +285,15 @@ class FleetScreen(KeptScreen):
         go first (the interval, then the sort), never a part cut mid-number."""
         view = self.view
         n = len(view.hosts)
-        shown = self.table.row_count
+        shown = len(self.table.shown)  # the hosts' rows (not the groups')
         parts: list[tuple[int, str]] = [(0, f"gpuwatch · {n} host{'s' * (n != 1)}")]
         parts += summary(list(view.hosts.values()), view.now(), view.interval)
         if shown != n:
             what = ("needing attention" if self.filter_text.strip() == ATTENTION
                     else f"(filter {self.filter_text!r})")
             parts.append((1, f"{shown} shown {what}"))
-        if self._groups:
-            k = len(self._groups)
+        if self._group_of is not None:
+            k = len(set(self._group_of.values()))
             parts.append((3, f"{k} group{'s' * (k != 1)}"))
         if self.sort:  # the default, worst first, goes without saying
             parts.append((3, f"sorted by {SORTS[self.sort][1]}"))
