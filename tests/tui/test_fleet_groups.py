@@ -200,3 +200,38 @@ async def test_slash_finds_a_host_by_name_run_or_user_and_enter_opens_it() -> No
         await pilot.press("enter")
         await pilot.pause()
         assert isinstance(app.screen, HostScreen)
+
+
+# ----------------------------------------------------------------------------- who holds GPUs
+
+async def test_u_lists_who_holds_the_gpus_and_enter_filters_the_fleet_to_them() -> None:
+    from gpuwatch.tui.holders import holders
+    from gpuwatch.tui.screens.users import UsersScreen
+    from gpuwatch.tui.widgets.users_table import UsersTable, hosts_words
+
+    cfg = fx.config(n_extra=40)
+    app = make_app(cfg)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await feed(pilot, node_polls(cfg, users={"node-033": "carol", "node-034": "carol"}))
+        rows = holders(app.hosts.values(), fx.NOW)
+        carol = next(r for r in rows if r.user == "carol")
+        assert carol.hosts == ("node-033", "node-034") and carol.processes == 2
+        assert carol.gpus == (("node-033", 0), ("node-034", 0))
+        assert carol.vram_mib == 2 * 61_000 and carol.held_s is not None
+        alice = next(r for r in rows if r.user == "alice")  # gpu-healthy's 4 ranks and more
+        assert rows[0] == alice and ("gpu-healthy", 3) in alice.gpus
+        await pilot.press("u")
+        await pilot.pause()
+        assert isinstance(app.screen, UsersScreen)
+        table = app.screen.query_one(UsersTable)
+        assert table.row_count == len(rows)
+        assert table.get_cell("carol", "gpus").plain == "2"
+        assert table.get_cell("carol", "vram").plain == "119.1 GiB"
+        assert table.get_cell("carol", "hosts").plain == "node-033 node-034"
+        await pilot.press("j")  # alice, then carol
+        await pilot.pause()
+        await pilot.press("enter")
+        await pilot.pause()
+        screen = fleet(app)
+        assert sorted(screen.table.shown) == ["node-033", "node-034"]
+    assert hosts_words([f"node-{i:03d}" for i in range(9)], 30) == "node-000 node-001 node-002 +6"

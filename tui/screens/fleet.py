@@ -21,6 +21,7 @@ from ..why_not import TITLES, why_not
 from ..widgets.fleet_table import FleetTable, Row
 from ..widgets.key_footer import KeyFooter
 from .kept import KEEP, KeptScreen
+from .users import UsersScreen
 
 SORTS: tuple[tuple[str | None, str], ...] = (
     ("state", "worst first"), (None, "the config's order"), ("host", "name"),
@@ -110,6 +111,7 @@ class FleetScreen(KeptScreen):
         Binding("o", "sort", "Sort"),
         Binding("exclamation_mark", "attention", "Attention", key_display="!"),
         Binding("space", "fold", "Fold", key_display="Space"),
+        Binding("u", "users", "Users"),
         Binding("z", "reap", "Reap"),
         # When the action above is greyed out (or hidden), its key falls through to this: a
         # toast says why nothing happened and what to do, instead of silence.
@@ -464,6 +466,18 @@ class FleetScreen(KeptScreen):
         else:
             box.value = ATTENTION
             box.display = True
+        self.table.focus()
+
+    def action_users(self) -> None:
+        """u: who holds the GPUs; Enter there filters the fleet to that user's hosts."""
+        self.app.push_screen(UsersScreen(self.view), self.filter_to)
+
+    def filter_to(self, text: str | None) -> None:
+        if not text:
+            return
+        box = self.query_one("#filter", Input)
+        box.value = text
+        box.display = True
         self.table.focus()
 
     def action_sort(self) -> None:

@@ -19,6 +19,8 @@ KEYS: tuple[tuple[str, str, str], ...] = (
     ("/", "filter hosts (name, run, user, group, state, finding code); Enter opens the one "
           "match, else goes to the first", "fleet"),
     ("Space", "fold / unfold the group (Enter on a group's row too)", "fleet"),
+    ("u", "who holds the GPUs: per user, GPUs, VRAM, for how long, hosts; Enter filters "
+          "the fleet to that user's hosts", "fleet"),
     ("Escape", "back / clear the filter / close", "everywhere"),
     ("j / k, g / G", "down / up, first / last row in a table (also arrows, Home / End)",
      "tables"),
