@@ -36,7 +36,8 @@ from ..textual_compat import (
 )
 
 GIVE_WAY = ("replay", "users", "cycle_theme", "axis", "logy", "smoothing(1)", "pause", "fold",
-            "poll_now", "poll_here", "attention", "pane(0)", "ack", "pin", "tag(1)", "filter", "sort", "back")
+            "poll_now", "poll_here", "attention", "pane(0)", "ack", "pin", "tag(1)", "filter",
+            "sort", "back")
 """Actions whose keys leave a footer too narrow for them, first to go first."""
 
 
