@@ -16,11 +16,9 @@ from textual.widgets import Static
 
 KEYS: tuple[tuple[str, str, str], ...] = (
     ("Enter / click", "open the host under the cursor", "fleet"),
-    ("/", "filter hosts (name, run, user, group, state, finding code); Enter opens the one "
-          "match, else goes to the first", "fleet"),
-    ("Space", "fold / unfold the group (Enter on a group's row too)", "fleet"),
-    ("u", "who holds the GPUs: per user, GPUs, VRAM, for how long, hosts; Enter filters "
-          "the fleet to that user's hosts", "fleet"),
+    ("/", "filter hosts (name, run, user, state, finding code); Enter opens a lone match",
+     "fleet"),
+    ("Space; u", "fold / unfold a group; who holds the GPUs", "fleet"),
     ("Escape", "back / clear the filter / close", "everywhere"),
     ("j / k, g / G", "down / up, first / last row in a table (also arrows, Home / End)",
      "tables"),
@@ -65,10 +63,8 @@ GLYPHS: tuple[tuple[str, str], ...] = (
     ("⚠", "the GPUs' driver did not answer (fleet GPU column, GPUs pane), or a GPU is held "
           "back: a throttle reason (GPUs pane)"),
     ("◆", "a checkpoint on the loss plot, at the loss when it was saved"),
-    ("▸  ▾", "a group of hosts, folded or open; its row counts its hosts by state "
-              "(✗2 ✖1 ▲3 ●58)"),
     ("▼  ▲", "the column a table is sorted by, and which way (o, and M C T I in Processes)"),
-    ("▾  ├  └", "Processes: a run, then its processes as a tree"),
+    ("▸ ▾  ├  └", "a group folded, open; Processes: a run's processes as a tree"),
 )
 """Every glyph the screens use, in words."""
 

@@ -87,7 +87,8 @@ class FleetTable(DataTable[Text]):
         self._shown: list[str] = []
         self._keys: list[str] = []
         """Every row's key in order: hosts' names and groups' keys."""
-        self._states: dict[str, str] = {}
+        self._states: dict[str, object] = {}
+        """Each row's state cell as last painted (a group's: every cell's words)."""
         self._hosts: list[Row] = []
         self._rows_of: dict[str, int] = {}
         """Each host shown: its row."""
@@ -246,14 +247,19 @@ class FleetTable(DataTable[Text]):
         """A group's row anew (a poll of one of its hosts landed)."""
         if group.key not in self._widths:
             return
-        widths = self.measure_group(group)
+        cells = self._group_cells(group, now, interval)
+        said = tuple((cells[key].plain, str(cells[key].style)) for key, _ in self.fit.columns)
+        if said == self._states.get(group.key):  # most polls and ticks change nothing here
+            return
+        widths = _group_widths(cells)
         if widths != self._widths.get(group.key):
             self._widths[group.key] = widths
             if self.choose_fit() != self.fit:
                 self._refit()
                 return
-        for (key, _), cell in zip(self.fit.columns, self.group_cells(group, now, interval),
-                                  strict=True):
+        self._states[group.key] = said
+        for key, _ in self.fit.columns:
+            cell = cells[key]
             self.update_cell(group.key, key, cell, update_width=self._grows(key, cell))
 
     def update_host(self, data: HostData, now: float, interval: float) -> None:
@@ -360,11 +366,7 @@ class FleetTable(DataTable[Text]):
 
     def measure_group(self, group: FleetGroup) -> dict[str, int]:
         """The width each of a group's cells needs (its counts are cut to fit the state)."""
-        cells = self._group_cells(group, *self._when)
-        return {"host": cells["host"].cell_len, "util": cells["util"].cell_len,
-                "state": cells["state"].cell_len, "finding": 0, "error": 0, "clock": 0,
-                "vram": cells["vram"].cell_len, "findings": cells["findings"].cell_len,
-                "runs": cells["runs"].cell_len, "runs-glyphs": cells["runs"].cell_len}
+        return _group_widths(self._group_cells(group, *self._when))
 
     def state_cell(self, data: HostData, now: float, interval: float) -> Text:
         """The host's state, or, where it was polled fine, its worst problem in words: a
@@ -438,6 +440,13 @@ class FleetTable(DataTable[Text]):
                 text.append(f"{counts[sev]}{SEVERITY_GLYPH[sev]}",
                             style=severity_colour(self.app, sev))
         return text
+
+
+def _group_widths(cells: dict[str, Text]) -> dict[str, int]:
+    return {"host": cells["host"].cell_len, "util": cells["util"].cell_len,
+            "state": cells["state"].cell_len, "finding": 0, "error": 0, "clock": 0,
+            "vram": cells["vram"].cell_len, "findings": cells["findings"].cell_len,
+            "runs": cells["runs"].cell_len, "runs-glyphs": cells["runs"].cell_len}
 
 
 def _key(row: Row) -> str:
