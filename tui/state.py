@@ -126,6 +126,14 @@ class HostData:
         return [r.name for r in self.config.runs] + discovered_names(self.history.runs,
                                                                      self.config)
 
+    def gpu_users(self) -> list[str]:
+        """The users of the processes on its GPUs (the newest snapshot's), each once."""
+        snap = self.snapshot
+        if snap is None:
+            return []
+        return list(dict.fromkeys(p.user for p in snap.processes
+                                  if p.gpu_index is not None or p.gpu_mem_mib))
+
     def run_status(self, name: str) -> str:
         """A run's status as the TUI shows it: the series' ("running", "dead", ...), "left
         behind" for a discovered run that is only a dead run's VRAM zombie (U11), "unknown"

@@ -184,7 +184,7 @@ _TOP_KEYS = {"interval", "readonly", "theme", "ssh", "hosts", "thresholds", "not
              "slurm"}
 _HOST_KEYS = {"ssh", "python", "disks", "runs", "price_per_gpu_hour", "price_per_kwh"} | _SSH_KEYS
 _TOP_KEYS |= {"sources"}  # [sources.prometheus] (remote/sources/)
-_HOST_KEYS |= {"source"}
+_HOST_KEYS |= {"source", "group"}
 _RUN_KEYS = {f.name for f in fields(RunConfig)} - {"name"}
 _RUN_STRINGS = ("process", "workdir", "log", "events", "checkpoints", "done", "relaunch",
                 "loss_tag", "eval_tag")
@@ -395,8 +395,11 @@ class _Validator:
         prices = {p: self.get(table, p, key, self.number(PRICE_RANGE), None)
                   for p in ("price_per_gpu_hour", "price_per_kwh")}
         source = self.get(table, "source", key, self.choice(SOURCES), "ssh")
+        group = self.get(table, "group", key, self.string, None)
         return HostConfig(name=name, ssh=target, python=python, disks=disks, runs=tuple(runs),
-                          settings=self.ssh(table, key, ssh), source=source, **prices)
+                          settings=self.ssh(table, key, ssh), source=source,
+                          group=group.strip() if group else None,
+                          **prices)
 
     def disks(self, value: Any, key: Key) -> tuple[str, ...]:
         disks = self.strings(value, key)

@@ -158,6 +158,9 @@ class HostConfig:
     source: str = "ssh"
     """Where its data comes from: "ssh" (a poll over SSH, or of this machine when `local`), or
     "prometheus" (`[sources.prometheus]`: GPUs and the watchers' verdicts, no runs)."""
+    group: str | None = None
+    """The fleet view's group of this host (None: where the fleet is large, its name less the
+    trailing number: `node-017` is in `node`)."""
 
     @property
     def is_local(self) -> bool:

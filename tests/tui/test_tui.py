@@ -144,7 +144,11 @@ async def test_fleet_scales_to_64_hosts_and_scrolls() -> None:
     async with app.run_test(size=(120, 30)) as pilot:
         await feed(pilot, fx.latest(app.config))
         table = app.screen.query_one(FleetTable)
-        assert table.row_count == 69
+        # grouped (more than 24 hosts): the gpu-* hosts, then the 64 fine nodes, folded
+        assert table.row_count == 2 + 5 and len(table.shown) == 5
+        await pilot.press("G", "space")  # the node group's row: unfolded
+        await pilot.pause()
+        assert table.row_count == 2 + 69 and len(table.shown) == 69
         await pilot.press("ctrl+end")
         await pilot.pause()
         assert table.selected_host == table.shown[-1] and table.scroll_y > 0

@@ -38,8 +38,8 @@ def demo(tmp_path: Path) -> Iterator[Tmux]:
 
 
 def open_host(tmux: Tmux, name: str) -> str:
-    """Open a host's view through the `/` filter (rows re-sort by severity as findings change,
-    so a row number would race)."""
+    """Open a host's view through the `/` filter, Enter opening the one match (rows re-sort by
+    severity as findings change, so a row number would race)."""
     for _ in range(5):  # back to the fleet view (a key can be lost while a toast is up)
         if tmux.capture().lstrip().startswith("gpuwatch ·"):
             break
@@ -47,9 +47,8 @@ def open_host(tmux: Tmux, name: str) -> str:
     tmux.wait(lambda s: s.lstrip().startswith("gpuwatch ·"), "the fleet view")
     tmux.keys("/", "C-u")
     tmux.type(name)
-    tmux.keys("Enter")
     tmux.wait(lambda s: f"1 shown (filter {name!r})" in s, f"the fleet filtered to {name}")
-    tmux.keys("Enter")
+    tmux.keys("Enter")  # the one match: opened
     return tmux.wait(lambda s: s.lstrip().startswith(name), f"the host view of {name}")
 
 
@@ -277,3 +276,88 @@ def test_the_first_screen_at_80x24_answers_first(tmp_path: Path) -> None:
         assert "✖ run died: OOM-killed" in top[0], screen
         assert top[1].lstrip().startswith("✖ run died: OOM-killed — fix the cause"), screen
         print(f"the worst host was the first row {took:.1f} s after the start")
+
+
+FAKES = Path(__file__).resolve().parents[1] / "integration" / "fleet_fakes.py"
+
+
+@contextlib.contextmanager
+def fake_fleet(folder: Path, hosts: dict[str, bool]) -> Iterator[Path]:
+    """tests/integration/fleet_fakes.py's cheap SSH boxes, one per host, answering (True) or a
+    black hole (False); yields a config that names them all (connect_timeout 2 s)."""
+    import asyncssh
+
+    keys = folder / "keys"
+    keys.mkdir(parents=True)
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    key.write_private_key(str(keys / "client_key"))
+    (keys / "client_key").chmod(0o600)
+    key.write_public_key(str(keys / "client_key.pub"))
+    good = [n for n, ok in hosts.items() if ok]
+    bad = [n for n, ok in hosts.items() if not ok]
+    fleet = subprocess.Popen([sys.executable, str(FAKES), str(len(good)), str(len(bad)),
+                              str(keys)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert fleet.stdout is not None
+        import json
+
+        ports = json.loads(fleet.stdout.readline())
+        port = dict(zip(good, ports["good"], strict=True)) | dict(
+            zip(bad, ports["bad"], strict=True))
+        host_key = " ".join((keys / "host_key.pub").read_text().split()[:2])
+        known = folder / "known_hosts"
+        known.write_text("".join(f"[127.0.0.1]:{p} {host_key}\n" for p in port.values()))
+        (folder / "ssh_config").write_text("\n".join(
+            f"Host {name}\n    HostName 127.0.0.1\n    Port {p}\n    User gwt\n"
+            f"    IdentityFile {keys / 'client_key'}\n    IdentitiesOnly yes\n"
+            for name, p in port.items()))
+        config = folder / "fleet.toml"
+        config.write_text(
+            "interval = 5\n[ssh]\nconnect_timeout = 2\n"
+            f"config_file = {json.dumps(str(folder / 'ssh_config'))}\n"
+            f"known_hosts = {json.dumps(str(known))}\n"
+            + "".join(f'[hosts.{name}]\nssh = "{name}"\n' for name in hosts))
+        yield config
+    finally:
+        if fleet.stdin is not None:
+            fleet.stdin.close()  # it serves until its stdin closes
+        try:
+            fleet.wait(10)
+        except subprocess.TimeoutExpired:
+            fleet.kill()
+            fleet.wait()
+
+
+def test_a_large_fleet_at_80x24_worst_group_first_and_a_host_found_in_two_keys(
+        tmp_path: Path) -> None:
+    """130 hosts over real SSH at 80×24: 120 answering `node-NNN` boxes and 10 `rack-N` black
+    holes. The rack group, every host of it unreachable, is the first row, open, its hosts under
+    it; the node group is a row of its own further down; `/`, a node's name, Enter: its view."""
+    hosts = {f"rack-{i}": False for i in range(10)} | {f"node-{i:03d}": True for i in range(120)}
+    with fake_fleet(tmp_path, hosts) as config, gpuwatch_in_tmux(
+            tmp_path, ["--config", str(config)], label="groups", size=(80, 24)) as tmux:
+
+        def worst_group_first(screen: str) -> bool:
+            rows = [line.strip() for line in screen.splitlines()]
+            group = next((i for i, r in enumerate(rows) if r.startswith(("▾", "▸"))), None)
+            return (group is not None and rows[group].startswith("▾ rack (10)")
+                    and "✗10" in rows[group] and rows[group + 1].startswith("rack-")
+                    and "✗" in rows[group + 1])
+
+        screen = tmux.wait(worst_group_first, "the rack group first, every host unreachable",
+                           90)
+        title = screen.splitlines()[0]
+        assert "130 hosts" in title and "2 groups" in title, screen
+        print(screen)
+        tmux.wait(lambda s: "node (120)" in s or any(
+            line.strip().startswith("node-") for line in s.splitlines()),
+                  "the node group's row or its hosts on the screen", 60)
+        tmux.keys("/")
+        tmux.type("node-077")
+        tmux.wait(lambda s: "1 shown (filter 'node-077')" in s, "node-077 alone", 20)
+        tmux.keys("Enter")
+        view = tmux.wait(lambda s: s.lstrip().startswith("node-077"), "node-077's view", 20)
+        assert "GPUs" in view, view
+        tmux.keys("q")
+        tmux.wait_for("GPUWATCH-EXITED-0", 30)

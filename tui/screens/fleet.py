@@ -1,4 +1,5 @@
-"""FleetScreen: every host in one table; `/` filters, `o` sorts, Enter opens a host."""
+"""FleetScreen: every host in one table, in groups where the fleet is large; `/` filters
+(Enter on a single match opens it), `o` sorts, Space folds a group, Enter opens a host."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Input, Static
 
 from ..format import human_age
+from ..groups import GROUP_FROM, FleetGroup, group_key_name, group_names
 from ..messages import ActionRequested, HostUpdated, OpenHost, PrepareAround, Restyled, Ticked
 from ..state import HostData
 from ..view import FleetView
 from ..why_not import TITLES, why_not
-from ..widgets.fleet_table import FleetTable
+from ..widgets.fleet_table import FleetTable, Row
 from ..widgets.key_footer import KeyFooter
 from .kept import KEEP, KeptScreen
+from .users import UsersScreen
 
 SORTS: tuple[tuple[str | None, str], ...] = (
     ("state", "worst first"), (None, "the config's order"), ("host", "name"),
@@ -58,7 +61,8 @@ def matches(needle: str, h: HostData, now: float, interval: float) -> bool:
     """Whether the filter keeps a host: `!` the hosts that need attention; a severity or state
     word (`critical`, `warning`, `info`, `ok`, `unreachable`, `stale`) the hosts at that
     verdict; words with * or ? a glob over the host's words; else any of its words contains
-    the text (name, ssh, runs, the state's words, finding codes)."""
+    the text (name, ssh, runs, the users of its GPUs' processes, the state's words, finding
+    codes, its configured group)."""
     if needle == ATTENTION:
         return needs_attention(h, now, interval)
     verdict = h.verdict(now, interval)
@@ -66,8 +70,9 @@ def matches(needle: str, h: HostData, now: float, interval: float) -> bool:
         return verdict.label == needle
     if needle in ("unreachable", "stale", "waiting"):
         return verdict.state == needle
-    words = [h.name, h.config.ssh, *h.run_names(), h.status(now, interval).text,
-             h.headline(now, interval).words, verdict.label, *(f.code for f in h.findings)]
+    words = [h.name, h.config.ssh, *h.run_names(), *h.gpu_users(), h.status(now, interval).text,
+             h.headline(now, interval).words, verdict.label, *(f.code for f in h.findings),
+             *([h.config.group] if h.config.group else [])]
     if any(c in needle for c in "*?["):
         return any(fnmatch.fnmatchcase(w.lower(), needle) for w in words)
     return needle in " ".join(words).lower()
@@ -105,6 +110,8 @@ class FleetScreen(KeptScreen):
         Binding("escape", "clear_filter", "Clear filter", show=False),
         Binding("o", "sort", "Sort"),
         Binding("exclamation_mark", "attention", "Attention", key_display="!"),
+        Binding("space", "fold", "Fold", key_display="Space"),
+        Binding("u", "users", "Users"),
         Binding("z", "reap", "Reap"),
         # When the action above is greyed out (or hidden), its key falls through to this: a
         # toast says why nothing happened and what to do, instead of silence.
@@ -140,6 +147,13 @@ class FleetScreen(KeptScreen):
         """Hosts whose polls landed since the last settle: their rows are painted then."""
         self._settle_due = False
         self._settled_at = float("-inf")
+        self._group_of: dict[str, str] | None = group_names(list(view.hosts.values()))
+        """Each host's group (tui/groups.py), or None: the fleet is not grouped."""
+        self._folded: dict[str, bool] = {}
+        """The groups a person folded (True) or unfolded (False) here, by name: others follow
+        their default (folded where the fleet is large and every host of it is fine)."""
+        self._groups: dict[str, FleetGroup] = {}
+        """The groups as last shown, by name."""
 
     def compose(self) -> ComposeResult:
         self.mark_styled()  # its widgets are styled as they mount (screens/kept.py)
@@ -189,13 +203,45 @@ class FleetScreen(KeptScreen):
         self._keys = {h.name: sort_key(column, h, now, interval) for h in hosts}
         return sorted(hosts, key=lambda h: self._keys[h.name])
 
+    def rows(self) -> list[Row]:
+        """The table's rows: the hosts in order, or, in a grouped fleet, each group's row
+        followed by its hosts unless it is folded; groups in the order of their first host
+        (sorted worst first: the worst group first). While filtering, every group with a match
+        is unfolded."""
+        hosts = self.ordered_hosts()
+        if self._group_of is None:
+            self._groups = {}
+            return list(hosts)
+        members: dict[str, list[HostData]] = {}
+        for h in hosts:
+            members.setdefault(self._group_of[h.name], []).append(h)
+        now, interval = self.view.now(), self.view.interval
+        filtering = bool(self.filter_text.strip())
+        large = len(self.view.hosts) > GROUP_FROM
+        rows: list[Row] = []
+        self._groups = {}
+        for name, its in members.items():
+            folded = False if filtering else self._folded.get(name, large and not any(
+                needs_attention(h, now, interval) for h in its))
+            group = self._groups[name] = FleetGroup(name, tuple(its), folded)
+            rows.append(group)
+            if not folded:
+                rows.extend(its)
+        return rows
+
     def refresh_all(self) -> None:
         self.table.paused = self.view.paused
-        self.table.show(self.ordered_hosts(), self.view.now(), self.view.interval,
+        self.table.show(self.rows(), self.view.now(), self.view.interval,
                         sorted_by=SORTS[self.sort][0])
         if not self.touched and self.table.row_count:
-            self.table.move_cursor(row=0)  # the worst host, till a person moves the cursor
+            self.rest_on_first_host()  # the worst host, till a person moves the cursor
         self.refresh_title()
+
+    def rest_on_first_host(self) -> None:
+        """The cursor on the first host's row (under its group's row), or the first row."""
+        keys = self.table.row_keys
+        first = next((i for i, k in enumerate(keys) if group_key_name(k) is None), 0)
+        self.table.move_cursor(row=first)
 
     def on_key(self) -> None:
         self.touched = True
@@ -207,33 +253,50 @@ class FleetScreen(KeptScreen):
         if not self.query(FleetTable):  # a poll landing while the screen is torn down (quit)
             return
         self.table.update_host(self.view.hosts[name], self.view.now(), self.view.interval)
+        self.refresh_group_of(name)
         self.refresh_title()
+
+    def refresh_group_of(self, host: str) -> None:
+        """The row of the host's group (its counts), where the fleet is grouped."""
+        name = self._group_of.get(host) if self._group_of is not None else None
+        group = self._groups.get(name) if name is not None else None
+        if group is not None:
+            self.table.update_group(group, self.view.now(), self.view.interval)
 
     def tick(self) -> None:
         if not self.is_mounted or not self.query(FleetTable):
             return  # not yet composed, or being torn down (the app's tick outlives them)
-        if SORTS[self.sort][0] is not None:  # a sorted table follows its values as they move
-            order = [h.name for h in self.ordered_hosts()]
-            if order != self.table.shown:
-                self.refresh_all()
-                return
+        # a sorted table follows its values as they move; groups fold and unfold with theirs
+        if ((SORTS[self.sort][0] is not None or self._group_of is not None)
+                and self.row_keys() != self.table.row_keys):
+            self.refresh_all()
+            return
         self.table.paused = self.view.paused
         self.table.update_states(self.visible_hosts(), self.view.now(), self.view.interval)
+        for group in self._groups.values():
+            self.table.update_group(group, self.view.now(), self.view.interval)
         if self.view.paused:  # the data's age moves on
             self.refresh_title()
+
+    def row_keys(self) -> list[str]:
+        """The rows' keys as they would be shown now (hosts' names, groups' keys)."""
+        return [r.name if isinstance(r, HostData) else r.key for r in self.rows()]
 
     def refresh_title(self) -> None:
         """One line: the parts that fit, whole; where the screen is narrow the least needed
         go first (the interval, then the sort), never a part cut mid-number."""
         view = self.view
         n = len(view.hosts)
-        shown = self.table.row_count
+        shown = len(self.table.shown)  # the hosts' rows (not the groups')
         parts: list[tuple[int, str]] = [(0, f"gpuwatch · {n} host{'s' * (n != 1)}")]
         parts += summary(list(view.hosts.values()), view.now(), view.interval)
         if shown != n:
             what = ("needing attention" if self.filter_text.strip() == ATTENTION
                     else f"(filter {self.filter_text!r})")
             parts.append((1, f"{shown} shown {what}"))
+        if self._group_of is not None:
+            k = len(set(self._group_of.values()))
+            parts.append((3, f"{k} group{'s' * (k != 1)}"))
         if self.sort:  # the default, worst first, goes without saying
             parts.append((3, f"sorted by {SORTS[self.sort][1]}"))
         parts.append((4, f"polling every {view.interval:g} s"))
@@ -292,16 +355,19 @@ class FleetScreen(KeptScreen):
         rows, self._rows = self._rows, set()
         if not (self.is_mounted and self.query(FleetTable)):
             return
-        if self._moved:
+        if self._moved or self._group_of is not None:  # a group folds as its hosts turn bad
             self._moved = False
-            order = [h.name for h in self.ordered_hosts()]
-            if order != self.table.shown:
+            if self.row_keys() != self.table.row_keys:
                 self.refresh_all()
                 return
         now, interval = self.view.now(), self.view.interval
         for name in rows:
             if name in self.view.hosts:
                 self.table.update_host(self.view.hosts[name], now, interval)
+        if self._group_of is not None:
+            for group in {self._group_of[n] for n in rows if n in self._group_of}:
+                if group in self._groups:
+                    self.table.update_group(self._groups[group], now, interval)
         self.refresh_title()
 
     def on_ticked(self, _message: Ticked) -> None:
@@ -313,6 +379,8 @@ class FleetScreen(KeptScreen):
 
     # -- keys and mouse --------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "fold":  # only a grouped fleet has groups to fold
+            return self._group_of is not None
         if action == "reap":
             host = self.selected_host
             data = self.view.hosts.get(host) if host is not None else None
@@ -340,8 +408,36 @@ class FleetScreen(KeptScreen):
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         event.stop()
-        if event.row_key.value is not None:
-            self.post_message(OpenHost(str(event.row_key.value)))
+        key = event.row_key.value
+        if key is None:
+            return
+        group = group_key_name(str(key))
+        if group is not None:  # Enter on a group's row folds or unfolds it
+            self.fold_group(group)
+        else:
+            self.post_message(OpenHost(str(key)))
+
+    def action_fold(self) -> None:
+        """Space: fold the group under the cursor (on a host's row, the host's group, the
+        cursor then on the group's row), or unfold it."""
+        key = self.table.selected_key
+        if key is None or self._group_of is None:
+            return
+        group = group_key_name(key)
+        self.fold_group(group if group is not None else self._group_of[key])
+
+    def fold_group(self, name: str) -> None:
+        group = self._groups.get(name)
+        if group is None:
+            return
+        if self.filter_text.strip():
+            self.notify("every group with a match is open while filtering: Esc clears the "
+                        "filter", title="Groups", timeout=3)
+            return
+        self._folded[name] = not group.collapsed
+        self.touched = True
+        self.table.move_cursor(row=self.table.row_keys.index(group.key))
+        self.refresh_all()
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self.app.refresh_bindings()
@@ -370,6 +466,18 @@ class FleetScreen(KeptScreen):
         else:
             box.value = ATTENTION
             box.display = True
+        self.table.focus()
+
+    def action_users(self) -> None:
+        """u: who holds the GPUs; Enter there filters the fleet to that user's hosts."""
+        self.app.push_screen(UsersScreen(self.view), self.filter_to)
+
+    def filter_to(self, text: str | None) -> None:
+        if not text:
+            return
+        box = self.query_one("#filter", Input)
+        box.value = text
+        box.display = True
         self.table.focus()
 
     def action_sort(self) -> None:
@@ -405,9 +513,16 @@ class FleetScreen(KeptScreen):
         self.refresh_all()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        """Enter: back to the table, the filter kept and the cursor on the first match; where
+        one host matches, it is opened (`/` a name Enter: a host found in two keys)."""
         if not event.value:
             event.input.display = False
         elif not self.table.row_count:
             self.notify(f"no host matches {event.value!r}: Esc clears the filter",
                         title="Filter", severity="warning", timeout=4)
+        else:
+            self.rest_on_first_host()
         self.table.focus()
+        shown = self.table.shown
+        if event.value and len(shown) == 1:
+            self.post_message(OpenHost(shown[0]))

@@ -16,7 +16,9 @@ from textual.widgets import Static
 
 KEYS: tuple[tuple[str, str, str], ...] = (
     ("Enter / click", "open the host under the cursor", "fleet"),
-    ("/", "filter hosts (name, run, state, finding code)", "fleet"),
+    ("/", "filter hosts (name, run, user, state, finding code); Enter opens a lone match",
+     "fleet"),
+    ("Space; u", "fold / unfold a group; who holds the GPUs", "fleet"),
     ("Escape", "back / clear the filter / close", "everywhere"),
     ("j / k, g / G", "down / up, first / last row in a table (also arrows, Home / End)",
      "tables"),
@@ -63,7 +65,7 @@ GLYPHS: tuple[tuple[str, str], ...] = (
           "back: a throttle reason (GPUs pane)"),
     ("◆", "a checkpoint on the loss plot, at the loss when it was saved"),
     ("▼  ▲", "the column a table is sorted by, and which way (o, and M C T I in Processes)"),
-    ("▾  ├  └", "Processes: a run, then its processes as a tree"),
+    ("▸ ▾  ├  └", "a group folded, open; Processes: a run's processes as a tree"),
 )
 """Every glyph the screens use, in words."""
 

@@ -8,6 +8,7 @@ clock), VRAM, runs with their status, findings by severity. Scrolls for 64+ host
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
@@ -29,6 +30,7 @@ from ..colours import (
     severity_colour,
 )
 from ..format import fit_words, level_char, pct, visible
+from ..groups import FleetGroup, verdict_counts
 from ..state import Headline, HostData
 from .cursor_keys import CURSOR_KEYS
 
@@ -67,9 +69,14 @@ PADDING = 2
 SCROLLBAR = 2
 
 
+Row = HostData | FleetGroup
+"""A row of the table: a host's, or a group's (its hosts follow it unless it is collapsed)."""
+
+
 class FleetTable(DataTable[Text]):
-    """The fleet, one row per host (row key: the host name), in the order its screen gives;
-    `sorted_by` (a column key or None) marks that column's header."""
+    """The fleet, one row per host (row key: the host name) and per group (FleetGroup.key),
+    in the order its screen gives; `sorted_by` (a column key or None) marks that column's
+    header."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         *CURSOR_KEYS, Binding("enter", "select_cursor", "Open", key_display="Enter")]
@@ -78,8 +85,13 @@ class FleetTable(DataTable[Text]):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
         self._shown: list[str] = []
-        self._states: dict[str, str] = {}
-        self._hosts: list[HostData] = []
+        self._keys: list[str] = []
+        """Every row's key in order: hosts' names and groups' keys."""
+        self._states: dict[str, object] = {}
+        """Each row's state cell as last painted (a group's: every cell's words)."""
+        self._hosts: list[Row] = []
+        self._rows_of: dict[str, int] = {}
+        """Each host shown: its row."""
         self._when: tuple[float, float] = (0.0, 0.0)
         self._widths: dict[str, dict[str, int]] = {}
         """Each host's widest cells, for the fit: its name, runs (names, glyphs), findings..."""
@@ -163,7 +175,7 @@ class FleetTable(DataTable[Text]):
             return
         fit = self.choose_fit()
         if fit != self.fit:
-            keep = self.selected_host, self.cursor_row  # clear(columns=True) moves the cursor
+            keep = self.selected_key, self.cursor_row  # clear(columns=True) moves the cursor
             self.fit = fit
             self.clear(columns=True)
             self._add_columns()
@@ -172,22 +184,36 @@ class FleetTable(DataTable[Text]):
 
     @property
     def shown(self) -> list[str]:
-        """The hosts' names in the order of the rows."""
+        """The hosts' names in the order of the rows (the groups' rows left out)."""
         return list(self._shown)
 
     @property
-    def selected_host(self) -> str | None:
-        if not self._shown or self.cursor_row < 0 or self.cursor_row >= len(self._shown):
-            return None
-        return self._shown[self.cursor_row]
+    def row_keys(self) -> list[str]:
+        """Every row's key in order: a host's name, or a group's key (FleetGroup.key)."""
+        return list(self._keys)
 
-    def show(self, hosts: Sequence[HostData], now: float, interval: float,
+    @property
+    def selected_key(self) -> str | None:
+        """The row key under the cursor: a host's name or a group's key."""
+        if not self._keys or self.cursor_row < 0 or self.cursor_row >= len(self._keys):
+            return None
+        return self._keys[self.cursor_row]
+
+    @property
+    def selected_host(self) -> str | None:
+        """The host under the cursor (None on a group's row)."""
+        key = self.selected_key
+        return key if key is not None and key in self._rows_of else None
+
+    def show(self, hosts: Sequence[Row], now: float, interval: float,
              sorted_by: str | None = None) -> None:
-        """Replace the rows (a new filter, order or theme); the cursor stays on its host."""
+        """Replace the rows (a new filter, order, group folded or theme); the cursor stays on
+        its row."""
         self._hosts, self._when = list(hosts), (now, interval)
-        self._widths = {h.name: self.measure(h) for h in hosts}
+        self._widths = {_key(r): self.measure(r) if isinstance(r, HostData)
+                        else self.measure_group(r) for r in hosts}
         fit = self.choose_fit() if self.size.width else self.fit
-        keep = self.selected_host, self.cursor_row  # before clear(columns=True) moves the cursor
+        keep = self.selected_key, self.cursor_row  # before clear(columns=True) moves the cursor
         if fit != self.fit or sorted_by != self.sorted_by:
             self.sorted_by = sorted_by
             self.fit = fit
@@ -195,26 +221,49 @@ class FleetTable(DataTable[Text]):
             self._add_columns()
         self._fill(hosts, now, interval, keep=keep)
 
-    def _fill(self, hosts: Sequence[HostData], now: float, interval: float,
+    def _fill(self, hosts: Sequence[Row], now: float, interval: float,
               keep: tuple[str | None, int] | None = None) -> None:
-        """Every row anew; the cursor stays on the host it was on (`keep`: that host and its
-        row, taken before any clear), or, where that host is no longer shown, on the row it was
-        on (the next host down), or the last."""
-        host, row = keep if keep is not None else (self.selected_host, self.cursor_row)
+        """Every row anew; the cursor stays on the row it was on (`keep`: that row's key and
+        number, taken before any clear), or, where that row is no longer shown, on the row
+        number it was on (the next host down), or the last."""
+        key, row = keep if keep is not None else (self.selected_key, self.cursor_row)
         self.clear()
         self._states.clear()
-        self._shown = [h.name for h in hosts]
+        self._keys = [_key(r) for r in hosts]
+        self._shown = [r.name for r in hosts if isinstance(r, HostData)]
+        self._rows_of = {r.name: i for i, r in enumerate(hosts) if isinstance(r, HostData)}
         for data in hosts:
-            self.add_row(*self.cells(data, now, interval), key=data.name)
-        if not self._shown:
+            cells = (self.cells(data, now, interval) if isinstance(data, HostData)
+                     else self.group_cells(data, now, interval))
+            self.add_row(*cells, key=_key(data))
+        if not self._keys:
             return
-        if host in self._shown:
-            self.move_cursor(row=self._shown.index(host))
+        if key in self._keys:
+            self.move_cursor(row=self._keys.index(key))
         else:
-            self.move_cursor(row=max(0, min(row, len(self._shown) - 1)))
+            self.move_cursor(row=max(0, min(row, len(self._keys) - 1)))
+
+    def update_group(self, group: FleetGroup, now: float, interval: float) -> None:
+        """A group's row anew (a poll of one of its hosts landed)."""
+        if group.key not in self._widths:
+            return
+        cells = self._group_cells(group, now, interval)
+        said = tuple((cells[key].plain, str(cells[key].style)) for key, _ in self.fit.columns)
+        if said == self._states.get(group.key):  # most polls and ticks change nothing here
+            return
+        widths = _group_widths(cells)
+        if widths != self._widths.get(group.key):
+            self._widths[group.key] = widths
+            if self.choose_fit() != self.fit:
+                self._refit()
+                return
+        self._states[group.key] = said
+        for key, _ in self.fit.columns:
+            cell = cells[key]
+            self.update_cell(group.key, key, cell, update_width=self._grows(key, cell))
 
     def update_host(self, data: HostData, now: float, interval: float) -> None:
-        if data.name not in self._shown:
+        if data.name not in self._rows_of:
             return
         self._when = (now, interval)
         widths = self.measure(data)
@@ -233,7 +282,7 @@ class FleetTable(DataTable[Text]):
     def update_states(self, hosts: Sequence[HostData], now: float, interval: float) -> None:
         """Only the state column (ages move on between polls)."""
         for data in hosts:
-            if data.name not in self._shown:
+            if data.name not in self._rows_of:
                 continue
             cell = self.state_cell(data, now, interval)
             if self._states.get(data.name) != cell.plain:  # most ticks change nothing
@@ -274,6 +323,50 @@ class FleetTable(DataTable[Text]):
                 "findings": self.findings_cell(data).cell_len,
                 "runs": self.runs_cell(data).cell_len,
                 "runs-glyphs": self.runs_cell(data, glyphs_only=True).cell_len}
+
+    def group_cells(self, group: FleetGroup, now: float, interval: float) -> list[Text]:
+        """A group's row: ▸ (collapsed) or ▾, its name and hosts; its hosts by verdict in the
+        worst one's colour; its GPUs, their VRAM, its hosts' findings and runs summed."""
+        cells = self._group_cells(group, now, interval)
+        return [cells[key] for key, _ in self.fit.columns]
+
+    def _group_cells(self, group: FleetGroup, now: float, interval: float) -> dict[str, Text]:
+        hosts = group.hosts
+        fold = "▸" if group.collapsed else "▾"
+        name = Text(f"{fold} {visible(group.name)} ({len(hosts)})", style="bold")
+        worst = min(hosts, key=lambda h: _worst_key(h, now, interval, self.paused),
+                    default=None)
+        counts = verdict_counts(hosts, now, interval, self.paused)
+        state = Text(fit_words(counts, self.fit.state_width),
+                     style=self.headline_colour(worst.headline(now, interval, self.paused))
+                     if worst is not None else "")
+        gpus = [g for h in hosts if h.snapshot is not None for g in h.snapshot.gpus]
+        muted = colour(self.app, "text-muted")
+        util = Text(f"{len(gpus)} GPU{'s' * (len(gpus) != 1)}" if gpus else "", style=muted)
+        used = sum(g.mem_used_mib or 0 for g in gpus)
+        total = sum(g.mem_total_mib or 0 for g in gpus)
+        findings = Text()
+        for sev in (Severity.CRITICAL, Severity.WARNING, Severity.INFO):
+            n = sum(h.severity_counts()[sev] for h in hosts)
+            if n:
+                if findings:
+                    findings.append(" ")
+                findings.append(f"{n}{SEVERITY_GLYPH[sev]}", style=severity_colour(self.app, sev))
+        runs = Text()
+        statuses = Counter(h.run_status(r) for h in hosts for r in h.run_names())
+        for status, glyph in RUN_GLYPH.items():
+            if statuses[status]:
+                if runs:
+                    runs.append(" ")
+                runs.append(f"{statuses[status]}{glyph}",
+                            style=colour(self.app, RUN_VARIABLE[status]))
+        return {"host": name, "state": state, "util": util, "clock": Text(""),
+                "vram": Text(mib_pair(used, total) if total else "", style=muted),
+                "findings": findings, "runs": runs}
+
+    def measure_group(self, group: FleetGroup) -> dict[str, int]:
+        """The width each of a group's cells needs (its counts are cut to fit the state)."""
+        return _group_widths(self._group_cells(group, *self._when))
 
     def state_cell(self, data: HostData, now: float, interval: float) -> Text:
         """The host's state, or, where it was polled fine, its worst problem in words: a
@@ -347,6 +440,23 @@ class FleetTable(DataTable[Text]):
                 text.append(f"{counts[sev]}{SEVERITY_GLYPH[sev]}",
                             style=severity_colour(self.app, sev))
         return text
+
+
+def _group_widths(cells: dict[str, Text]) -> dict[str, int]:
+    return {"host": cells["host"].cell_len, "util": cells["util"].cell_len,
+            "state": cells["state"].cell_len, "finding": 0, "error": 0, "clock": 0,
+            "vram": cells["vram"].cell_len, "findings": cells["findings"].cell_len,
+            "runs": cells["runs"].cell_len, "runs-glyphs": cells["runs"].cell_len}
+
+
+def _key(row: Row) -> str:
+    return row.name if isinstance(row, HostData) else row.key
+
+
+def _worst_key(h: HostData, now: float, interval: float, paused: bool) -> tuple[int, int]:
+    """Worst first: could not be polled, critical, warning... (the fleet's own order)."""
+    verdict = h.verdict(now, interval, paused)
+    return (-verdict.level, 0 if verdict.state == "unreachable" else 1)
 
 
 def _mean(values: Sequence[float | None]) -> str:

@@ -35,8 +35,9 @@ from ..textual_compat import (
     set_footer_key_disabled,
 )
 
-GIVE_WAY = ("replay", "jobs", "cycle_theme", "axis", "logy", "smoothing(1)", "pause", "poll_now",
-            "poll_here", "attention", "pane(0)", "ack", "pin", "tag(1)", "filter", "sort", "back")
+GIVE_WAY = ("replay", "jobs", "users", "cycle_theme", "axis", "logy", "smoothing(1)", "pause",
+            "fold", "poll_now", "poll_here", "attention", "pane(0)", "ack", "pin", "tag(1)",
+            "filter", "sort", "back")
 """Actions whose keys leave a footer too narrow for them, first to go first."""
 
 
