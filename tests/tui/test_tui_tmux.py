@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path

@@ -27,7 +27,7 @@ KEYS: tuple[tuple[str, str, str], ...] = (
     ("K", "kill the selected process (TERM, grace, KILL; identity re-checked)", "host"),
     ("z", "reap: end the processes that hold VRAM though no live run owns them",
      "fleet, host"),
-    ("r; c", "relaunch the selected run from its checkpoint; requeue / cancel a job",
+    ("r; c", "relaunch the selected run; requeue / cancel a job",
      "host; jobs"),
     ("a", "acknowledge a dead run's death", "host"),
     ("n / N", "next / previous run (configured, then discovered ones)", "host"),
