@@ -1425,3 +1425,22 @@ async def test_the_terminal_driver_resumes_on_sigcont_only_after_a_suspend(
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
+
+
+async def test_the_fleet_title_sums_up_broken_gpus_and_dead_runs() -> None:
+    """The fleet's one line for hundreds of hosts: GPUs broken (a critical finding of the GPU's
+    own: gpu-mig's GPU 1 needs a reset), runs dead (gpu-oom's OOM-killed, gpu-driver's), runs
+    alive; a GPU with only a warning is not broken."""
+    app = make_app(fx.config(more=True))
+    async with app.run_test(size=SIZE) as pilot:
+        await feed(pilot, fx.latest(app.config))
+        hosts = list(app.hosts.values())
+        parts = dict((p, need) for need, p in summary(hosts, fx.NOW, 10.0))
+        critical = {(h.name, f.gpu) for h in hosts for f in h.findings
+                    if f.gpu is not None and f.severity == Severity.CRITICAL}
+        assert critical == {("gpu-mig", 1)}, critical
+        dead = sorted((h.name, r) for h in hosts for r in h.run_names()
+                      if h.run_status(r) == "dead")
+        assert len(dead) == 2, dead
+        assert parts["1 GPU broken"] == 1 and parts["2 runs dead"] == 2, parts
+        assert any(p.endswith(" running") for p in parts), parts

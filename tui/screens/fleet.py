@@ -7,6 +7,7 @@ import fnmatch
 import time
 from typing import ClassVar
 
+from gpuwatch.remote.model.finding import Severity
 from rich.cells import cell_len
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -80,11 +81,23 @@ def matches(needle: str, h: HostData, now: float, interval: float) -> bool:
 
 def summary(hosts: list[HostData], now: float, interval: float) -> list[tuple[int, str]]:
     """The fleet in the title's parts, each with how much it is needed (0 most): hosts by
-    verdict ("✖1 ▲3 ●2"), then GPUs and idle GPUs ("14 GPUs", "5 idle")."""
+    verdict ("✖1 ▲3 ●2"), the GPUs broken (a critical finding of the GPU's own: ECC, recovery,
+    off the bus), the runs dead and alive, then GPUs and idle GPUs ("14 GPUs", "5 idle")."""
     levels = [h.verdict(now, interval).level for h in hosts]
     counts = [f"{glyph}{n}" for glyph, n in (("✖", levels.count(3)), ("▲", levels.count(2)),
                                               ("●", sum(lv < 2 for lv in levels))) if n]
     parts = [(0, " ".join(counts))] if counts else []
+    broken = {(h.name, f.gpu) for h in hosts for f in h.findings
+              if f.gpu is not None and f.code.startswith("gpu.")
+              and f.severity is Severity.CRITICAL}
+    if broken:
+        parts.append((1, f"{len(broken)} GPU{'s' * (len(broken) != 1)} broken"))
+    statuses = [h.run_status(name) for h in hosts for name in h.run_names()]
+    dead, alive = statuses.count("dead"), statuses.count("running")
+    if dead:
+        parts.append((2, f"{dead} run{'s' * (dead != 1)} dead"))
+    if alive:
+        parts.append((5, f"{alive} running"))
     gpus = [g for h in hosts if h.snapshot is not None for g in h.snapshot.gpus]
     if gpus:
         parts.append((5, f"{len(gpus)} GPU{'s' * (len(gpus) != 1)}"))
