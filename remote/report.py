@@ -85,6 +85,7 @@ def host_json(report: HostReport) -> dict[str, Any]:
     return {
         "name": report.name,
         "ssh": outcome.host.ssh,
+        "group": outcome.host.group,
         "ok": outcome.ok,
         "error": outcome.error_json(),
         "poll_s": round(outcome.poll_s, 4),

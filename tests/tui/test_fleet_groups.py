@@ -103,6 +103,17 @@ def test_the_group_key_in_the_config() -> None:
         assert info.value.key == "hosts.a.group" and said in str(info.value)
 
 
+def test_the_group_is_in_the_json_by_the_schema() -> None:
+    """`--once --json` carries each host's configured group (null without one), additively."""
+    import jsonschema
+    from gpuwatch.remote.report import HostReport, document, load_schema
+
+    cfg = parse_config('[hosts.a]\nssh = "a"\ngroup = "rack-a"\n[hosts.b]\n', Path("c.toml"))
+    doc = document([HostReport(fx.failed(h, fx.NOW)) for h in cfg.hosts], generated_at=fx.NOW)
+    jsonschema.validate(doc, load_schema())
+    assert [h["group"] for h in doc["hosts"]] == ["rack-a", None]
+
+
 # ----------------------------------------------------------------------------- the view
 
 async def test_the_worst_group_comes_first_and_a_fine_group_starts_folded() -> None:
