@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from figures import SMOKE
+from harness.tmux import Tmux, tmux_cmd
 
 SETTLE_S = 0.6
 LIMIT_S = 5.0
@@ -48,26 +48,27 @@ TRIES = 1 if SMOKE else 2
 SIZE = tuple(int(x) for x in os.environ.get("GPUWATCH_BENCH_SIZE", "160x48").split("x"))
 
 
-def capture(name: str, colours: bool = False) -> str:
-    """The pane's text; with colours, its escape sequences too (a table cursor's move)."""
-    return subprocess.run(["tmux", "capture-pane", "-p", *(["-e"] if colours else []), "-t",
-                           name], capture_output=True, text=True, check=False).stdout
+def capture(tmux: Tmux, colours: bool = False) -> str:
+    """The pane's text; with colours, its escape sequences too (a table cursor's move). On the
+    test's own tmux server (harness/tmux.py)."""
+    return tmux_cmd(tmux.socket, "capture-pane", "-p", *(["-e"] if colours else []), "-t",
+                    tmux.name, check=False).stdout
 
 
-def timed_key(name: str, key: str | tuple[str, ...], ignore: str = "",
+def timed_key(tmux: Tmux, key: str | tuple[str, ...], ignore: str = "",
               colours: bool = False) -> tuple[float, float, int]:
     """Send `key` (or keys, in one send-keys); (ms to the first change, ms to the last change,
     distinct screens seen). Lines that contain `ignore` (a toast's words) are left out of the
     comparison; with colours, a change of colour alone counts too."""
 
     def screen() -> str:
-        return "\n".join(line for line in capture(name, colours).splitlines()
+        return "\n".join(line for line in capture(tmux, colours).splitlines()
                          if not ignore or ignore not in line)
 
     before = screen()
     start = time.perf_counter()
     keys = (key,) if isinstance(key, str) else key
-    subprocess.run(["tmux", "send-keys", "-t", name, *keys], check=True)
+    tmux_cmd(tmux.socket, "send-keys", "-t", tmux.name, *keys)
     first = last = None
     seen = {before}
     current = before
@@ -110,7 +111,7 @@ def test_key_latency_of_the_real_demo_in_tmux(tmp_path: Path) -> None:
     with gpuwatch_in_tmux(tmp_path, ["--demo", "--interval", "5"], label="keys",
                           size=SIZE) as tmux:  # type: ignore[arg-type]
         tmux.wait(demo_polled, "every demo host polled", 120)
-        name = tmux.name
+        name = tmux  # the keys and captures go to the test's own tmux server
         tmux.keys("p", pause=PAUSED_S)  # polling paused (the rows keep their order)
         print(f"\ngpuwatch --demo in tmux {SIZE[0]}x{SIZE[1]}, {REPEATS} repeats, median of each")
         # Keys while a host's screen is built ahead (no host opened yet): the cursor arrives
