@@ -111,6 +111,18 @@ SETTLE_S = 0.2
 """A fleet of more than SETTLE_FROM hosts paints its landed polls' rows, order and title at
 most this often (a smaller one as each lands)."""
 SETTLE_FROM = 64
+SETTLE_MAX_S = 1.0
+
+
+def settle_every(hosts: int) -> float:
+    """Seconds between two settles of a fleet of `hosts`: none under SETTLE_FROM, SETTLE_S
+    from there, then longer as the fleet grows (0.4 s at 256 hosts, 0.8 s at 512, at most
+    SETTLE_MAX_S): one repaint of the table after cells changed costs tens of milliseconds of
+    the event loop whatever the fleet's size (DataTable renders each visible row anew), and a
+    fleet of hundreds lands a poll every few milliseconds (bench_fleet.py's loop lag)."""
+    if hosts <= SETTLE_FROM:
+        return 0.0
+    return min(SETTLE_MAX_S, SETTLE_S * max(1.0, hosts / (2 * SETTLE_FROM)))
 IDLE_PCT = 5.0
 """A GPU under this util is idle, for the title's count."""
 
@@ -355,7 +367,7 @@ class FleetScreen(KeptScreen):
         if self._settle_due:
             return
         self._settle_due = True
-        every = SETTLE_S if len(self.view.hosts) > SETTLE_FROM else 0.0
+        every = settle_every(len(self.view.hosts))
         wait = self._settled_at + every - time.monotonic()
         if wait > 0:
             self.set_timer(wait, self._settle)
