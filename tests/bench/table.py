@@ -73,9 +73,9 @@ UNMEASURED = (
     not_measured("fleet: hosts polled at a 10 s interval from one client core (p95 staleness "
                  "<= 1.5x interval), TUI open: loop lag p99 / max, RSS over 10 min",
                  "512 hosts; <= 50 ms / <= 150 ms; <= 400 MiB flat",
-                 "no benchmark yet: it needs 512 boxes served over SSH for ten minutes, more "
-                 "than this 2-core machine holds beside the client; bench_tui.py measures 64 "
-                 "hosts with a simulated collector"),
+                 "measured apart from this run: `.venv/bin/python -m pytest "
+                 "tests/bench/bench_fleet.py -s` (64, 256, 512 hosts over real SSH, 60 s each "
+                 "after a warm-up: five minutes of both cores, which would skew the other rows)"),
     not_measured("store after a simulated month of 64 hosts x 8 GPUs at 10 s: size; time to "
                  "open", "<= 1 GiB; <= 1 s",
                  "no benchmark yet (a month is 17 million GPU samples to write through the "

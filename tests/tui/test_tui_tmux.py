@@ -316,7 +316,7 @@ def fake_fleet(folder: Path, hosts: dict[str, bool]) -> Iterator[Path]:
             for name, p in port.items()))
         config = folder / "fleet.toml"
         config.write_text(
-            "interval = 5\n[ssh]\nconnect_timeout = 2\n"
+            "interval = 10\n[ssh]\nconnect_timeout = 2\n"
             f"config_file = {json.dumps(str(folder / 'ssh_config'))}\n"
             f"known_hosts = {json.dumps(str(known))}\n"
             + "".join(f'[hosts.{name}]\nssh = "{name}"\n' for name in hosts))
@@ -331,28 +331,33 @@ def fake_fleet(folder: Path, hosts: dict[str, bool]) -> Iterator[Path]:
             fleet.wait()
 
 
+RACKS, NODES = 12, 500
+
+
 def test_a_large_fleet_at_80x24_worst_group_first_and_a_host_found_in_two_keys(
         tmp_path: Path) -> None:
-    """130 hosts over real SSH at 80×24: 120 answering `node-NNN` boxes and 10 `rack-N` black
-    holes. The rack group, every host of it unreachable, is the first row, open, its hosts under
-    it; the node group is a row of its own further down; `/`, a node's name, Enter: its view."""
-    hosts = {f"rack-{i}": False for i in range(10)} | {f"node-{i:03d}": True for i in range(120)}
+    """512 hosts over real SSH at 80×24 (the fleet issue 31 asks for): 500 answering
+    `node-NNN` boxes and 12 `rack-N` black holes. The rack group, every host of it unreachable,
+    is the first row, open, its hosts under it; the node group is a row of its own further down;
+    `/`, a node's name, Enter: its view."""
+    hosts = ({f"rack-{i}": False for i in range(RACKS)}
+             | {f"node-{i:03d}": True for i in range(NODES)})
     with fake_fleet(tmp_path, hosts) as config, gpuwatch_in_tmux(
             tmp_path, ["--config", str(config)], label="groups", size=(80, 24)) as tmux:
 
         def worst_group_first(screen: str) -> bool:
             rows = [line.strip() for line in screen.splitlines()]
             group = next((i for i, r in enumerate(rows) if r.startswith(("▾", "▸"))), None)
-            return (group is not None and rows[group].startswith("▾ rack (10)")
-                    and "✗10" in rows[group] and rows[group + 1].startswith("rack-")
+            return (group is not None and rows[group].startswith(f"▾ rack ({RACKS})")
+                    and f"✗{RACKS}" in rows[group] and rows[group + 1].startswith("rack-")
                     and "✗" in rows[group + 1])
 
         screen = tmux.wait(worst_group_first, "the rack group first, every host unreachable",
                            90)
         title = screen.splitlines()[0]
-        assert "130 hosts" in title and "2 groups" in title, screen
+        assert f"{RACKS + NODES} hosts" in title and "2 groups" in title, screen
         print(screen)
-        tmux.wait(lambda s: "node (120)" in s or any(
+        tmux.wait(lambda s: f"node ({NODES})" in s or any(
             line.strip().startswith("node-") for line in s.splitlines()),
                   "the node group's row or its hosts on the screen", 60)
         tmux.keys("/")
