@@ -81,11 +81,15 @@ def matches(needle: str, h: HostData, now: float, interval: float) -> bool:
 
 def summary(hosts: list[HostData], now: float, interval: float) -> list[tuple[int, str]]:
     """The fleet in the title's parts, each with how much it is needed (0 most): hosts by
-    verdict ("✖1 ▲3 ●2"), the GPUs broken (a critical finding of the GPU's own: ECC, recovery,
-    off the bus), the runs dead and alive, then GPUs and idle GPUs ("14 GPUs", "5 idle")."""
-    levels = [h.verdict(now, interval).level for h in hosts]
+    verdict ("✖1 ▲3 ●2", "…5" not polled yet), the GPUs broken (a critical finding of the
+    GPU's own: ECC, recovery, off the bus), the runs dead and alive, then GPUs and idle GPUs
+    ("14 GPUs", "5 idle")."""
+    verdicts = [h.verdict(now, interval) for h in hosts]
+    waiting = sum(v.state == "waiting" for v in verdicts)  # not polled yet: not ok either
+    levels = [v.level for v in verdicts if v.state != "waiting"]
     counts = [f"{glyph}{n}" for glyph, n in (("✖", levels.count(3)), ("▲", levels.count(2)),
-                                              ("●", sum(lv < 2 for lv in levels))) if n]
+                                              ("●", sum(lv < 2 for lv in levels)),
+                                              ("…", waiting)) if n]
     parts = [(0, " ".join(counts))] if counts else []
     broken = {(h.name, f.gpu) for h in hosts for f in h.findings
               if f.gpu is not None and f.code.startswith("gpu.")
