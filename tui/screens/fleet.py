@@ -101,7 +101,7 @@ def summary(hosts: list[HostData], now: float, interval: float) -> list[tuple[in
     if dead:
         parts.append((2, f"{dead} run{'s' * (dead != 1)} dead"))
     if alive:
-        parts.append((5, f"{alive} running"))
+        parts.append((6, f"{alive} running"))  # the first to go where narrow
     gpus = [g for h in hosts if h.snapshot is not None for g in h.snapshot.gpus]
     if gpus:
         parts.append((5, f"{len(gpus)} GPU{'s' * (len(gpus) != 1)}"))
