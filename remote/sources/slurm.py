@@ -20,6 +20,7 @@ import shlex
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from ..config.schema import LOCAL, HostConfig, SlurmConfig
 from ..model.slurm_job import ENDED, Job
@@ -34,6 +35,9 @@ from .slurm_parse import (
     squeue_json,
     version_of,
 )
+
+if TYPE_CHECKING:  # asyncssh is loaded only where a call goes over SSH
+    from ..wire.ssh_base import ExecResult
 
 JSON_FROM = (21, 8)
 """The first Slurm whose squeue has --json."""
@@ -289,19 +293,7 @@ class SlurmSource:
                 raise SlurmError("timeout", self._timeout()) from None
             status, out = result.exit_status, result.stdout
         else:
-            from ..wire import ssh
-            from ..wire.collect import ssh_files
-
-            files = ssh_files(self._as_host())
-            try:
-                done = await ssh.run_once(self.config.host, command, bounds=self.config.settings,
-                                          config_file=files["config_file"],
-                                          known_hosts=files["known_hosts"],
-                                          identity_file=files["identity_file"],
-                                          accept_new_host_keys=self.accept_new_host_keys,
-                                          max_stdout=MAX_STDERR, max_stderr=MAX_STDERR)
-            except ssh.SshError as exc:
-                raise SlurmError(exc.kind, exc.message) from None
+            done = await self._run_ssh(command, max_stdout=MAX_STDERR)
             status, out = done.exit_status, done.stdout
         return status, out.decode("utf-8", "replace").strip()
 
@@ -311,21 +303,25 @@ class SlurmSource:
                 "down?); raise [slurm] command_timeout if it is only slow")
 
     async def _poll_ssh(self) -> Answer:
+        result = await self._run_ssh(self.command(), max_stdout=MAX_STDOUT)
+        return self.read(result.stdout, result.stderr, result.exit_status)
+
+    async def _run_ssh(self, command: str, *, max_stdout: int) -> ExecResult:
+        """`command` on the login host: one bounded SSH call ([slurm]'s bounds and ssh files);
+        an SSH failure as the SlurmError of its kind."""
         from ..wire import ssh
         from ..wire.collect import ssh_files
 
         files = ssh_files(self._as_host())
         try:
-            result = await ssh.run_once(self.config.host, self.command(),
-                                        bounds=self.config.settings,
-                                        config_file=files["config_file"],
-                                        known_hosts=files["known_hosts"],
-                                        identity_file=files["identity_file"],
-                                        accept_new_host_keys=self.accept_new_host_keys,
-                                        max_stdout=MAX_STDOUT, max_stderr=MAX_STDERR)
+            return await ssh.run_once(self.config.host, command, bounds=self.config.settings,
+                                      config_file=files["config_file"],
+                                      known_hosts=files["known_hosts"],
+                                      identity_file=files["identity_file"],
+                                      accept_new_host_keys=self.accept_new_host_keys,
+                                      max_stdout=max_stdout, max_stderr=MAX_STDERR)
         except ssh.SshError as exc:
             raise SlurmError(exc.kind, exc.message) from None
-        return self.read(result.stdout, result.stderr, result.exit_status)
 
     def _as_host(self) -> HostConfig:
         return HostConfig(name=self.config.host, ssh=self.config.host,
