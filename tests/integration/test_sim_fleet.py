@@ -254,6 +254,11 @@ async def test_the_capped_gpu_is_capped_from_the_first_poll(start_fleet: StartFl
     from gpuwatch.tui.cli.once import poll_once
 
     fleet = await start_fleet("demo-capped", timeline=Timeline(), tick_s=1.0)
+    demo = fleet.demo_box("demo-capped")
+    # its GPU is loaded by its trainer: the first poll after the trainer is up (on a busy
+    # machine the trainer's start can lag the fleet's; the poll then read an idle GPU)
+    await wait_for_async(lambda: all(demo.live.get(r.name) for r in demo.runs),
+                         what="demo-capped's trainer")
     config = load_file(fleet.config_path)
     with Store.open(tmp_path / "capped.sqlite3") as store:
         first = (await poll_once(config, store)).reports[0]
